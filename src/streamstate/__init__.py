@@ -1,0 +1,3 @@
+"""streamstate: Apache Flink's state layer for PySpark."""
+
+__version__ = "0.1.0"

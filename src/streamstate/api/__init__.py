@@ -1,0 +1,1 @@
+"""streamstate.api."""

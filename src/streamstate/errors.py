@@ -1,0 +1,80 @@
+"""Exceptions raised by streamstate.
+
+Every error names what it is about (the state, key, key group, file or setting) so that a
+user can act on it without a debugger (SPEC §12).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CheckpointError",
+    "CheckpointNotFoundError",
+    "CorruptCheckpointError",
+    "InvalidStateNameError",
+    "KeyGroupOutOfRangeError",
+    "MaxParallelismMismatchError",
+    "NoCurrentKeyError",
+    "OutputSchemaError",
+    "PickleNotAllowedError",
+    "StateAccessError",
+    "StateBackendError",
+    "StateMigrationException",
+    "StreamStateError",
+    "UnsupportedKeyTypeError",
+]
+
+
+class StreamStateError(Exception):
+    """Base class of every error raised by streamstate."""
+
+
+class StateAccessError(StreamStateError, ValueError):
+    """A state was used in a way its contract forbids (e.g. ``None`` added to a list state)."""
+
+
+class InvalidStateNameError(StreamStateError, ValueError):
+    """A state or operator name is empty, reserved, too long or unsafe as a file name."""
+
+
+class NoCurrentKeyError(StreamStateError, RuntimeError):
+    """Keyed state was accessed before a current key was set."""
+
+
+class KeyGroupOutOfRangeError(StreamStateError, RuntimeError):
+    """A key hashes to a key group that this backend does not own."""
+
+
+class UnsupportedKeyTypeError(StreamStateError, TypeError):
+    """A key has a type without a stable, process-independent hash."""
+
+
+class StateMigrationException(StreamStateError):
+    """A restored state cannot be read with the serializer or kind the program now declares."""
+
+
+class PickleNotAllowedError(StateMigrationException):
+    """A checkpoint needs pickle to be read but pickle was not explicitly enabled."""
+
+
+class StateBackendError(StreamStateError, RuntimeError):
+    """The state backend cannot work (directory locked or unwritable, disposed, ...)."""
+
+
+class CheckpointError(StreamStateError, RuntimeError):
+    """A checkpoint could not be written or read."""
+
+
+class CheckpointNotFoundError(CheckpointError):
+    """No complete checkpoint exists where one was asked for."""
+
+
+class CorruptCheckpointError(CheckpointError):
+    """A checkpoint file is truncated, has a bad checksum or is otherwise unreadable."""
+
+
+class MaxParallelismMismatchError(CheckpointError):
+    """A checkpoint was taken with a different max parallelism (number of key groups)."""
+
+
+class OutputSchemaError(StreamStateError, ValueError):
+    """A function produced output that does not match the declared output schema."""

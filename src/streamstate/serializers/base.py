@@ -1,0 +1,141 @@
+"""The serializer contract (SPEC §2.4).
+
+A :class:`TypeSerializer` turns values of one type into bytes and back, copies values (a deep
+copy for mutable values: the copy-on-write state map hands copies of shared state to user
+code), and describes itself with a small JSON-able *snapshot*. Snapshots are written into every
+checkpoint; on restore the serializer the program now declares resolves its compatibility with
+the snapshot it finds there.
+
+Bulk encoding: every serializer names a ``wire_type``, a type hint that ``msgspec`` can encode and
+decode. When ``wire_native`` is true the Python values *are* wire values, so a whole key-group
+block of a checkpoint is encoded or decoded by one ``msgspec`` call in C. Serializers whose
+values are not wire-native (pickle) convert with :meth:`TypeSerializer.to_wire` and
+:meth:`TypeSerializer.from_wire`.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar, Generic, TypeVar
+
+import msgspec
+
+__all__ = [
+    "Compatibility",
+    "SerializerSnapshot",
+    "TypeSerializer",
+]
+
+T = TypeVar("T")
+
+SerializerSnapshot = dict[str, Any]
+"""A JSON-able description of a serializer: ``{"type": ..., "version": ..., ...params}``."""
+
+
+class Compatibility(enum.Enum):
+    """How a new serializer relates to the one that wrote a checkpoint."""
+
+    COMPATIBLE_AS_IS = "compatible_as_is"
+    COMPATIBLE_AFTER_MIGRATION = "compatible_after_migration"
+    INCOMPATIBLE = "incompatible"
+
+    @property
+    def is_incompatible(self) -> bool:
+        return self is Compatibility.INCOMPATIBLE
+
+    @property
+    def is_compatible_as_is(self) -> bool:
+        return self is Compatibility.COMPATIBLE_AS_IS
+
+
+class TypeSerializer(ABC, Generic[T]):
+    """Serializes, deserializes and copies values of one type.
+
+    Subclasses set ``type_name`` (the stable identifier stored in snapshots) and ``version``
+    (bumped when the byte format changes).
+    """
+
+    type_name: ClassVar[str] = ""
+    version: ClassVar[int] = 1
+
+    #: byte length of every serialized value, or -1 when it varies
+    fixed_length: int = -1
+    #: values are never mutated in place, so :meth:`copy` may return the value itself
+    immutable: bool = False
+    #: values can be handed to msgspec as they are (see module docstring)
+    wire_native: bool = True
+
+    # -- bytes ------------------------------------------------------------------------------
+
+    @abstractmethod
+    def serialize(self, value: T) -> bytes:
+        """The bytes of ``value``."""
+
+    @abstractmethod
+    def deserialize(self, data: bytes) -> T:
+        """The value whose bytes are ``data``."""
+
+    # -- bulk -------------------------------------------------------------------------------
+
+    @property
+    @abstractmethod
+    def wire_type(self) -> Any:
+        """The msgspec type hint of this serializer's wire values."""
+
+    def to_wire(self, value: T) -> Any:
+        """The wire value of ``value`` (identity when ``wire_native``)."""
+        return value
+
+    def from_wire(self, wire: Any) -> T:
+        """The value of a decoded wire value (identity when ``wire_native``)."""
+        return wire  # type: ignore[no-any-return]
+
+    # -- copies -----------------------------------------------------------------------------
+
+    def copy(self, value: T) -> T:
+        """A copy of ``value`` that shares no mutable part with it."""
+        if self.immutable or value is None:
+            return value
+        return self.deserialize(self.serialize(value))
+
+    # -- compatibility ----------------------------------------------------------------------
+
+    def params(self) -> dict[str, Any]:
+        """Parameters that, with the type name, identify this serializer's format."""
+        return {}
+
+    def snapshot(self) -> SerializerSnapshot:
+        """A JSON-able description of this serializer, written into checkpoints."""
+        return {"type": self.type_name, "version": self.version, **self.params()}
+
+    def resolve_compatibility(self, old: SerializerSnapshot) -> Compatibility:
+        """How this serializer can read data written by the serializer described by ``old``.
+
+        The default: identical snapshots are compatible as is, anything else is incompatible.
+        Serializers that can read older formats override this.
+        """
+        if old == self.snapshot():
+            return Compatibility.COMPATIBLE_AS_IS
+        return Compatibility.INCOMPATIBLE
+
+    # -- conveniences -----------------------------------------------------------------------
+
+    def validate(self, value: Any) -> None:
+        """Raise ``TypeError`` if ``value`` cannot be written by this serializer."""
+        try:
+            msgspec.convert(self.to_wire(value), self.wire_type, strict=True)
+        except (msgspec.ValidationError, TypeError) as exc:
+            raise TypeError(
+                f"{value!r} cannot be written by {self!r}: {exc}"
+            ) from None
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and other.snapshot() == self.snapshot()  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash((type(self), repr(self.snapshot())))
+
+    def __repr__(self) -> str:
+        params = ", ".join(f"{k}={v!r}" for k, v in self.params().items())
+        return f"{type(self).__name__}({params})"
