@@ -1,3 +1,73 @@
-"""streamstate: Apache Flink's state layer for PySpark."""
+"""streamstate: Apache Flink's state layer for PySpark.
+
+Spark moves the data; streamstate keeps the state. The public API:
+
+* state descriptors and interfaces (value, list, map, reducing, aggregating; operator list,
+  union list and broadcast state) and ``StateTtlConfig``;
+* functions: ``KeyedProcessFunction``, ``ReduceFunction``, ``AggregateFunction``,
+  ``CheckpointedFunction``;
+* serializers (``Types``, ``serializer_for``, ``PickleSerializer`` as an explicit opt-in);
+* state backends (``HeapStateBackend``, ``RocksDBStateBackend``) and the ``LocalRunner``;
+* ``streamstate.spark`` for pipelines on PySpark.
+"""
+
+from streamstate.api import *  # noqa: F403 - the API package defines __all__
+from streamstate.api import __all__ as _api_all
+from streamstate.backends.factory import HeapStateBackend, RocksDBStateBackend, StateBackend
+from streamstate.errors import (
+    CheckpointError,
+    CheckpointNotFoundError,
+    CorruptCheckpointError,
+    InvalidStateNameError,
+    KeyGroupOutOfRangeError,
+    MaxParallelismMismatchError,
+    NoCurrentKeyError,
+    OutputSchemaError,
+    PickleNotAllowedError,
+    StateAccessError,
+    StateBackendError,
+    StateMigrationException,
+    StreamStateError,
+    UnsupportedKeyTypeError,
+)
+from streamstate.keygroups import KeyGroupRange
+from streamstate.metrics import MetricGroup
+from streamstate.namespace import VOID_NAMESPACE
+from streamstate.runtime.local import LocalRunner
+from streamstate.serializers import (
+    PickleSerializer,
+    Types,
+    TypeSerializer,
+    serializer_for,
+)
 
 __version__ = "0.1.0"
+
+__all__ = [
+    *_api_all,
+    "VOID_NAMESPACE",
+    "CheckpointError",
+    "CheckpointNotFoundError",
+    "CorruptCheckpointError",
+    "HeapStateBackend",
+    "InvalidStateNameError",
+    "KeyGroupRange",
+    "KeyGroupOutOfRangeError",
+    "LocalRunner",
+    "MaxParallelismMismatchError",
+    "MetricGroup",
+    "NoCurrentKeyError",
+    "OutputSchemaError",
+    "PickleNotAllowedError",
+    "PickleSerializer",
+    "RocksDBStateBackend",
+    "StateAccessError",
+    "StateBackend",
+    "StateBackendError",
+    "StateMigrationException",
+    "StreamStateError",
+    "TypeSerializer",
+    "Types",
+    "UnsupportedKeyTypeError",
+    "serializer_for",
+]

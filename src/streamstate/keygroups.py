@@ -133,10 +133,8 @@ def _hash_bytes(b: bytes) -> int:
 
 
 def _hash_float(f: float) -> int:
-    if f != f:  # Java canonicalizes every NaN to one bit pattern in Double.hashCode
-        bits = 0x7FF8000000000000
-    else:
-        bits = struct.unpack(">Q", struct.pack(">d", f))[0]
+    # Java canonicalizes every NaN to one bit pattern in Double.hashCode
+    bits = 0x7FF8000000000000 if f != f else struct.unpack(">Q", struct.pack(">d", f))[0]
     return _to_int32(bits ^ (bits >> 32))
 
 
@@ -318,9 +316,7 @@ class KeyGroupRange:
 
     def __eq__(self, other: object) -> bool:
         return (
-            isinstance(other, KeyGroupRange)
-            and self.start == other.start
-            and self.end == other.end
+            isinstance(other, KeyGroupRange) and self.start == other.start and self.end == other.end
         )
 
     def __hash__(self) -> int:
@@ -444,10 +440,7 @@ def _assign_string_array(keys: Any, max_parallelism: int) -> np.ndarray:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    if pa.types.is_large_string(keys.type):
-        offsets_type = np.int64
-    else:
-        offsets_type = np.int32
+    offsets_type = np.int64 if pa.types.is_large_string(keys.type) else np.int32
     buffers = keys.buffers()
     n = len(keys)
     offsets = np.frombuffer(buffers[1], dtype=offsets_type)[keys.offset : keys.offset + n + 1]

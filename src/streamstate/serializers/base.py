@@ -126,9 +126,7 @@ class TypeSerializer(ABC, Generic[T]):
         try:
             msgspec.convert(self.to_wire(value), self.wire_type, strict=True)
         except (msgspec.ValidationError, TypeError) as exc:
-            raise TypeError(
-                f"{value!r} cannot be written by {self!r}: {exc}"
-            ) from None
+            raise TypeError(f"{value!r} cannot be written by {self!r}: {exc}") from None
 
     def __eq__(self, other: object) -> bool:
         return type(other) is type(self) and other.snapshot() == self.snapshot()  # type: ignore[attr-defined]

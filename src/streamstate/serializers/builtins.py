@@ -228,8 +228,6 @@ class TupleSerializer(_MsgpackSerializer):
         self.fields = tuple(fields)
         self.immutable = all(f.immutable for f in fields)
         self.wire_native = all(f.wire_native for f in fields)
-        lengths = [f.fixed_length for f in fields]
-        self.fixed_length = -1 if -1 in lengths or not lengths else -1
 
     @property
     def wire_type(self) -> Any:
@@ -256,7 +254,9 @@ class TupleSerializer(_MsgpackSerializer):
     def resolve_compatibility(self, old: SerializerSnapshot) -> Compatibility:
         if old.get("type") != self.type_name or len(old.get("fields", ())) != len(self.fields):
             return Compatibility.INCOMPATIBLE
-        return _combine(f.resolve_compatibility(o) for f, o in zip(self.fields, old["fields"], strict=True))
+        return _combine(
+            f.resolve_compatibility(o) for f, o in zip(self.fields, old["fields"], strict=True)
+        )
 
 
 class ListSerializer(_MsgpackSerializer):
@@ -344,7 +344,10 @@ class DictSerializer(_MsgpackSerializer):
         if old.get("type") != self.type_name:
             return Compatibility.INCOMPATIBLE
         return _combine(
-            [self.key.resolve_compatibility(old["key"]), self.value.resolve_compatibility(old["value"])]
+            [
+                self.key.resolve_compatibility(old["key"]),
+                self.value.resolve_compatibility(old["value"]),
+            ]
         )
 
 

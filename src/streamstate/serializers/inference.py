@@ -107,7 +107,9 @@ def serializer_for(tp: Any) -> TypeSerializer[Any]:
         ) from None
 
 
-def serializer_from_snapshot(snap: SerializerSnapshot, allow_pickle: bool = False) -> TypeSerializer[Any]:
+def serializer_from_snapshot(
+    snap: SerializerSnapshot, allow_pickle: bool = False
+) -> TypeSerializer[Any]:
     """Rebuild a built-in serializer from the snapshot found in a checkpoint.
 
     Record types are rebuilt by importing their class by name; pickle only if ``allow_pickle``.

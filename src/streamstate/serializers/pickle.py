@@ -35,7 +35,7 @@ class PickleSerializer(TypeSerializer[Any]):
         return cloudpickle.dumps(value, protocol=self.protocol)
 
     def deserialize(self, data: bytes) -> Any:
-        return pickle.loads(data)  # noqa: S301 - explicit opt-in, see module docstring
+        return pickle.loads(data)
 
     def to_wire(self, value: Any) -> Any:
         return self.serialize(value)

@@ -20,8 +20,20 @@ from streamstate.serializers.base import Compatibility, SerializerSnapshot, Type
 
 __all__ = ["StructSerializer"]
 
-_IMMUTABLE_LEAVES = (int, float, str, bytes, bool, type(None), datetime.datetime, datetime.date,
-                     datetime.time, datetime.timedelta, decimal.Decimal, uuid.UUID)
+_IMMUTABLE_LEAVES = (
+    int,
+    float,
+    str,
+    bytes,
+    bool,
+    type(None),
+    datetime.datetime,
+    datetime.date,
+    datetime.time,
+    datetime.timedelta,
+    decimal.Decimal,
+    uuid.UUID,
+)
 
 
 def _qualified_name(tp: Any) -> str:

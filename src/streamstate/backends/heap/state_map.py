@@ -90,7 +90,7 @@ class StateMap(ABC):
 
     @abstractmethod
     def __iter__(self) -> Iterator[tuple[Any, Any, Any]]:
-        """Yield ``(key, namespace, state)`` for every entry (live view; do not mutate meanwhile)."""
+        """Yield ``(key, namespace, state)`` of every entry (live: do not mutate meanwhile)."""
 
     def keys(self, namespace: Any) -> Iterator[Any]:
         """Keys that have an entry under ``namespace``."""

@@ -1,0 +1,174 @@
+"""State descriptors: the name, kind and serializers of a state (SPEC §2.1).
+
+>>> d = ValueStateDescriptor("count", int, default=0)
+>>> d.name, d.kind.value, d.default
+('count', 'value', 0)
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Callable
+from typing import Any
+
+from streamstate.api.functions import AggregateFunction, ReduceFunction
+from streamstate.api.ttl import StateTtlConfig
+from streamstate.errors import InvalidStateNameError
+from streamstate.serializers import (
+    DictSerializer,
+    ListSerializer,
+    TypeSerializer,
+    serializer_for,
+)
+
+__all__ = [
+    "MAX_NAME_LENGTH",
+    "RESERVED_STATE_NAMES",
+    "AggregatingStateDescriptor",
+    "ListStateDescriptor",
+    "MapStateDescriptor",
+    "ReducingStateDescriptor",
+    "StateDescriptor",
+    "StateKind",
+    "ValueStateDescriptor",
+    "validate_name",
+]
+
+MAX_NAME_LENGTH = 200
+RESERVED_STATE_NAMES = frozenset({"default"})
+_UNSAFE = re.compile(r"[/\\\x00-\x1f\x7f]")
+
+
+def validate_name(name: Any, what: str = "state") -> str:
+    """Check a state or operator name; names become file and column-family names (SPEC §12)."""
+    if not isinstance(name, str) or not name:
+        raise InvalidStateNameError(f"a {what} name must be a non-empty str, got {name!r}")
+    if len(name) > MAX_NAME_LENGTH:
+        raise InvalidStateNameError(
+            f"{what} name {name[:40]!r}... is {len(name)} characters long; "
+            f"at most {MAX_NAME_LENGTH} are allowed"
+        )
+    if _UNSAFE.search(name) or name in (".", ".."):
+        raise InvalidStateNameError(
+            f"{what} name {name!r} contains a path separator or control character"
+        )
+    return name
+
+
+class StateKind(enum.Enum):
+    """The kind of a keyed state; a restored state must keep its kind."""
+
+    VALUE = "value"
+    LIST = "list"
+    MAP = "map"
+    REDUCING = "reducing"
+    AGGREGATING = "aggregating"
+
+
+class StateDescriptor:
+    """Name, kind, serializer and optional TTL of one state.
+
+    ``serializer`` serializes the whole stored state of one (key, namespace): the value for value
+    and reducing state, the list for list state, the dict for map state, the accumulator for
+    aggregating state.
+    """
+
+    kind: StateKind
+
+    def __init__(self, name: str, serializer: TypeSerializer[Any]) -> None:
+        self.name = validate_name(name)
+        if name in RESERVED_STATE_NAMES:
+            raise InvalidStateNameError(
+                f"state name {name!r} is reserved (it is RocksDB's default column family)"
+            )
+        self.serializer = serializer
+        self.ttl_config: StateTtlConfig | None = None
+
+    def enable_time_to_live(self, ttl_config: StateTtlConfig) -> StateDescriptor:
+        """Let values of this state expire (SPEC §8). Returns the descriptor."""
+        if not isinstance(ttl_config, StateTtlConfig):
+            raise TypeError(f"expected a StateTtlConfig, got {ttl_config!r}")
+        self.ttl_config = ttl_config if ttl_config.is_enabled else None
+        return self
+
+    def get_name(self) -> str:
+        return self.name
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r}, {self.serializer!r})"
+
+
+class ValueStateDescriptor(StateDescriptor):
+    """A :class:`~streamstate.api.state.ValueState` of ``type_or_serializer`` values."""
+
+    kind = StateKind.VALUE
+
+    def __init__(self, name: str, type_or_serializer: Any, default: Any = None) -> None:
+        super().__init__(name, serializer_for(type_or_serializer))
+        self.default = default
+
+
+class ListStateDescriptor(StateDescriptor):
+    """A :class:`~streamstate.api.state.ListState` of ``element_type`` elements."""
+
+    kind = StateKind.LIST
+
+    def __init__(self, name: str, element_type: Any) -> None:
+        self.element_serializer: TypeSerializer[Any] = serializer_for(element_type)
+        super().__init__(name, ListSerializer(self.element_serializer))
+
+
+class MapStateDescriptor(StateDescriptor):
+    """A :class:`~streamstate.api.state.MapState` from ``key_type`` to ``value_type``."""
+
+    kind = StateKind.MAP
+
+    def __init__(self, name: str, key_type: Any, value_type: Any) -> None:
+        self.key_serializer: TypeSerializer[Any] = serializer_for(key_type)
+        self.value_serializer: TypeSerializer[Any] = serializer_for(value_type)
+        super().__init__(name, DictSerializer(self.key_serializer, self.value_serializer))
+
+
+class ReducingStateDescriptor(StateDescriptor):
+    """A :class:`~streamstate.api.state.ReducingState` folding with ``reduce_function``."""
+
+    kind = StateKind.REDUCING
+
+    def __init__(
+        self,
+        name: str,
+        reduce_function: ReduceFunction[Any] | Callable[[Any, Any], Any],
+        type_or_serializer: Any,
+    ) -> None:
+        super().__init__(name, serializer_for(type_or_serializer))
+        if isinstance(reduce_function, ReduceFunction):
+            self.reduce_function: ReduceFunction[Any] = reduce_function
+        elif callable(reduce_function):
+            self.reduce_function = ReduceFunction.of(reduce_function)
+        else:
+            raise TypeError(
+                f"reduce_function must be a ReduceFunction or callable, got {reduce_function!r}"
+            )
+
+
+class AggregatingStateDescriptor(StateDescriptor):
+    """An :class:`~streamstate.api.state.AggregatingState` with ``aggregate_function``.
+
+    ``accumulator_type`` describes the accumulator, which is what is stored.
+    """
+
+    kind = StateKind.AGGREGATING
+
+    def __init__(
+        self,
+        name: str,
+        aggregate_function: AggregateFunction[Any, Any, Any],
+        accumulator_type: Any,
+    ) -> None:
+        if not isinstance(aggregate_function, AggregateFunction):
+            raise TypeError(
+                f"aggregate_function must be an AggregateFunction, got {aggregate_function!r}"
+            )
+        super().__init__(name, serializer_for(accumulator_type))
+        self.aggregate_function = aggregate_function

@@ -1,0 +1,370 @@
+"""The part of a keyed state backend that every backend shares (SPEC §4).
+
+A :class:`KeyedStateBackend` belongs to one subtask. It knows the subtask's key-group range and
+the current key, keeps the registry ``name -> state``, creates states through the backend's
+factory and wraps them in decorators (raw → TTL → metrics), and checks restored states against
+what the program declares now.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from streamstate.api.descriptors import StateDescriptor
+from streamstate.api.state import InternalKvState
+from streamstate.errors import (
+    KeyGroupOutOfRangeError,
+    NoCurrentKeyError,
+    StateBackendError,
+    StateMigrationException,
+    UnsupportedKeyTypeError,
+)
+from streamstate.keygroups import KeyGroupRange, assign_to_key_group
+from streamstate.namespace import VOID_NAMESPACE
+from streamstate.serializers import Compatibility, TypeSerializer, VoidNamespaceSerializer
+from streamstate.serializers.base import SerializerSnapshot
+
+__all__ = ["Clock", "KeyContext", "KeyedStateBackend", "RestoredStateMeta", "SystemClock"]
+
+_KEY_GROUP_CACHE_LIMIT = 1 << 16
+
+
+class Clock:
+    """Processing-time source in milliseconds; tests inject their own."""
+
+    def now(self) -> int:
+        import time
+
+        return time.time_ns() // 1_000_000
+
+
+SystemClock = Clock
+
+
+class KeyContext:
+    """The current key of a backend, shared by all its states (read on every state access).
+
+    ``kg_index`` is the current key group minus the range start; before any key is set it points
+    one past the end, at a guard that raises :class:`NoCurrentKeyError`.
+    """
+
+    __slots__ = ("key", "key_group", "kg_index")
+
+    def __init__(self, no_key_index: int) -> None:
+        self.key: Any = None
+        self.key_group: int = -1
+        self.kg_index: int = no_key_index
+
+
+class RestoredStateMeta:
+    """What a checkpoint says about a state, kept until the program registers that state."""
+
+    __slots__ = ("kind", "name", "namespace_serializer", "state_serializer", "ttl")
+
+    def __init__(
+        self,
+        name: str,
+        kind: str,
+        namespace_serializer: SerializerSnapshot,
+        state_serializer: SerializerSnapshot,
+        ttl: dict[str, Any] | None = None,
+    ) -> None:
+        self.name = name
+        self.kind = kind
+        self.namespace_serializer = namespace_serializer
+        self.state_serializer = state_serializer
+        self.ttl = ttl
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RestoredStateMeta:
+        return cls(
+            d["name"], d["kind"], d["namespace_serializer"], d["state_serializer"], d.get("ttl")
+        )
+
+
+class KeyedStateBackend(ABC):
+    """Keyed state of one subtask: registry, current key, decorators, restore checks.
+
+    Subclasses implement :meth:`_create_internal_state` (the raw state of their storage),
+    :meth:`get_keys`, :meth:`snapshot` and :meth:`dispose`.
+    """
+
+    #: short name of the backend ("heap", "rocksdb")
+    backend_name: str = ""
+
+    def __init__(
+        self,
+        key_serializer: TypeSerializer[Any],
+        max_parallelism: int,
+        key_group_range: KeyGroupRange,
+        *,
+        clock: Clock | None = None,
+        latency_tracking: bool = False,
+        size_tracking: bool = False,
+        metric_group: Any = None,
+    ) -> None:
+        if not key_group_range:
+            raise ValueError("a keyed state backend needs a non-empty key group range")
+        if key_group_range.end >= max_parallelism:
+            raise ValueError(
+                f"key group range {key_group_range} exceeds max_parallelism={max_parallelism}"
+            )
+        self.key_serializer = key_serializer
+        self.max_parallelism = max_parallelism
+        self.key_group_range = key_group_range
+        self.clock = clock or Clock()
+        self.latency_tracking = latency_tracking
+        self.size_tracking = size_tracking
+        self.metric_group = metric_group
+        self.ctx = KeyContext(len(key_group_range))
+        self._range_start = key_group_range.start
+        self._num_key_groups = len(key_group_range)
+        self._states: dict[str, InternalKvState] = {}
+        self._descriptors: dict[str, StateDescriptor] = {}
+        self._restored_meta: dict[str, RestoredStateMeta] = {}
+        self._last_name: str | None = None
+        self._last_state: InternalKvState | None = None
+        self._kg_cache: dict[Any, int] = {}
+        self._disposed = False
+        #: listeners called with the key group before every key change (incremental cleanup, ...)
+        self.key_selected_listeners: list[Callable[[Any], None]] = []
+
+    # ---- current key -------------------------------------------------------------------------
+
+    def set_current_key(self, key: Any, key_group: int | None = None) -> None:
+        """Make ``key`` the current key. ``key_group`` may be given if already computed.
+
+        Fails with :class:`KeyGroupOutOfRangeError` if the key's group is not in this backend's
+        range: the key was routed to the wrong subtask, which happens when a key's hash is not
+        deterministic.
+        """
+        if key_group is None:
+            cache = self._kg_cache
+            key_group = cache.get(key)
+            if key_group is None:
+                if key is None:
+                    raise UnsupportedKeyTypeError("the current key must not be None")
+                key_group = assign_to_key_group(key, self.max_parallelism)
+                if len(cache) >= _KEY_GROUP_CACHE_LIMIT:
+                    cache.clear()
+                cache[key] = key_group
+        ctx = self.ctx
+        index = key_group - self._range_start
+        if not 0 <= index < self._num_key_groups:
+            raise KeyGroupOutOfRangeError(
+                f"key {key!r} belongs to key group {key_group}, which is outside this backend's "
+                f"range {self.key_group_range} (max_parallelism={self.max_parallelism}); the key "
+                "was routed to the wrong subtask — is its hash non-deterministic?"
+            )
+        for listener in self.key_selected_listeners:
+            listener(key)
+        ctx.key = key
+        ctx.key_group = key_group
+        ctx.kg_index = index
+
+    def get_current_key(self) -> Any:
+        if self.ctx.key is None:
+            raise NoCurrentKeyError("no current key is set on this keyed state backend")
+        return self.ctx.key
+
+    def get_current_key_group_index(self) -> int:
+        if self.ctx.key is None:
+            raise NoCurrentKeyError("no current key is set on this keyed state backend")
+        return self.ctx.key_group
+
+    def clear_current_key(self) -> None:
+        """Forget the current key (state access fails until a key is set again)."""
+        self.ctx.key = None
+        self.ctx.key_group = -1
+        self.ctx.kg_index = len(self.key_group_range)
+
+    # ---- registry ----------------------------------------------------------------------------
+
+    def get_partitioned_state(
+        self,
+        namespace: Any,
+        namespace_serializer: TypeSerializer[Any] | None,
+        descriptor: StateDescriptor,
+    ) -> Any:
+        """The state of ``descriptor`` scoped to ``namespace`` (hot path: one-entry cache)."""
+        name = descriptor.name
+        if name == self._last_name:
+            state = self._last_state
+            assert state is not None
+            state.set_current_namespace(namespace)
+            return state
+        state = self._states.get(name)
+        if state is None:
+            state = self.get_or_create_keyed_state(
+                namespace_serializer or VoidNamespaceSerializer(), descriptor
+            )
+        elif self._descriptors[name].kind is not descriptor.kind:
+            raise self._kind_mismatch(name, self._descriptors[name].kind.value, descriptor)
+        self._last_name = name
+        self._last_state = state
+        state.set_current_namespace(namespace)
+        return state
+
+    def get_or_create_keyed_state(
+        self, namespace_serializer: TypeSerializer[Any], descriptor: StateDescriptor
+    ) -> Any:
+        """The state registered as ``descriptor.name``, created (and checked) on first use."""
+        self._check_open()
+        name = descriptor.name
+        state = self._states.get(name)
+        if state is not None:
+            registered = self._descriptors[name]
+            if registered.kind is not descriptor.kind:
+                raise self._kind_mismatch(name, registered.kind.value, descriptor)
+            return state
+        self._check_restored(name, namespace_serializer, descriptor)
+        if descriptor.ttl_config is not None:
+            from streamstate.backends.decorators.ttl import create_ttl_state
+
+            state = create_ttl_state(self, namespace_serializer, descriptor)
+        else:
+            state = self._create_internal_state(namespace_serializer, descriptor)
+        state = self._decorate(state, namespace_serializer, descriptor)
+        self._states[name] = state
+        self._descriptors[name] = descriptor
+        state.set_current_namespace(VOID_NAMESPACE)
+        return state
+
+    def _decorate(
+        self,
+        state: InternalKvState,
+        namespace_serializer: TypeSerializer[Any],
+        descriptor: StateDescriptor,
+    ) -> InternalKvState:
+        if self.latency_tracking or self.size_tracking:
+            from streamstate.backends.decorators.metrics import wrap_with_metrics
+
+            state = wrap_with_metrics(
+                state,
+                descriptor,
+                self.metric_group,
+                latency=self.latency_tracking,
+                size=self.size_tracking,
+            )
+        return state
+
+    def _kind_mismatch(
+        self, name: str, old_kind: str, descriptor: StateDescriptor
+    ) -> StateMigrationException:
+        return StateMigrationException(
+            f"state {name!r} is registered as {old_kind} state but is now requested as "
+            f"{descriptor.kind.value} state; a state's kind cannot change"
+        )
+
+    def _check_restored(
+        self, name: str, namespace_serializer: TypeSerializer[Any], descriptor: StateDescriptor
+    ) -> Compatibility | None:
+        """Check a state against what the restored checkpoint says about it (SPEC §4)."""
+        meta = self._restored_meta.get(name)
+        if meta is None:
+            return None
+        if meta.kind != descriptor.kind.value:
+            raise StateMigrationException(
+                f"state {name!r} was checkpointed as {meta.kind} state but is now declared as "
+                f"{descriptor.kind.value} state; a state's kind cannot change"
+            )
+        ns_compat = namespace_serializer.resolve_compatibility(meta.namespace_serializer)
+        if not ns_compat.is_compatible_as_is:
+            raise StateMigrationException(
+                f"state {name!r}: the namespace serializer {namespace_serializer!r} is not "
+                f"compatible as is with the checkpointed one {meta.namespace_serializer}"
+            )
+        compat = descriptor.serializer.resolve_compatibility(meta.state_serializer)
+        if compat.is_incompatible:
+            hint = ""
+            if _mentions_pickle(meta.state_serializer) and not _uses_pickle(descriptor.serializer):
+                hint = (
+                    " (the checkpoint was written with PickleSerializer; reading it runs code "
+                    "from the checkpoint, so pass PickleSerializer() to enable it)"
+                )
+            raise StateMigrationException(
+                f"state {name!r}: the new serializer {descriptor.serializer!r} cannot read the "
+                f"checkpointed state written by {meta.state_serializer}{hint}"
+            )
+        return compat
+
+    def registered_state_names(self) -> list[str]:
+        return list(self._states)
+
+    def get_state_descriptor(self, name: str) -> StateDescriptor | None:
+        return self._descriptors.get(name)
+
+    def apply_to_all_keys(
+        self,
+        namespace: Any,
+        namespace_serializer: TypeSerializer[Any] | None,
+        descriptor: StateDescriptor,
+        fn: Callable[[Any, Any], None],
+    ) -> None:
+        """Call ``fn(key, state)`` for every key with state under ``namespace``.
+
+        The key list is copied first, so ``fn`` may clear the state it is given.
+        """
+        state = self.get_partitioned_state(namespace, namespace_serializer, descriptor)
+        keys = list(self.get_keys(descriptor.name, namespace))
+        saved_key, saved_kg = self.ctx.key, self.ctx.key_group
+        try:
+            for key in keys:
+                self.set_current_key(key)
+                state.set_current_namespace(namespace)
+                fn(key, state)
+        finally:
+            if saved_key is not None:
+                self.set_current_key(saved_key, saved_kg)
+            else:
+                self.clear_current_key()
+
+    # ---- backend specifics -------------------------------------------------------------------
+
+    @abstractmethod
+    def _create_internal_state(
+        self, namespace_serializer: TypeSerializer[Any], descriptor: StateDescriptor
+    ) -> InternalKvState:
+        """Create the raw (undecorated) state of ``descriptor`` in this backend's storage."""
+
+    @abstractmethod
+    def get_keys(self, state_name: str, namespace: Any) -> Iterator[Any]:
+        """Keys that have state ``state_name`` under ``namespace``."""
+
+    @abstractmethod
+    def num_entries(self, state_name: str | None = None) -> int:
+        """Number of (key, namespace) entries of one state, or of all states."""
+
+    @abstractmethod
+    def snapshot(self, checkpoint_id: int) -> Any:
+        """The synchronous phase of a snapshot; returns what the asynchronous phase writes."""
+
+    def dispose(self) -> None:
+        """Release every resource; the backend cannot be used afterwards."""
+        self._states.clear()
+        self._descriptors.clear()
+        self._last_name = None
+        self._last_state = None
+        self._disposed = True
+
+    def _check_open(self) -> None:
+        if self._disposed:
+            raise StateBackendError(f"this {self.backend_name} keyed state backend was disposed")
+
+    @property
+    def number_of_key_groups(self) -> int:
+        return self.max_parallelism
+
+
+def _mentions_pickle(snap: Any) -> bool:
+    if isinstance(snap, dict):
+        return snap.get("type") == "pickle" or any(_mentions_pickle(v) for v in snap.values())
+    if isinstance(snap, list):
+        return any(_mentions_pickle(v) for v in snap)
+    return False
+
+
+def _uses_pickle(serializer: TypeSerializer[Any]) -> bool:
+    return _mentions_pickle(serializer.snapshot())

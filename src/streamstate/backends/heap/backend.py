@@ -1,0 +1,156 @@
+"""The heap keyed state backend (SPEC §5): state as Python objects, one state table per state."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any, Literal
+
+from streamstate.api.descriptors import StateDescriptor
+from streamstate.api.state import InternalKvState
+from streamstate.backends.base import Clock, KeyedStateBackend
+from streamstate.backends.heap.nested_maps import NestedStateMap
+from streamstate.backends.heap.snapshot import HeapKeyedStateSnapshot, StateTableSnapshotSource
+from streamstate.backends.heap.state_map import StateMap
+from streamstate.backends.heap.state_table import StateTable
+from streamstate.backends.heap.states import STATE_FACTORIES
+from streamstate.backends.snapshot import SnapshotSource, StateMetaInfo
+from streamstate.errors import StateBackendError
+from streamstate.keygroups import KeyGroupRange
+from streamstate.serializers.base import TypeSerializer
+
+__all__ = ["HeapKeyedStateBackend", "TableKind"]
+
+TableKind = Literal["copy_on_write", "nested_maps"]
+
+
+def _map_factory(kind: str, serializer: TypeSerializer[Any]) -> Callable[[], StateMap]:
+    if kind == "nested_maps":
+        return lambda: NestedStateMap(serializer)
+    if kind == "copy_on_write":
+        try:
+            from streamstate.backends.heap.copy_on_write import CopyOnWriteStateMap
+        except ImportError:  # pragma: no cover - the copy-on-write map ships with the package
+            return lambda: NestedStateMap(serializer)
+        return lambda: CopyOnWriteStateMap(serializer)
+    raise ValueError(f"unknown heap table kind {kind!r}; use 'copy_on_write' or 'nested_maps'")
+
+
+class HeapKeyedStateBackend(KeyedStateBackend):
+    """Keyed state of one subtask held in memory.
+
+    ``table_kind="copy_on_write"`` (default) gives asynchronous snapshots; ``"nested_maps"`` is the
+    simple dict-of-dicts table whose snapshots copy everything synchronously.
+    """
+
+    backend_name = "heap"
+
+    def __init__(
+        self,
+        key_serializer: TypeSerializer[Any],
+        max_parallelism: int,
+        key_group_range: KeyGroupRange,
+        *,
+        table_kind: TableKind = "copy_on_write",
+        clock: Clock | None = None,
+        latency_tracking: bool = False,
+        size_tracking: bool = False,
+        metric_group: Any = None,
+    ) -> None:
+        super().__init__(
+            key_serializer,
+            max_parallelism,
+            key_group_range,
+            clock=clock,
+            latency_tracking=latency_tracking,
+            size_tracking=size_tracking,
+            metric_group=metric_group,
+        )
+        _map_factory(table_kind, key_serializer)  # validate early
+        self.table_kind = table_kind
+        self._tables: dict[str, StateTable] = {}
+        #: other participants of keyed snapshots (timer services): objects with snapshot_sources()
+        self.snapshot_participants: list[Any] = []
+
+    # ---- states --------------------------------------------------------------------------------
+
+    def register_state_table(
+        self,
+        name: str,
+        kind: str,
+        namespace_serializer: TypeSerializer[Any],
+        state_serializer: TypeSerializer[Any],
+        ttl: dict[str, Any] | None = None,
+    ) -> StateTable:
+        """The table of state ``name``, created if new (restored tables are reused)."""
+        table = self._tables.get(name)
+        meta = StateMetaInfo(name, kind, namespace_serializer, state_serializer, ttl)
+        if table is None:
+            table = StateTable(
+                self.ctx,
+                self.key_group_range,
+                meta,
+                _map_factory(self.table_kind, state_serializer),
+            )
+            self._tables[name] = table
+        else:
+            table.meta = meta
+        return table
+
+    def _create_internal_state(
+        self, namespace_serializer: TypeSerializer[Any], descriptor: StateDescriptor
+    ) -> InternalKvState:
+        ttl = descriptor.ttl_config.to_dict() if descriptor.ttl_config is not None else None
+        table = self.register_state_table(
+            descriptor.name,
+            descriptor.kind.value,
+            namespace_serializer,
+            descriptor.serializer,
+            ttl,
+        )
+        factory = STATE_FACTORIES[descriptor.kind]
+        return factory(table, descriptor, namespace_serializer)  # type: ignore[no-any-return]
+
+    def state_table(self, name: str) -> StateTable:
+        table = self._tables.get(name)
+        if table is None:
+            raise StateBackendError(f"no state named {name!r} is registered on this heap backend")
+        return table
+
+    def state_tables(self) -> dict[str, StateTable]:
+        return dict(self._tables)
+
+    def get_keys(self, state_name: str, namespace: Any) -> Iterator[Any]:
+        table = self._tables.get(state_name)
+        if table is None:
+            return iter(())
+        return table.keys(namespace)
+
+    def num_entries(self, state_name: str | None = None) -> int:
+        if state_name is not None:
+            table = self._tables.get(state_name)
+            return 0 if table is None else table.size()
+        return sum(t.size() for t in self._tables.values())
+
+    # ---- snapshots -----------------------------------------------------------------------------
+
+    def snapshot(self, checkpoint_id: int = 0) -> HeapKeyedStateSnapshot:
+        """The synchronous phase: per-key-group map snapshots of every table, plus timers."""
+        self._check_open()
+        sources: list[SnapshotSource] = [
+            StateTableSnapshotSource(t.meta, t.snapshot_maps(), t.snapshot_transformer)
+            for t in self._tables.values()
+        ]
+        for participant in self.snapshot_participants:
+            sources.extend(participant.snapshot_sources())
+        return HeapKeyedStateSnapshot(
+            self.key_serializer,
+            self.max_parallelism,
+            self.key_group_range,
+            sources,
+            checkpoint_id,
+        )
+
+    def dispose(self) -> None:
+        self._tables.clear()
+        self.snapshot_participants.clear()
+        super().dispose()

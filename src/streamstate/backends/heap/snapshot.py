@@ -1,0 +1,53 @@
+"""Snapshots of the heap keyed backend (SPEC §5.4).
+
+The synchronous phase takes one state-map snapshot per key group of every state table (O(total
+buckets) pointer copies with the copy-on-write map; a deep copy with nested maps) and asks every
+other participant (timer queues) for its snapshot sources. The asynchronous phase walks key groups
+in ascending order and releases each one once written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from streamstate.backends.heap.state_map import StateMapSnapshot, StateSnapshotTransformer
+from streamstate.backends.snapshot import SnapshotSource, SourcesKeyedStateSnapshot, StateMetaInfo
+
+__all__ = ["HeapKeyedStateSnapshot", "StateTableSnapshotSource"]
+
+
+class StateTableSnapshotSource(SnapshotSource):
+    """The per-key-group map snapshots of one state table."""
+
+    __slots__ = ("_snapshots", "_transformer", "meta")
+
+    def __init__(
+        self,
+        meta: StateMetaInfo,
+        snapshots: list[StateMapSnapshot],
+        transformer: StateSnapshotTransformer | None,
+    ) -> None:
+        self.meta = meta
+        self._snapshots: list[StateMapSnapshot | None] = list(snapshots)
+        self._transformer = transformer
+
+    def entries(self, key_group_index: int) -> Iterable[tuple[Any, Any, Any]] | None:
+        snap = self._snapshots[key_group_index]
+        if snap is None or len(snap) == 0:
+            return None
+        return snap.iter_transformed(self._transformer)
+
+    def release_key_group(self, key_group_index: int) -> None:
+        snap = self._snapshots[key_group_index]
+        if snap is not None:
+            snap.release()
+            self._snapshots[key_group_index] = None
+
+    def release(self) -> None:
+        for i in range(len(self._snapshots)):
+            self.release_key_group(i)
+
+
+class HeapKeyedStateSnapshot(SourcesKeyedStateSnapshot):
+    """The result of the heap backend's synchronous snapshot phase."""

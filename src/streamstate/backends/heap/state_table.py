@@ -1,0 +1,137 @@
+"""A heap state table: one :class:`StateMap` per key group of the backend's range (SPEC §5.1).
+
+Operations on the current key go to ``maps[ctx.kg_index]``; the backend sets ``kg_index`` once per
+key change, so a state access costs one list index plus the map operation. Before any key is
+set, ``kg_index`` points at a guard map (one past the key-group maps) that raises
+:class:`~streamstate.errors.NoCurrentKeyError`, so the hot path needs no ``if``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from streamstate.backends.base import KeyContext
+from streamstate.backends.heap.state_map import StateMap, StateMapSnapshot, StateSnapshotTransformer
+from streamstate.backends.snapshot import StateMetaInfo
+from streamstate.errors import KeyGroupOutOfRangeError, NoCurrentKeyError
+from streamstate.keygroups import KeyGroupRange, assign_to_key_group
+
+__all__ = ["NoCurrentKeyGuard", "StateTable"]
+
+
+class NoCurrentKeyGuard(StateMap):
+    """Stands in for a key group's map while no current key is set: every access raises."""
+
+    __slots__ = ("_name",)
+
+    def __init__(self, state_name: str) -> None:
+        self._name = state_name
+
+    def _fail(self, *_: Any) -> Any:
+        raise NoCurrentKeyError(
+            f"state {self._name!r} was accessed with no current key set; keyed state can only be "
+            "used while processing a record or timer of a key (or after set_current_key)"
+        )
+
+    get = contains = put = put_and_get_old = remove = remove_and_get_old = transform = _fail  # type: ignore[assignment]
+    snapshot = _fail  # type: ignore[assignment]
+
+    def __len__(self) -> int:
+        return 0
+
+    def __iter__(self) -> Iterator[tuple[Any, Any, Any]]:
+        return iter(())
+
+
+class StateTable:
+    """The storage of one registered heap state, split by key group."""
+
+    __slots__ = ("ctx", "key_group_range", "maps", "meta", "snapshot_transformer")
+
+    def __init__(
+        self,
+        ctx: KeyContext,
+        key_group_range: KeyGroupRange,
+        meta: StateMetaInfo,
+        map_factory: Callable[[], StateMap],
+    ) -> None:
+        self.ctx = ctx
+        self.key_group_range = key_group_range
+        self.meta = meta
+        self.maps: list[StateMap] = [map_factory() for _ in key_group_range]
+        self.maps.append(NoCurrentKeyGuard(meta.name))
+        #: applied to each state while writing a full snapshot (TTL cleanup); None = identity
+        self.snapshot_transformer: StateSnapshotTransformer | None = None
+
+    # ---- current key ---------------------------------------------------------------------------
+
+    def current_map(self) -> StateMap:
+        return self.maps[self.ctx.kg_index]
+
+    def get(self, namespace: Any) -> Any:
+        ctx = self.ctx
+        return self.maps[ctx.kg_index].get(ctx.key, namespace)
+
+    def contains(self, namespace: Any) -> bool:
+        ctx = self.ctx
+        return self.maps[ctx.kg_index].contains(ctx.key, namespace)
+
+    def put(self, namespace: Any, state: Any) -> None:
+        ctx = self.ctx
+        self.maps[ctx.kg_index].put(ctx.key, namespace, state)
+
+    def put_and_get_old(self, namespace: Any, state: Any) -> Any:
+        ctx = self.ctx
+        return self.maps[ctx.kg_index].put_and_get_old(ctx.key, namespace, state)
+
+    def remove(self, namespace: Any) -> None:
+        ctx = self.ctx
+        self.maps[ctx.kg_index].remove(ctx.key, namespace)
+
+    def remove_and_get_old(self, namespace: Any) -> Any:
+        ctx = self.ctx
+        return self.maps[ctx.kg_index].remove_and_get_old(ctx.key, namespace)
+
+    def transform(self, namespace: Any, value: Any, fn: Callable[[Any, Any], Any]) -> None:
+        ctx = self.ctx
+        self.maps[ctx.kg_index].transform(ctx.key, namespace, value, fn)
+
+    # ---- explicit key --------------------------------------------------------------------------
+
+    def map_for_key_group(self, key_group: int) -> StateMap:
+        index = key_group - self.key_group_range.start
+        if not 0 <= index < len(self.key_group_range):
+            raise KeyGroupOutOfRangeError(
+                f"state {self.meta.name!r}: key group {key_group} is outside this table's range "
+                f"{self.key_group_range}"
+            )
+        return self.maps[index]
+
+    def map_for_key(self, key: Any, max_parallelism: int) -> StateMap:
+        return self.map_for_key_group(assign_to_key_group(key, max_parallelism))
+
+    # ---- whole table ---------------------------------------------------------------------------
+
+    def size(self) -> int:
+        return sum(len(m) for m in self.maps)
+
+    def __len__(self) -> int:
+        return self.size()
+
+    def keys(self, namespace: Any) -> Iterator[Any]:
+        for m in self.maps[:-1]:
+            yield from m.keys(namespace)
+
+    def __iter__(self) -> Iterator[tuple[Any, Any, Any]]:
+        """``(key, namespace, state)`` of every entry, in key-group order."""
+        for m in self.maps[:-1]:
+            yield from m
+
+    def key_group_maps(self) -> list[StateMap]:
+        """The maps of the key groups, in key-group order (without the guard)."""
+        return self.maps[:-1]
+
+    def snapshot_maps(self) -> list[StateMapSnapshot]:
+        """One snapshot per key group, in key-group order (the synchronous phase)."""
+        return [m.snapshot() for m in self.maps[:-1]]

@@ -1,0 +1,367 @@
+"""Heap implementations of the five keyed state kinds (SPEC §5.3).
+
+Each state is a thin handle over a :class:`StateTable`: it remembers its namespace and turns
+the state interface into state-map operations on the current key. Lists and dicts are stored as
+Python objects and mutated in place after a ``get`` (the copy-on-write map's ``get`` hands out a
+private copy whenever the stored object is shared with a snapshot).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from streamstate.api.descriptors import (
+    AggregatingStateDescriptor,
+    ReducingStateDescriptor,
+    StateDescriptor,
+    StateKind,
+    ValueStateDescriptor,
+)
+from streamstate.api.state import (
+    InternalAggregatingState,
+    InternalListState,
+    InternalMapState,
+    InternalReducingState,
+    InternalValueState,
+)
+from streamstate.backends.heap.state_table import StateTable
+from streamstate.errors import StateAccessError
+from streamstate.namespace import VOID_NAMESPACE
+from streamstate.serializers.base import TypeSerializer
+
+__all__ = [
+    "STATE_FACTORIES",
+    "HeapAggregatingState",
+    "HeapListState",
+    "HeapMapState",
+    "HeapReducingState",
+    "HeapValueState",
+]
+
+
+class _HeapState:
+    """Shared fields of every heap state handle."""
+
+    __slots__ = ("_ctx", "_descriptor", "_maps", "_ns", "_table", "namespace_serializer")
+
+    def __init__(
+        self,
+        table: StateTable,
+        descriptor: StateDescriptor,
+        namespace_serializer: TypeSerializer[Any],
+    ) -> None:
+        self._table = table
+        self._maps = table.maps
+        self._ctx = table.ctx
+        self._descriptor = descriptor
+        self._ns: Any = VOID_NAMESPACE
+        self.namespace_serializer = namespace_serializer
+
+    @property
+    def descriptor(self) -> StateDescriptor:
+        return self._descriptor
+
+    @property
+    def table(self) -> StateTable:
+        return self._table
+
+    def set_current_namespace(self, namespace: Any) -> None:
+        if namespace is None:
+            raise StateAccessError(
+                f"state {self._descriptor.name!r}: the namespace must not be None"
+            )
+        self._ns = namespace
+
+    def get_current_namespace(self) -> Any:
+        return self._ns
+
+    def clear(self) -> None:
+        ctx = self._ctx
+        self._maps[ctx.kg_index].remove(ctx.key, self._ns)
+
+    def _name(self) -> str:
+        return self._descriptor.name
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._descriptor.name!r})"
+
+
+class HeapValueState(_HeapState, InternalValueState[Any]):
+    """A single value per (key, namespace). ``update(None)`` clears."""
+
+    __slots__ = ("_copy_default", "_default")
+
+    def __init__(
+        self,
+        table: StateTable,
+        descriptor: ValueStateDescriptor,
+        namespace_serializer: TypeSerializer[Any],
+    ) -> None:
+        super().__init__(table, descriptor, namespace_serializer)
+        self._default = descriptor.default
+        self._copy_default = descriptor.default is not None and not descriptor.serializer.immutable
+
+    def value(self) -> Any:
+        ctx = self._ctx
+        v = self._maps[ctx.kg_index].get(ctx.key, self._ns)
+        if v is None:
+            if self._copy_default:
+                return self._descriptor.serializer.copy(self._default)
+            return self._default
+        return v
+
+    def update(self, value: Any) -> None:
+        ctx = self._ctx
+        if value is None:
+            self._maps[ctx.kg_index].remove(ctx.key, self._ns)
+        else:
+            self._maps[ctx.kg_index].put(ctx.key, self._ns, value)
+
+
+class HeapListState(_HeapState, InternalListState[Any]):
+    """A Python list per (key, namespace); ``None`` elements are refused."""
+
+    __slots__ = ()
+
+    def get(self) -> list[Any]:
+        ctx = self._ctx
+        v = self._maps[ctx.kg_index].get(ctx.key, self._ns)
+        return [] if v is None else v
+
+    def get_internal(self) -> list[Any] | None:
+        ctx = self._ctx
+        return self._maps[ctx.kg_index].get(ctx.key, self._ns)  # type: ignore[no-any-return]
+
+    def update_internal(self, values: list[Any] | None) -> None:
+        ctx = self._ctx
+        if values:
+            self._maps[ctx.kg_index].put(ctx.key, self._ns, values)
+        else:
+            self._maps[ctx.kg_index].remove(ctx.key, self._ns)
+
+    def add(self, value: Any) -> None:
+        if value is None:
+            raise StateAccessError(
+                f"list state {self._descriptor.name!r}: None cannot be added to a list state"
+            )
+        ctx = self._ctx
+        m = self._maps[ctx.kg_index]
+        lst = m.get(ctx.key, self._ns)
+        if lst is None:
+            m.put(ctx.key, self._ns, [value])
+        else:
+            lst.append(value)
+
+    def _checked(self, values: Iterable[Any] | None) -> list[Any]:
+        if values is None:
+            return []
+        out = list(values)
+        if any(v is None for v in out):
+            raise StateAccessError(
+                f"list state {self._descriptor.name!r}: None cannot be added to a list state"
+            )
+        return out
+
+    def add_all(self, values: Iterable[Any]) -> None:
+        new = self._checked(values)
+        if not new:
+            return
+        ctx = self._ctx
+        m = self._maps[ctx.kg_index]
+        lst = m.get(ctx.key, self._ns)
+        if lst is None:
+            m.put(ctx.key, self._ns, new)
+        else:
+            lst.extend(new)
+
+    def update(self, values: Iterable[Any] | None) -> None:
+        self.update_internal(self._checked(values))
+
+    def merge_namespaces(self, target: Any, sources: Iterable[Any]) -> None:
+        ctx = self._ctx
+        m = self._maps[ctx.kg_index]
+        key = ctx.key
+        merged: list[Any] | None = None
+        for src in sources:
+            part = m.remove_and_get_old(key, src)
+            if part:
+                merged = part if merged is None else merged + part
+        if merged:
+            m.transform(key, target, merged, _concat)
+
+
+def _concat(current: list[Any] | None, more: list[Any]) -> list[Any]:
+    if current is None:
+        return more
+    current.extend(more)
+    return current
+
+
+class HeapMapState(_HeapState, InternalMapState[Any, Any]):
+    """A Python dict per (key, namespace); removing the last mapping removes the entry."""
+
+    __slots__ = ()
+
+    def _map_or_none(self) -> dict[Any, Any] | None:
+        ctx = self._ctx
+        return self._maps[ctx.kg_index].get(ctx.key, self._ns)  # type: ignore[no-any-return]
+
+    def get(self, key: Any) -> Any:
+        d = self._map_or_none()
+        return None if d is None else d.get(key)
+
+    def put(self, key: Any, value: Any) -> None:
+        ctx = self._ctx
+        m = self._maps[ctx.kg_index]
+        d = m.get(ctx.key, self._ns)
+        if d is None:
+            m.put(ctx.key, self._ns, {key: value})
+        else:
+            d[key] = value
+
+    def put_all(self, mapping: dict[Any, Any]) -> None:
+        if not mapping:
+            return
+        ctx = self._ctx
+        m = self._maps[ctx.kg_index]
+        d = m.get(ctx.key, self._ns)
+        if d is None:
+            m.put(ctx.key, self._ns, dict(mapping))
+        else:
+            d.update(mapping)
+
+    def remove(self, key: Any) -> None:
+        ctx = self._ctx
+        m = self._maps[ctx.kg_index]
+        d = m.get(ctx.key, self._ns)
+        if d is None:
+            return
+        d.pop(key, None)
+        if not d:
+            m.remove(ctx.key, self._ns)
+
+    def contains(self, key: Any) -> bool:
+        ctx = self._ctx
+        # contains() on the state map never copies; only read the dict if the entry exists.
+        d = self._maps[ctx.kg_index].get(ctx.key, self._ns)
+        return d is not None and key in d
+
+    def keys(self) -> Iterator[Any]:
+        d = self._map_or_none()
+        return iter(()) if d is None else iter(list(d))
+
+    def values(self) -> Iterator[Any]:
+        d = self._map_or_none()
+        return iter(()) if d is None else iter(list(d.values()))
+
+    def items(self) -> Iterator[tuple[Any, Any]]:
+        d = self._map_or_none()
+        return iter(()) if d is None else iter(list(d.items()))
+
+    def is_empty(self) -> bool:
+        ctx = self._ctx
+        return not self._maps[ctx.kg_index].contains(ctx.key, self._ns)
+
+
+class HeapReducingState(_HeapState, InternalReducingState[Any]):
+    """A value folded with the descriptor's reduce function; ``add(None)`` clears (as Flink)."""
+
+    __slots__ = ("_reduce",)
+
+    def __init__(
+        self,
+        table: StateTable,
+        descriptor: ReducingStateDescriptor,
+        namespace_serializer: TypeSerializer[Any],
+    ) -> None:
+        super().__init__(table, descriptor, namespace_serializer)
+        reduce = descriptor.reduce_function.reduce
+
+        def transformation(previous: Any, value: Any) -> Any:
+            return value if previous is None else reduce(previous, value)
+
+        self._reduce = transformation
+
+    def get(self) -> Any:
+        ctx = self._ctx
+        return self._maps[ctx.kg_index].get(ctx.key, self._ns)
+
+    def add(self, value: Any) -> None:
+        ctx = self._ctx
+        if value is None:
+            self._maps[ctx.kg_index].remove(ctx.key, self._ns)
+            return
+        self._maps[ctx.kg_index].transform(ctx.key, self._ns, value, self._reduce)
+
+    def merge_namespaces(self, target: Any, sources: Iterable[Any]) -> None:
+        ctx = self._ctx
+        m = self._maps[ctx.kg_index]
+        key = ctx.key
+        merged: Any = None
+        for src in sources:
+            part = m.remove_and_get_old(key, src)
+            if part is not None:
+                merged = part if merged is None else self._reduce(merged, part)
+        if merged is not None:
+            m.transform(key, target, merged, self._reduce)
+
+
+class HeapAggregatingState(_HeapState, InternalAggregatingState[Any, Any]):
+    """An accumulator folded with the descriptor's ``AggregateFunction``."""
+
+    __slots__ = ("_add", "_agg", "_merge")
+
+    def __init__(
+        self,
+        table: StateTable,
+        descriptor: AggregatingStateDescriptor,
+        namespace_serializer: TypeSerializer[Any],
+    ) -> None:
+        super().__init__(table, descriptor, namespace_serializer)
+        agg = self._agg = descriptor.aggregate_function
+
+        def add(acc: Any, value: Any) -> Any:
+            if acc is None:
+                acc = agg.create_accumulator()
+            return agg.add(value, acc)
+
+        def merge(acc: Any, other: Any) -> Any:
+            return other if acc is None else agg.merge(acc, other)
+
+        self._add = add
+        self._merge = merge
+
+    def get(self) -> Any:
+        ctx = self._ctx
+        acc = self._maps[ctx.kg_index].get(ctx.key, self._ns)
+        return None if acc is None else self._agg.get_result(acc)
+
+    def get_internal(self) -> Any:
+        ctx = self._ctx
+        return self._maps[ctx.kg_index].get(ctx.key, self._ns)
+
+    def add(self, value: Any) -> None:
+        ctx = self._ctx
+        self._maps[ctx.kg_index].transform(ctx.key, self._ns, value, self._add)
+
+    def merge_namespaces(self, target: Any, sources: Iterable[Any]) -> None:
+        ctx = self._ctx
+        m = self._maps[ctx.kg_index]
+        key = ctx.key
+        merged: Any = None
+        for src in sources:
+            part = m.remove_and_get_old(key, src)
+            if part is not None:
+                merged = part if merged is None else self._agg.merge(merged, part)
+        if merged is not None:
+            m.transform(key, target, merged, self._merge)
+
+
+STATE_FACTORIES: dict[StateKind, Any] = {
+    StateKind.VALUE: HeapValueState,
+    StateKind.LIST: HeapListState,
+    StateKind.MAP: HeapMapState,
+    StateKind.REDUCING: HeapReducingState,
+    StateKind.AGGREGATING: HeapAggregatingState,
+}

@@ -1,0 +1,304 @@
+"""The keyed process operator: one subtask hosting a user function with its state (SPEC §2.3).
+
+The operator owns the subtask's keyed state backend, operator state backend and timer service,
+and turns records and timers into calls of the user's ``KeyedProcessFunction``. The local runner
+and the Spark runtime both drive operators; they differ only in how records reach them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from streamstate.api.descriptors import (
+    AggregatingStateDescriptor,
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ReducingStateDescriptor,
+    StateDescriptor,
+    ValueStateDescriptor,
+    validate_name,
+)
+from streamstate.api.functions import (
+    CheckpointedFunction,
+    FunctionInitializationContext,
+    FunctionSnapshotContext,
+    KeyedProcessFunction,
+    KeyedStateStore,
+    OperatorStateStore,
+    OutputTag,
+    RuntimeContext,
+    TimeDomain,
+    TimerService,
+)
+from streamstate.backends.base import Clock, KeyedStateBackend
+from streamstate.backends.factory import StateBackend, state_backend_from
+from streamstate.backends.operator import OperatorStateBackend, OperatorStateSnapshot
+from streamstate.errors import StateAccessError
+from streamstate.keygroups import compute_key_group_range_for_operator_index
+from streamstate.metrics import MetricGroup
+from streamstate.namespace import VOID_NAMESPACE
+from streamstate.serializers import TypeSerializer, VoidNamespaceSerializer
+from streamstate.timers import InternalTimerService, UserTimerService
+
+__all__ = ["KeyedProcessOperator", "OperatorSnapshot"]
+
+_VOID_SERIALIZER = VoidNamespaceSerializer()
+
+
+class OperatorSnapshot:
+    """The synchronous result of snapshotting one operator subtask."""
+
+    __slots__ = ("checkpoint_id", "keyed", "operator")
+
+    def __init__(self, checkpoint_id: int, keyed: Any, operator: OperatorStateSnapshot) -> None:
+        self.checkpoint_id = checkpoint_id
+        self.keyed = keyed
+        self.operator = operator
+
+
+class _KeyedStateStore(KeyedStateStore):
+    __slots__ = ("_backend",)
+
+    def __init__(self, backend: KeyedStateBackend) -> None:
+        self._backend = backend
+
+    def _get(self, descriptor: StateDescriptor, cls: type) -> Any:
+        if not isinstance(descriptor, cls):
+            raise TypeError(f"expected a {cls.__name__}, got {descriptor!r}")
+        return self._backend.get_partitioned_state(VOID_NAMESPACE, _VOID_SERIALIZER, descriptor)
+
+    def get_state(self, descriptor: ValueStateDescriptor) -> Any:
+        return self._get(descriptor, ValueStateDescriptor)
+
+    def get_list_state(self, descriptor: ListStateDescriptor) -> Any:
+        return self._get(descriptor, ListStateDescriptor)
+
+    def get_map_state(self, descriptor: MapStateDescriptor) -> Any:
+        return self._get(descriptor, MapStateDescriptor)
+
+    def get_reducing_state(self, descriptor: ReducingStateDescriptor) -> Any:
+        return self._get(descriptor, ReducingStateDescriptor)
+
+    def get_aggregating_state(self, descriptor: AggregatingStateDescriptor) -> Any:
+        return self._get(descriptor, AggregatingStateDescriptor)
+
+
+class _RuntimeContext(_KeyedStateStore, RuntimeContext):
+    __slots__ = ("_op",)
+
+    def __init__(self, op: KeyedProcessOperator) -> None:
+        super().__init__(op.keyed_backend)
+        self._op = op
+
+    def get_index_of_this_subtask(self) -> int:
+        return self._op.subtask_index
+
+    def get_number_of_parallel_subtasks(self) -> int:
+        return self._op.parallelism
+
+    def get_max_number_of_parallel_subtasks(self) -> int:
+        return self._op.max_parallelism
+
+    def get_task_name(self) -> str:
+        return self._op.operator_name
+
+    def get_metrics_group(self) -> MetricGroup:
+        return self._op.metric_group
+
+
+class _ProcessContext(KeyedProcessFunction.OnTimerContext):
+    __slots__ = ("_domain", "_op", "_timer_service", "_ts")
+
+    def __init__(self, op: KeyedProcessOperator) -> None:
+        self._op = op
+        self._ts: int | None = None
+        self._domain = TimeDomain.EVENT_TIME
+        self._timer_service = UserTimerService(op.timer_service)
+
+    def get_current_key(self) -> Any:
+        return self._op.keyed_backend.get_current_key()
+
+    def timestamp(self) -> int | None:
+        return self._ts
+
+    def timer_service(self) -> TimerService:
+        return self._timer_service
+
+    def output(self, tag: OutputTag, value: Any) -> None:
+        self._op.side_outputs.setdefault(tag, []).append(value)
+
+    def time_domain(self) -> str:
+        return self._domain
+
+
+class _InitContext(FunctionInitializationContext):
+    def __init__(self, op: KeyedProcessOperator) -> None:
+        self._op = op
+
+    def is_restored(self) -> bool:
+        return self._op.restored
+
+    def get_operator_state_store(self) -> OperatorStateStore:
+        return self._op.operator_backend
+
+    def get_keyed_state_store(self) -> KeyedStateStore | None:
+        return _KeyedStateStore(self._op.keyed_backend)
+
+
+class _SnapshotContext(FunctionSnapshotContext):
+    def __init__(self, checkpoint_id: int, timestamp: int) -> None:
+        self._id = checkpoint_id
+        self._ts = timestamp
+
+    def get_checkpoint_id(self) -> int:
+        return self._id
+
+    def get_checkpoint_timestamp(self) -> int:
+        return self._ts
+
+
+def _collect(out: list[Any], result: Any, where: str) -> None:
+    if result is None:
+        return
+    if isinstance(result, (str, bytes, tuple, dict)):
+        raise StateAccessError(
+            f"{where} returned a {type(result).__name__}; return a list of outputs or use "
+            "`yield` (a single output must be wrapped: `return [row]` or `yield row`)"
+        )
+    try:
+        out.extend(result)
+    except TypeError:
+        raise StateAccessError(
+            f"{where} returned {result!r}, which is not iterable; return a list of outputs, "
+            "use `yield`, or return None"
+        ) from None
+
+
+class KeyedProcessOperator:
+    """One subtask of a keyed process operator."""
+
+    def __init__(
+        self,
+        function: KeyedProcessFunction[Any, Any],
+        key_serializer: TypeSerializer[Any],
+        *,
+        operator_name: str = "keyed-process",
+        subtask_index: int = 0,
+        parallelism: int = 1,
+        max_parallelism: int = 128,
+        state_backend: StateBackend | str | None = None,
+        clock: Clock | None = None,
+        metric_group: MetricGroup | None = None,
+    ) -> None:
+        if not isinstance(function, KeyedProcessFunction):
+            raise TypeError(
+                f"function must be a KeyedProcessFunction instance, got {type(function).__name__}"
+            )
+        self.function = function
+        self.operator_name = validate_name(operator_name, "operator")
+        self.subtask_index = subtask_index
+        self.parallelism = parallelism
+        self.max_parallelism = max_parallelism
+        self.key_group_range = compute_key_group_range_for_operator_index(
+            max_parallelism, parallelism, subtask_index
+        )
+        self.state_backend = state_backend_from(state_backend)
+        self.clock = clock or Clock()
+        self.metric_group = metric_group or MetricGroup(f"{operator_name}.{subtask_index}")
+        self.keyed_backend: KeyedStateBackend = self.state_backend.create_keyed_backend(
+            key_serializer,
+            max_parallelism,
+            self.key_group_range,
+            operator_name=self.operator_name,
+            subtask_index=subtask_index,
+            clock=self.clock,
+            metric_group=self.metric_group.add_group("state"),
+        )
+        self.operator_backend: OperatorStateBackend = self.state_backend.create_operator_backend()
+        self.timer_service = InternalTimerService(
+            "user", self.keyed_backend, self, processing_time=self.clock.now
+        )
+        participants = getattr(self.keyed_backend, "snapshot_participants", None)
+        if participants is not None:
+            participants.append(self.timer_service)
+        self.runtime_context = _RuntimeContext(self)
+        self._ctx = _ProcessContext(self)
+        self.output: list[Any] = []
+        self.side_outputs: dict[OutputTag, list[Any]] = {}
+        self.restored = False
+        self._opened = False
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+
+    def open(self) -> None:
+        if self._opened:
+            return
+        if isinstance(self.function, CheckpointedFunction):
+            self.function.initialize_state(_InitContext(self))
+        self.function.open(self.runtime_context)
+        self._opened = True
+
+    def close(self) -> None:
+        if self._opened:
+            self.function.close()
+            self._opened = False
+
+    def dispose(self) -> None:
+        self.close()
+        self.keyed_backend.dispose()
+
+    # ---- records and timers --------------------------------------------------------------------
+
+    def process_element(
+        self, key: Any, value: Any, timestamp: int | None = None, key_group: int | None = None
+    ) -> None:
+        """Process one record of ``key``; outputs accumulate in :attr:`output`."""
+        self.keyed_backend.set_current_key(key, key_group)
+        ctx = self._ctx
+        ctx._ts = timestamp
+        _collect(self.output, self.function.process_element(value, ctx), "process_element")
+
+    def on_event_time(self, timestamp: int, key: Any, namespace: Any) -> None:
+        ctx = self._ctx
+        ctx._ts = timestamp
+        ctx._domain = TimeDomain.EVENT_TIME
+        _collect(self.output, self.function.on_timer(timestamp, ctx), "on_timer")
+
+    def on_processing_time(self, timestamp: int, key: Any, namespace: Any) -> None:
+        ctx = self._ctx
+        ctx._ts = None
+        ctx._domain = TimeDomain.PROCESSING_TIME
+        _collect(self.output, self.function.on_timer(timestamp, ctx), "on_timer")
+        ctx._domain = TimeDomain.EVENT_TIME
+
+    def advance_watermark(self, watermark: int) -> int:
+        """Fire event-time timers up to ``watermark``; returns how many fired."""
+        return self.timer_service.advance_watermark(watermark)
+
+    def advance_processing_time(self, time: int) -> int:
+        return self.timer_service.advance_processing_time(time)
+
+    def drain_output(self) -> list[Any]:
+        out, self.output = self.output, []
+        return out
+
+    def drain_side_output(self, tag: OutputTag) -> list[Any]:
+        return self.side_outputs.pop(tag, [])
+
+    # ---- checkpoints ---------------------------------------------------------------------------
+
+    def snapshot(self, checkpoint_id: int) -> OperatorSnapshot:
+        """The synchronous phase of a checkpoint of this subtask."""
+        if isinstance(self.function, CheckpointedFunction):
+            self.function.snapshot_state(_SnapshotContext(checkpoint_id, self.clock.now()))
+        return OperatorSnapshot(
+            checkpoint_id,
+            self.keyed_backend.snapshot(checkpoint_id),
+            self.operator_backend.snapshot(),
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"KeyedProcessOperator({self.operator_name!r}, subtask {self.subtask_index}/"
+            f"{self.parallelism}, key groups {self.key_group_range})"
+        )
