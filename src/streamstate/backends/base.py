@@ -50,12 +50,17 @@ class KeyContext:
     one past the end, at a guard that raises :class:`NoCurrentKeyError`.
     """
 
-    __slots__ = ("key", "key_group", "kg_index")
+    __slots__ = ("_start", "key", "kg_index")
 
-    def __init__(self, no_key_index: int) -> None:
+    def __init__(self, no_key_index: int, range_start: int = 0) -> None:
         self.key: Any = None
-        self.key_group: int = -1
         self.kg_index: int = no_key_index
+        self._start = range_start
+
+    @property
+    def key_group(self) -> int:
+        """The current key group (meaningless while no key is set)."""
+        return self.kg_index + self._start
 
 
 class RestoredStateMeta:
@@ -118,13 +123,13 @@ class KeyedStateBackend(ABC):
         self.latency_tracking = latency_tracking
         self.size_tracking = size_tracking
         self.metric_group = metric_group
-        self.ctx = KeyContext(len(key_group_range))
+        self.ctx = KeyContext(len(key_group_range), key_group_range.start)
         self._range_start = key_group_range.start
         self._num_key_groups = len(key_group_range)
         self._states: dict[str, InternalKvState] = {}
         self._descriptors: dict[str, StateDescriptor] = {}
         self._restored_meta: dict[str, RestoredStateMeta] = {}
-        self._last_name: str | None = None
+        self._last_descriptor: StateDescriptor | None = None
         self._last_state: InternalKvState | None = None
         self._kg_cache: dict[Any, int] = {}
         self._disposed = False
@@ -150,18 +155,18 @@ class KeyedStateBackend(ABC):
                 if len(cache) >= _KEY_GROUP_CACHE_LIMIT:
                     cache.clear()
                 cache[key] = key_group
-        ctx = self.ctx
         index = key_group - self._range_start
-        if not 0 <= index < self._num_key_groups:
+        if index < 0 or index >= self._num_key_groups:
             raise KeyGroupOutOfRangeError(
                 f"key {key!r} belongs to key group {key_group}, which is outside this backend's "
                 f"range {self.key_group_range} (max_parallelism={self.max_parallelism}); the key "
                 "was routed to the wrong subtask — is its hash non-deterministic?"
             )
-        for listener in self.key_selected_listeners:
-            listener(key)
+        if self.key_selected_listeners:
+            for listener in self.key_selected_listeners:
+                listener(key)
+        ctx = self.ctx
         ctx.key = key
-        ctx.key_group = key_group
         ctx.kg_index = index
 
     def get_current_key(self) -> Any:
@@ -177,7 +182,6 @@ class KeyedStateBackend(ABC):
     def clear_current_key(self) -> None:
         """Forget the current key (state access fails until a key is set again)."""
         self.ctx.key = None
-        self.ctx.key_group = -1
         self.ctx.kg_index = len(self.key_group_range)
 
     # ---- registry ----------------------------------------------------------------------------
@@ -188,13 +192,17 @@ class KeyedStateBackend(ABC):
         namespace_serializer: TypeSerializer[Any] | None,
         descriptor: StateDescriptor,
     ) -> Any:
-        """The state of ``descriptor`` scoped to ``namespace`` (hot path: one-entry cache)."""
-        name = descriptor.name
-        if name == self._last_name:
+        """The state of ``descriptor`` scoped to ``namespace``.
+
+        The hot path: the last descriptor asked for is cached, so repeated calls cost one
+        identity check.
+        """
+        if descriptor is self._last_descriptor:
             state = self._last_state
             assert state is not None
             state.set_current_namespace(namespace)
             return state
+        name = descriptor.name
         state = self._states.get(name)
         if state is None:
             state = self.get_or_create_keyed_state(
@@ -202,7 +210,7 @@ class KeyedStateBackend(ABC):
             )
         elif self._descriptors[name].kind is not descriptor.kind:
             raise self._kind_mismatch(name, self._descriptors[name].kind.value, descriptor)
-        self._last_name = name
+        self._last_descriptor = descriptor
         self._last_state = state
         state.set_current_namespace(namespace)
         return state
@@ -345,7 +353,7 @@ class KeyedStateBackend(ABC):
         """Release every resource; the backend cannot be used afterwards."""
         self._states.clear()
         self._descriptors.clear()
-        self._last_name = None
+        self._last_descriptor = None
         self._last_state = None
         self._disposed = True
 

@@ -88,8 +88,15 @@ class StructSerializer(TypeSerializer[Any]):
     def __init__(self, cls: Any) -> None:
         try:
             self._decoder = msgspec.msgpack.Decoder(cls)
+            info = msgspec.inspect.type_info(cls)
         except TypeError as exc:
             raise TypeError(f"{cls!r} cannot be serialized by msgspec: {exc}") from None
+        if _has_custom_type(info):
+            raise TypeError(
+                f"{cls!r} is not a type msgspec can encode on its own (a dataclass, "
+                "msgspec.Struct, enum, datetime, ... of such types); use one of those or opt in to "
+                "pickle with PickleSerializer()"
+            )
         self.cls = cls
         self.immutable = _is_frozen(cls) and _all_fields_immutable(cls)
 
@@ -133,6 +140,20 @@ class StructSerializer(TypeSerializer[Any]):
             elif prev["type"] != f["type"]:
                 return Compatibility.INCOMPATIBLE
         return Compatibility.COMPATIBLE_AFTER_MIGRATION
+
+
+def _has_custom_type(info: Any, seen: set[int] | None = None) -> bool:
+    seen = set() if seen is None else seen
+    if id(info) in seen:  # recursive types refer back to themselves
+        return False
+    seen.add(id(info))
+    if isinstance(info, msgspec.inspect.CustomType):
+        return True
+    subs: list[Any] = [getattr(info, a, None) for a in ("item_type", "key_type", "value_type")]
+    for attr in ("types", "item_types"):
+        subs.extend(getattr(info, attr, ()) or ())
+    subs.extend(f.type for f in getattr(info, "fields", ()) or ())
+    return any(s is not None and _has_custom_type(s, seen) for s in subs)
 
 
 def _all_fields_immutable(tp: Any) -> bool:

@@ -1,0 +1,39 @@
+# Two entry points for a fresh machine (Python 3.11, Java 17, gcc):
+#   make demo   - create .venv, install, run the main job
+#   make test   - create .venv, install, run the test suite
+VENV ?= .venv
+PYTHON ?= python3
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+
+export PYSPARK_PYTHON := $(abspath $(PY))
+export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
+
+.PHONY: demo test lint bench install clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	rm -f $(VENV)/.installed-*
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m streamstate.demo
+
+# pytest exits 5 when it collects no test; that is reported, not hidden.
+test: $(STAMP)
+	@$(PY) -m pytest -q; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/ruff format --check src tests bench
+
+bench: $(STAMP)
+	$(PY) bench/state_access.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,225 @@
+"""Serializers: round trips, copies, snapshots, compatibility, pickle opt-in."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any
+
+import msgspec
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from streamstate.errors import PickleNotAllowedError
+from streamstate.namespace import VOID_NAMESPACE, VoidNamespace
+from streamstate.serializers import (
+    BoolSerializer,
+    BytesSerializer,
+    Compatibility,
+    DictSerializer,
+    Float64Serializer,
+    Int64Serializer,
+    ListSerializer,
+    OptionalSerializer,
+    PickleSerializer,
+    StrSerializer,
+    StructSerializer,
+    TupleSerializer,
+    Types,
+    serializer_for,
+    serializer_from_snapshot,
+)
+
+
+@dataclasses.dataclass
+class Point:
+    x: int
+    y: int = 0
+
+
+@dataclasses.dataclass
+class PointV2:
+    x: int
+    y: int = 0
+    label: str = ""
+
+
+class Event(msgspec.Struct):
+    user: str
+    amount: float
+    tags: list[str] = []
+
+
+class Frozen(msgspec.Struct, frozen=True):
+    a: int
+    b: str
+
+
+class Color(enum.Enum):
+    RED = "red"
+    BLUE = "blue"
+
+
+CASES: list[tuple[Any, Any]] = [
+    (int, 12345678901234),
+    (int, -1),
+    (float, 3.25),
+    (bool, True),
+    (str, "héllo 😀"),
+    (bytes, b"\x00\xff"),
+    (list[int], [1, 2, 3]),
+    (dict[str, float], {"a": 1.5}),
+    (tuple[int, str], (1, "a")),
+    (int | None, None),
+    (int | None, 7),
+    (list[list[str]], [["a"], []]),
+    (dict[int, list[int]], {1: [2, 3]}),
+    (Point, Point(1, 2)),
+    (Event, Event("u", 1.0, ["t"])),
+    (Frozen, Frozen(1, "b")),
+    (Color, Color.BLUE),
+    (VoidNamespace, VOID_NAMESPACE),
+]
+
+
+@pytest.mark.parametrize(("tp", "value"), CASES)
+def test_round_trip_bytes_and_wire(tp: Any, value: Any) -> None:
+    s = serializer_for(tp)
+    assert s.deserialize(s.serialize(value)) == value
+    wire = msgspec.msgpack.encode(s.to_wire(value))
+    assert s.from_wire(msgspec.msgpack.decode(wire, type=s.wire_type)) == value
+    assert s.copy(value) == value
+    rebuilt = serializer_from_snapshot(s.snapshot())
+    assert rebuilt.snapshot() == s.snapshot()
+    assert s.resolve_compatibility(s.snapshot()) is Compatibility.COMPATIBLE_AS_IS
+
+
+def test_fixed_lengths() -> None:
+    assert Int64Serializer().fixed_length == 8
+    assert Float64Serializer().fixed_length == 8
+    assert BoolSerializer().fixed_length == 1
+    assert StrSerializer().fixed_length == -1
+
+
+def test_copies_of_mutable_values_are_independent() -> None:
+    s = serializer_for(dict[str, list[int]])
+    v = {"a": [1]}
+    c = s.copy(v)
+    c["a"].append(2)
+    assert v == {"a": [1]}
+    ps = serializer_for(Point)
+    p = Point(1)
+    q = ps.copy(p)
+    q.x = 5
+    assert p.x == 1
+    assert serializer_for(Frozen).copy(Frozen(1, "a")) is not None
+    fs = serializer_for(Frozen)
+    f = Frozen(1, "a")
+    assert fs.immutable and fs.copy(f) is f
+
+
+def test_immutable_flags() -> None:
+    assert Int64Serializer().immutable and StrSerializer().immutable
+    assert not ListSerializer(Int64Serializer()).immutable
+    assert TupleSerializer(Int64Serializer(), StrSerializer()).immutable
+    assert not serializer_for(Point).immutable
+
+
+@given(
+    st.lists(st.integers(-(2**63), 2**63 - 1)),
+    st.dictionaries(st.text(), st.floats(allow_nan=False)),
+)
+def test_container_round_trip_property(ints: list[int], floats: dict[str, float]) -> None:
+    ls = serializer_for(list[int])
+    assert ls.deserialize(ls.serialize(ints)) == ints
+    ds = serializer_for(dict[str, float])
+    assert ds.deserialize(ds.serialize(floats)) == floats
+
+
+def test_int64_out_of_range_is_a_clear_error() -> None:
+    with pytest.raises(TypeError, match="64-bit"):
+        Int64Serializer().serialize(2**64)
+
+
+def test_compatibility_rules() -> None:
+    old = serializer_for(Point).snapshot()
+    assert serializer_for(PointV2).resolve_compatibility(old) is Compatibility.INCOMPATIBLE  # class
+    renamed = dict(old, fields=[*old["fields"]])
+    assert serializer_for(Point).resolve_compatibility(renamed) is Compatibility.COMPATIBLE_AS_IS
+    # same class, a field added with a default: readable after migration
+    added = dict(old, fields=[f for f in old["fields"] if f["name"] != "y"])
+    assert (
+        serializer_for(Point).resolve_compatibility(added)
+        is Compatibility.COMPATIBLE_AFTER_MIGRATION
+    )
+    # same class, a required field added: incompatible
+    missing_required = dict(old, fields=[f for f in old["fields"] if f["name"] != "x"])
+    assert (
+        serializer_for(Point).resolve_compatibility(missing_required) is Compatibility.INCOMPATIBLE
+    )
+    # a changed field type
+    changed = dict(
+        old, fields=[dict(f, type="StrType()") if f["name"] == "x" else f for f in old["fields"]]
+    )
+    assert serializer_for(Point).resolve_compatibility(changed) is Compatibility.INCOMPATIBLE
+    assert Int64Serializer().resolve_compatibility(StrSerializer().snapshot()).is_incompatible
+    assert (
+        OptionalSerializer(Int64Serializer()).resolve_compatibility(Int64Serializer().snapshot())
+        is Compatibility.COMPATIBLE_AFTER_MIGRATION
+    )
+    assert (
+        ListSerializer(Int64Serializer())
+        .resolve_compatibility(ListSerializer(StrSerializer()).snapshot())
+        .is_incompatible
+    )
+    assert (
+        DictSerializer(StrSerializer(), Int64Serializer())
+        .resolve_compatibility(DictSerializer(StrSerializer(), Int64Serializer()).snapshot())
+        .is_compatible_as_is
+    )
+
+
+def test_pickle_is_never_implicit() -> None:
+    with pytest.raises(TypeError, match="PickleSerializer"):
+        serializer_for(object)
+    with pytest.raises(TypeError, match="element types"):
+        serializer_for(list)
+    with pytest.raises(TypeError, match="pickle"):
+        serializer_for(type("Opaque", (), {}))
+
+
+def test_pickle_serializer_explicit_opt_in() -> None:
+    s = PickleSerializer()
+    value = {"set": {1, 2}, "fn": len}
+    assert s.deserialize(s.serialize(value)) == value
+    assert not s.wire_native
+    assert s.from_wire(s.to_wire(value)) == value
+    with pytest.raises(PickleNotAllowedError, match="PickleSerializer"):
+        serializer_from_snapshot(s.snapshot())
+    assert isinstance(serializer_from_snapshot(s.snapshot(), allow_pickle=True), PickleSerializer)
+    nested = ListSerializer(PickleSerializer())
+    with pytest.raises(PickleNotAllowedError):
+        serializer_from_snapshot(nested.snapshot())
+
+
+def test_types_helpers_match_pyflink_names() -> None:
+    assert isinstance(Types.LONG(), Int64Serializer)
+    assert isinstance(Types.INT(), Int64Serializer)
+    assert isinstance(Types.STRING(), StrSerializer)
+    assert isinstance(Types.DOUBLE(), Float64Serializer)
+    assert isinstance(Types.BOOLEAN(), BoolSerializer)
+    assert isinstance(Types.BYTES(), BytesSerializer)
+    assert Types.LIST(Types.STRING()) == ListSerializer(StrSerializer())
+    assert Types.MAP(str, int) == DictSerializer(StrSerializer(), Int64Serializer())
+    assert Types.TUPLE([int, str]) == TupleSerializer(Int64Serializer(), StrSerializer())
+    assert isinstance(Types.RECORD(Point), StructSerializer)
+    assert isinstance(Types.PICKLED_BYTE_ARRAY(), PickleSerializer)
+
+
+def test_validate_names_the_problem() -> None:
+    with pytest.raises(TypeError, match="cannot be written"):
+        Int64Serializer().validate("x")
+    Int64Serializer().validate(3)
+    with pytest.raises(TypeError):
+        serializer_for(list[int]).validate([1, "a"])
