@@ -53,7 +53,8 @@ def snapshot_entries(backend) -> dict[str, dict]:
 # ---- full snapshot filter -------------------------------------------------------------------
 
 
-def test_snapshot_drops_expired_entries_elements_and_values(backend, clock):
+def test_snapshot_drops_expired_entries_elements_and_values(heap_backend, clock):
+    backend = heap_backend
     cfg = StateTtlConfig(ttl=TTL, cleanup_size=0)
     v = ValueStateDescriptor("v", int).enable_time_to_live(cfg)
     lst = ListStateDescriptor("l", int).enable_time_to_live(cfg)
@@ -63,10 +64,10 @@ def test_snapshot_drops_expired_entries_elements_and_values(backend, clock):
         state_of(backend, lst, key).add(1)
         state_of(backend, m, key).put("x", 1)
         if key == "old":
-            clock.t = 1060
+            clock.time = 1060
     state_of(backend, lst, "old").add(2)  # "old" list: [(1000, 1), (1060, 2)]
     state_of(backend, m, "old").put("y", 2)  # "old" map: {x: (1000, 1), y: (1060, 2)}
-    clock.t = 1100  # everything written at 1000 has expired
+    clock.time = 1100  # everything written at 1000 has expired
 
     snap = snapshot_entries(backend)
     assert snap["v"] == {("young", VOID_NAMESPACE): (1060, 1)}
@@ -90,12 +91,13 @@ def test_snapshot_drops_expired_entries_elements_and_values(backend, clock):
     assert meta.to_dict()["ttl"]["ttl"] == TTL
     assert meta.state_serializer.snapshot()["type"] == "ttl_value"
 
-    clock.t = 1160  # now everything has expired
+    clock.time = 1160  # now everything has expired
     snap = snapshot_entries(backend)
     assert "v" not in snap and "l" not in snap and "m" not in snap
 
 
-def test_snapshot_keeps_expired_entries_without_full_snapshot_cleanup(backend, clock):
+def test_snapshot_keeps_expired_entries_without_full_snapshot_cleanup(heap_backend, clock):
+    backend = heap_backend
     cfg = StateTtlConfig(ttl=TTL, cleanup_size=0, cleanup_full_snapshot=False)
     v = ValueStateDescriptor("v", int).enable_time_to_live(cfg)
     state_of(backend, v, "a").update(1)
@@ -110,20 +112,21 @@ def test_snapshot_transform_never_mutates_and_returns_same_object_when_unchanged
     t_val = snapshot_transform(StateKind.VALUE, policy)
     lst = [(950, "a"), (1000, "b")]
     d = {"a": (950, 1), "b": (1000, 2)}
-    clock.t = 1000
+    clock.time = 1000
     assert t_list(lst) is lst and t_map(d) is d and t_val((1000, 1)) == (1000, 1)
-    clock.t = 1050
+    clock.time = 1050
     assert t_list(lst) == [(1000, "b")] and lst == [(950, "a"), (1000, "b")]
     assert t_map(d) == {"b": (1000, 2)} and len(d) == 2
     assert t_val((950, 1)) is None
-    clock.t = 1100
+    clock.time = 1100
     assert t_list(lst) is None and t_map(d) is None
 
 
 # ---- incremental cleanup --------------------------------------------------------------------
 
 
-def test_incremental_cleanup_removes_expired_entries_on_state_access(backend, clock):
+def test_incremental_cleanup_removes_expired_entries_on_state_access(heap_backend, clock):
+    backend = heap_backend
     cfg = StateTtlConfig(ttl=TTL, cleanup_size=5)
     d = ValueStateDescriptor("v", int).enable_time_to_live(cfg)
     keys = [f"k{i}" for i in range(200)]
@@ -141,16 +144,17 @@ def test_incremental_cleanup_removes_expired_entries_on_state_access(backend, cl
     assert backend.get_current_key() == "fresh"  # cleanup never changes the current key
 
 
-def test_incremental_cleanup_rewrites_partly_expired_lists_and_maps(backend, clock):
+def test_incremental_cleanup_rewrites_partly_expired_lists_and_maps(heap_backend, clock):
+    backend = heap_backend
     cfg = StateTtlConfig(ttl=TTL, cleanup_size=3)
     lst = ListStateDescriptor("l", int).enable_time_to_live(cfg)
     m = MapStateDescriptor("m", str, int).enable_time_to_live(cfg)
     state_of(backend, lst, "a").add(1)
     state_of(backend, m, "a").put("x", 1)
-    clock.t = 1060
+    clock.time = 1060
     state_of(backend, lst, "a").add(2)
     state_of(backend, m, "a").put("y", 2)
-    clock.t = 1100
+    clock.time = 1100
     table_l, table_m = backend.state_table("l"), backend.state_table("m")
     for _ in range(10):  # touch state "b" only; the cursors sweep every key group
         state_of(backend, lst, "b").get()
@@ -159,8 +163,8 @@ def test_incremental_cleanup_rewrites_partly_expired_lists_and_maps(backend, clo
     assert table_m.map_for_key("a", 8).get("a", VOID_NAMESPACE) == {"y": (1060, 2)}
 
 
-def test_incremental_cleanup_bounded_work_per_step(make_backend, clock):
-    backend = make_backend("nested_maps", max_p=4)
+def test_incremental_cleanup_bounded_work_per_step(heap_backend, make_backend, clock):
+    backend = make_backend(max_parallelism=4, clock=clock)
     cfg = StateTtlConfig(ttl=TTL, cleanup_size=0)
     d = ValueStateDescriptor("v", int).enable_time_to_live(cfg)
     for i in range(40):
@@ -179,7 +183,8 @@ def test_incremental_cleanup_bounded_work_per_step(make_backend, clock):
     assert cleanup.step() == 0  # an empty table costs cleanup_size key-group steps, nothing more
 
 
-def test_incremental_cleanup_disabled_with_cleanup_size_zero(backend, clock):
+def test_incremental_cleanup_disabled_with_cleanup_size_zero(heap_backend, clock):
+    backend = heap_backend
     d = ValueStateDescriptor("v", int).enable_time_to_live(StateTtlConfig(ttl=TTL, cleanup_size=0))
     for i in range(20):
         state_of(backend, d, f"k{i}").update(i)
@@ -190,7 +195,8 @@ def test_incremental_cleanup_disabled_with_cleanup_size_zero(backend, clock):
     assert backend.num_entries("v") == 20
 
 
-def test_incremental_cleanup_for_every_record(backend, clock):
+def test_incremental_cleanup_for_every_record(heap_backend, clock):
+    backend = heap_backend
     cfg = (
         StateTtlConfig.new_builder(TTL)
         .cleanup_incrementally(cleanup_size=10, run_cleanup_for_every_record=True)
@@ -205,7 +211,8 @@ def test_incremental_cleanup_for_every_record(backend, clock):
     assert backend.num_entries("r") == 0
 
 
-def test_incremental_cleanup_survives_concurrent_changes(backend, clock):
+def test_incremental_cleanup_survives_concurrent_changes(heap_backend, clock):
+    backend = heap_backend
     d = ValueStateDescriptor("v", int).enable_time_to_live(StateTtlConfig(ttl=TTL, cleanup_size=2))
     for i in range(30):
         state_of(backend, d, f"k{i}").update(i)
@@ -243,8 +250,8 @@ class SweepingBackend:
         return state
 
 
-def test_backends_without_heap_tables_get_a_cleanup_hook(make_backend, clock):
-    inner = make_backend("nested_maps")
+def test_backends_without_heap_tables_get_a_cleanup_hook(heap_backend, clock):
+    inner = heap_backend
     b = SweepingBackend(inner)
     cfg = StateTtlConfig.new_builder(TTL).cleanup_in_rocksdb_compact_filter(3).build()
     d = ValueStateDescriptor("v", int).enable_time_to_live(cfg)
@@ -255,7 +262,7 @@ def test_backends_without_heap_tables_get_a_cleanup_hook(make_backend, clock):
     assert inner.state_table("v").snapshot_transformer is None  # not wired as a heap table
 
     store = {i: ((1000 if i % 2 else 2000), i) for i in range(10)}  # odd keys expire at 1100
-    clock.t = 1100
+    clock.time = 1100
     rounds = 0
     while True:
         start = hook.cursor or 0

@@ -113,12 +113,12 @@ def test_expiry_matrix(backend, clock, kind, update_type, visibility):
     d = make().enable_time_to_live(config(update_type, visibility, cleanup_size=0))
     s = ttl_state(backend, d)
     write(s, 7)  # ts = 1000
-    clock.t = 1000 + TTL - 1
+    clock.time = 1000 + TTL - 1
     assert read(s) == one(7)  # still alive; OnReadAndWrite refreshes ts to 1099
-    clock.t = 1000 + TTL  # 1000 + 100 <= 1100: expired unless refreshed
+    clock.time = 1000 + TTL  # 1000 + 100 <= 1100: expired unless refreshed
     if update_type is UT.OnReadAndWrite:
         assert read(s) == one(7)  # refreshed at 1099 -> alive until 1199; refreshed again
-        clock.t = 1100 + TTL
+        clock.time = 1100 + TTL
     expected_expired = one(7) if visibility is SV.ReturnExpiredIfNotCleanedUp else empty
     assert read(s) == expected_expired
     # cleanup on read: the expired value is gone, whatever the visibility
@@ -143,9 +143,9 @@ def test_create_and_write_does_not_refresh_on_read(backend, clock, kind):
     s = ttl_state(backend, make().enable_time_to_live(config(UT.OnCreateAndWrite, cleanup_size=0)))
     write(s, 3)
     for t in (1010, 1050, 1099):
-        clock.t = t
+        clock.time = t
         assert read(s) == one(3)
-    clock.t = 1100
+    clock.time = 1100
     assert read(s) == empty
 
 
@@ -195,19 +195,20 @@ def test_value_default_and_none(backend, clock):
     assert backend.num_entries("v") == 0
 
 
-def test_list_elements_expire_one_by_one(backend, clock):
+def test_list_elements_expire_one_by_one(heap_backend, clock):
+    backend = heap_backend
     d = ListStateDescriptor("l", str).enable_time_to_live(config(cleanup_size=0))
     s = ttl_state(backend, d)
     s.add("a")  # 1000
-    clock.t = 1050
+    clock.time = 1050
     s.add_all(["b", "c"])
-    clock.t = 1100
+    clock.time = 1100
     assert s.get() == ["b", "c"]
     raw = backend.state_table("l").get(VOID_NAMESPACE)
     assert raw == [(1050, "b"), (1050, "c")]  # the expired element was removed on read
-    clock.t = 1149
+    clock.time = 1149
     s.add("d")
-    clock.t = 1150
+    clock.time = 1150
     assert s.get() == ["d"]
     s.update(["x", "y"])
     assert backend.state_table("l").get(VOID_NAMESPACE) == [(1150, "x"), (1150, "y")]
@@ -221,9 +222,9 @@ def test_list_return_expired_returns_then_cleans(backend, clock):
     )
     s = ttl_state(backend, d)
     s.add(1)
-    clock.t = 1050
+    clock.time = 1050
     s.add(2)
-    clock.t = 1100
+    clock.time = 1100
     assert s.get() == [1, 2]
     assert s.get() == [2]
 
@@ -239,13 +240,14 @@ def test_list_rejects_none(backend):
     assert backend.num_entries("l") == 0
 
 
-def test_list_read_and_write_refreshes_every_element(backend, clock):
+def test_list_read_and_write_refreshes_every_element(heap_backend, clock):
+    backend = heap_backend
     d = ListStateDescriptor("l", int).enable_time_to_live(config(UT.OnReadAndWrite, cleanup_size=0))
     s = ttl_state(backend, d)
     s.add(1)
-    clock.t = 1060
+    clock.time = 1060
     s.add(2)
-    clock.t = 1090
+    clock.time = 1090
     assert s.get() == [1, 2]
     assert backend.state_table("l").get(VOID_NAMESPACE) == [(1090, 1), (1090, 2)]
 
@@ -258,9 +260,9 @@ def test_map_values_expire_one_by_one(backend, clock, update_type, visibility):
     )
     s = ttl_state(backend, d)
     s.put("old", 1)
-    clock.t = 1050
+    clock.time = 1050
     s.put_all({"new": 2, "newer": 3})
-    clock.t = 1100
+    clock.time = 1100
     ret = visibility is SV.ReturnExpiredIfNotCleanedUp
     expected = {"new": 2, "newer": 3} | ({"old": 1} if ret else {})
     assert dict(s.items()) == expected
@@ -271,13 +273,13 @@ def test_map_values_expire_one_by_one(backend, clock, update_type, visibility):
     assert not s.is_empty()
     s.remove("new")
     if update_type is UT.OnReadAndWrite:
-        clock.t = 1149  # "newer" was read at 1100: alive until 1200
+        clock.time = 1149  # "newer" was read at 1100: alive until 1200
         assert s.get("newer") == 3
-        clock.t = 1248
+        clock.time = 1248
         assert s.get("newer") == 3
-        clock.t = 1400
+        clock.time = 1400
     else:
-        clock.t = 1150
+        clock.time = 1150
     if ret:
         assert s.is_empty() is False  # the expired "newer" is visible once more
     assert s.is_empty() is True
@@ -302,11 +304,11 @@ def test_reducing_add_after_expiry_starts_afresh(backend, clock, visibility):
     )
     s = ttl_state(backend, d)
     s.add(1)
-    clock.t = 1050
+    clock.time = 1050
     s.add(2)  # reduce refreshes: (1050, 3)
-    clock.t = 1149
+    clock.time = 1149
     assert s.get() == 3
-    clock.t = 1150
+    clock.time = 1150
     s.add(10)  # the stored 3 expired: writes never build on expired values
     assert s.get() == 10
     s.add(None)
@@ -320,12 +322,12 @@ def test_aggregating_add_after_expiry_starts_afresh(backend, clock, visibility):
     )
     s = ttl_state(backend, d)
     s.add(1)
-    clock.t = 1050
+    clock.time = 1050
     s.add(2)
-    clock.t = 1149
+    clock.time = 1149
     assert s.get() == [1, 2]
     assert s.get_internal() == [1, 2]
-    clock.t = 1150
+    clock.time = 1150
     s.add(3)
     assert s.get() == [3]
     s.update_internal([7, 8])
@@ -341,12 +343,12 @@ def test_merge_namespaces_drops_expired_sources(backend, clock, kind):
     s = ttl_state(backend, d)
     s.set_current_namespace("w1")
     write(s, 1)  # 1000
-    clock.t = 1060
+    clock.time = 1060
     s.set_current_namespace("w2")
     write(s, 2)
     s.set_current_namespace("w3")
     write(s, 4)
-    clock.t = 1100  # w1 expired
+    clock.time = 1100  # w1 expired
     s.merge_namespaces("w3", ["w1", "w2"])
     s.set_current_namespace("w3")
     got = read(s)
@@ -376,11 +378,11 @@ def test_expiry_saturates_at_the_end_of_time(backend, clock):
         StateTtlConfig(ttl=LONG_MAX, cleanup_size=0)
     )
     s = ttl_state(backend, d)
-    clock.t = LONG_MAX - 10
+    clock.time = LONG_MAX - 10
     s.update(1)  # ts + ttl overflows int64: saturates at LONG_MAX
-    clock.t = LONG_MAX - 1
+    clock.time = LONG_MAX - 1
     assert s.value() == 1
-    clock.t = LONG_MAX
+    clock.time = LONG_MAX
     assert s.value() is None
 
 
