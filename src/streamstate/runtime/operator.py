@@ -340,13 +340,21 @@ class KeyedProcessOperator:
             namespace_serializer,
             processing_time=self.clock.now,
         )
-        service.current_watermark = self._watermark
+        # a service created late (in open(), after a restore) starts at the operator's time
+        watermark = self._watermark
+        for other in self.timer_services.values():
+            watermark = max(watermark, other.current_watermark)
+        service.current_watermark = watermark
         if self._manual_processing_time is not None:
             service.advance_processing_time(self._manual_processing_time)
         self.timer_services[name] = service
         participants = getattr(self.keyed_backend, "snapshot_participants", None)
         if participants is not None:
             participants.append(service)
+        # timers of this service restored before it existed (backends that keep them pending)
+        restore_pending = getattr(self.keyed_backend, "restore_pending_timers", None)
+        if restore_pending is not None:
+            restore_pending(service)
         return service
 
     def advance_watermark(self, watermark: int) -> int:
