@@ -131,3 +131,13 @@ def test_operator_internal_timer_services_share_time_and_snapshots():
     assert op.advance_processing_time(80) == 1
     assert rec.fired == [("event", 60, "k", 3), ("proc", 80, "k", 4)]
     assert op.num_timers() == 0
+
+
+def test_a_late_timer_service_inherits_time_and_pending_timers():
+    op = KeyedProcessOperator(Noop(), StrSerializer(), max_parallelism=8)
+    op.timer_service.current_watermark = 77  # as a restore sets it before open()
+    handed = []
+    op.keyed_backend.restore_pending_timers = handed.append  # a backend with pending timers
+    svc = op.get_internal_timer_service("late", Int64Serializer(), Recorder())
+    assert svc.current_watermark == 77
+    assert handed == [svc]
