@@ -227,7 +227,7 @@ class EventTimeSessionWindows(MergingWindowAssigner):
         return cls(_millis(gap, "gap"))
 
     @staticmethod
-    def with_dynamic_gap(extractor: Any) -> DynamicEventTimeSessionWindows:
+    def with_dynamic_gap(extractor: Any) -> EventTimeSessionWindows:
         """Sessions whose gap is ``extractor(element)`` (or ``extractor.extract(element)``)."""
         return DynamicEventTimeSessionWindows(extractor)
 
@@ -261,7 +261,7 @@ class ProcessingTimeSessionWindows(EventTimeSessionWindows):
     """Sessions in processing time."""
 
     @staticmethod
-    def with_dynamic_gap(extractor: Any) -> DynamicProcessingTimeSessionWindows:
+    def with_dynamic_gap(extractor: Any) -> EventTimeSessionWindows:
         return DynamicProcessingTimeSessionWindows(extractor)
 
     def _timestamp(self, timestamp: int | None, context: Any) -> int:

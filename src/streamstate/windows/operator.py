@@ -44,7 +44,11 @@ from streamstate.serializers import (
     TypeSerializer,
     VoidNamespaceSerializer,
 )
-from streamstate.windows.assigners import MergingWindowAssigner, WindowAssigner
+from streamstate.windows.assigners import (
+    MergingWindowAssigner,
+    WindowAssigner,
+    WindowAssignerContext,
+)
 from streamstate.windows.contents import WindowContents
 from streamstate.windows.functions import InternalWindowFunction, ProcessWindowFunction
 from streamstate.windows.merging_window_set import MergingWindowSet
@@ -74,7 +78,7 @@ class _WindowStateStore(KeyedStateStore):
     get_reducing_state = get_aggregating_state = _get  # type: ignore[assignment]
 
 
-class _Context(OnMergeContext):
+class _Context(OnMergeContext, WindowAssignerContext):
     """The trigger context (and assigner context) of the current key and window."""
 
     __slots__ = ("key", "merged_windows", "op", "window")

@@ -123,6 +123,7 @@ class _MetricsTrackingState:
     __slots__ = ("_clear", "_clear_left", "_descriptor", "_group", "_interval", "_original")
 
     _prefix = ""
+    _clear_left: int
 
     def __init__(
         self,
@@ -205,9 +206,11 @@ class _MetricsTrackingState:
 class MetricsTrackingValueState(_MetricsTrackingState, InternalValueState[Any]):
     __slots__ = ("_get", "_get_left", "_serializer", "_update", "_update_left")
     _prefix = "value_state"
+    _get_left: int
+    _update_left: int
 
     def _create_operations(self, *cfg: Any) -> None:
-        descriptor = self._descriptor
+        descriptor: Any = self._descriptor
         self._serializer = descriptor.serializer
         self._get = self._op("get", *cfg, value_size=True)
         self._update = self._op("update", *cfg, value_size=True)
@@ -248,9 +251,9 @@ class _MergingMixin:
     def merge_namespaces(self, target: Any, sources: Iterable[Any]) -> None:
         left = self._merge_left - 1
         if left:
-            self._merge_left = left
+            self._merge_left = left  # type: ignore[misc]  # a slot of the concrete classes
             return self._original.merge_namespaces(target, sources)  # type: ignore[no-any-return]
-        self._merge_left = self._interval
+        self._merge_left = self._interval  # type: ignore[misc]
         op = self._merge
         return op.timed(self._original.merge_namespaces, target, sources)  # type: ignore[no-any-return]
 
@@ -277,9 +280,14 @@ class MetricsTrackingListState(_MergingMixin, _MetricsTrackingState, InternalLis
         "_update_left",
     )
     _prefix = "list_state"
+    _add_all_left: int
+    _add_left: int
+    _get_left: int
+    _merge_left: int
+    _update_left: int
 
     def _create_operations(self, *cfg: Any) -> None:
-        descriptor = self._descriptor
+        descriptor: Any = self._descriptor
         self._element = descriptor.element_serializer
         self._list = ListSerializer(descriptor.element_serializer)
         self._get = self._op("get", *cfg, value_size=True)
@@ -360,9 +368,14 @@ class MetricsTrackingMapState(_MetricsTrackingState, InternalMapState[Any, Any])
         "_values",
     )
     _prefix = "map_state"
+    _contains_left: int
+    _get_left: int
+    _put_all_left: int
+    _put_left: int
+    _remove_left: int
 
     def _create_operations(self, *cfg: Any) -> None:
-        descriptor = self._descriptor
+        descriptor: Any = self._descriptor
         self._key = descriptor.key_serializer
         self._value = descriptor.value_serializer
         self._dict = descriptor.serializer
@@ -466,9 +479,12 @@ class MetricsTrackingReducingState(
 ):
     __slots__ = ("_add", "_add_left", "_get", "_get_left", "_merge", "_merge_left", "_serializer")
     _prefix = "reducing_state"
+    _add_left: int
+    _get_left: int
+    _merge_left: int
 
     def _create_operations(self, *cfg: Any) -> None:
-        descriptor = self._descriptor
+        descriptor: Any = self._descriptor
         self._serializer = descriptor.serializer
         self._get = self._op("get", *cfg, value_size=True)
         self._add = self._op("add", *cfg, value_size=True)
@@ -504,6 +520,9 @@ class MetricsTrackingAggregatingState(
 ):
     __slots__ = ("_add", "_add_left", "_get", "_get_left", "_merge", "_merge_left")
     _prefix = "aggregating_state"
+    _add_left: int
+    _get_left: int
+    _merge_left: int
 
     def _create_operations(self, *cfg: Any) -> None:
         self._get = self._op("get", *cfg)
