@@ -127,7 +127,7 @@ common = dict(
     delay=st.sampled_from([0, 4, 30]),
     parallelism=st.sampled_from([1, 2]),
 )
-hyp = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+hyp = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @hyp
