@@ -326,7 +326,7 @@ def test_copy_on_write_copies_exactly_the_chain_prefix() -> None:
     assert after[0].state is before[0].state  # copying an entry keeps its state object
     assert after[1].state == ["new"] and before[1].state == [keys[2]]
     # the snapshot still walks the old chain
-    assert chain(snap._table[bucket]) == before  # type: ignore[index]
+    assert chain(snap.bucket_heads()[bucket]) == before
     # a second write to the copied entry copies nothing more
     m.put(keys[2], NS, ["newer"])
     assert chain(m._primary[bucket]) == after
@@ -383,7 +383,7 @@ def test_remove_head_relinks_the_bucket_and_middle_copies_the_prefix() -> None:
     after = chain(m._primary[bucket])
     assert [e.key for e in after] == [keys[2], keys[0]]
     assert after[0] is not before[1] and after[1] is before[3]
-    assert [e.key for e in chain(snap._table[bucket])] == [e.key for e in before]  # type: ignore[index]
+    assert chain(snap.bucket_heads()[bucket]) == before
     assert content(snap) == {(k, NS): [k] for k in keys}
     snap.release()
 
@@ -469,12 +469,81 @@ def test_snapshot_while_rehashing_takes_the_three_slices() -> None:
     expected = content(m)
     snap = m.snapshot()
     assert isinstance(snap, CopyOnWriteStateMapSnapshot) and isinstance(snap, StateMapSnapshot)
-    assert len(snap._table) == (old_len - ri) + ri + ri  # type: ignore[arg-type]
-    assert snap._table[: old_len - ri] == m._primary[ri:]  # type: ignore[index]
+    heads = snap.bucket_heads()
+    assert len(heads) == (old_len - ri) + ri + ri
+    assert heads[: old_len - ri] == m._primary[ri:]
+    half = len(m._rehash_table) // 2
+    assert heads[old_len - ri :] == m._rehash_table[:ri] + m._rehash_table[half : half + ri]
     for k in range(500, 700):  # finish the rehash and start the next one
         m.put(k, NS, k)
         m.remove(k - 400, NS)
     assert content(snap) == expected and len(snap) == len(expected)
+    snap.release()
+
+
+def test_snapshot_shares_the_bucket_array_until_the_first_bucket_write() -> None:
+    m = CopyOnWriteStateMap()
+    for k in range(50):
+        m.put(k, NS, [k])
+    table = m._primary
+    snap = m.snapshot()
+    assert snap._primary is table  # O(1): nothing copied, no entry touched
+    m.contains(1, NS)
+    assert m._primary is table  # reads do not copy
+    m.put(1000, NS, [1000])  # the first bucket write copies the array
+    assert m._primary is not table and snap._primary is table
+    copied = m._primary
+    m.put(1001, NS, [1001])
+    assert m._primary is copied  # once
+    assert content(snap) == {(k, NS): [k] for k in range(50)}
+    snap.release()
+
+
+@pytest.mark.parametrize(
+    "write",
+    [
+        lambda m: m.put(999, NS, [0]),  # insert
+        lambda m: m.remove(m._primary[next(i for i, h in enumerate(m._primary) if h)].key, NS),
+        lambda m: m.get(m._primary[next(i for i, h in enumerate(m._primary) if h)].key, NS),
+        lambda m: m.put(m._primary[next(i for i, h in enumerate(m._primary) if h)].key, NS, []),
+    ],
+    ids=["insert", "remove-head", "get-head", "put-head"],
+)
+def test_every_bucket_write_after_a_snapshot_copies_the_array(write: Any) -> None:
+    m = CopyOnWriteStateMap()
+    for k in range(50):
+        m.put(k, NS, [k])
+    table = m._primary
+    snap = m.snapshot()
+    write(m)
+    assert m._primary is not table
+    assert content(snap) == {(k, NS): [k] for k in range(50)}
+    snap.release()
+
+
+def test_released_snapshot_leaves_the_array_uncopied() -> None:
+    m = CopyOnWriteStateMap()
+    m.put(1, NS, [1])
+    table = m._primary
+    first, second = m.snapshot(), m.snapshot()
+    first.release()
+    m.put(2, NS, [2])  # the second snapshot still holds the array
+    assert m._primary is not table
+    second.release()
+    table = m._primary
+    m.snapshot().release()
+    m.put(3, NS, [3])
+    assert m._primary is table  # nobody holds it any more
+
+
+def test_snapshot_while_rehashing_shares_both_tables() -> None:
+    m = start_rehash()
+    m.contains(0, NS)
+    primary, rehash_table = m._primary, m._rehash_table
+    snap = m.snapshot()
+    m.contains(1, NS)  # a rehash step writes both tables: both are copied first
+    assert m._primary is not primary and m._rehash_table is not rehash_table
+    assert snap._primary is primary and snap._rehash_table is rehash_table
     snap.release()
 
 

@@ -8,20 +8,34 @@ A chained hash table ``(key, namespace) -> state`` for one key group, with two p
   later operation, reads included. Bucket ``i`` of the old table splits into buckets ``i`` and
   ``i + old_len`` of the new one; an operation looks in the new table for buckets below
   ``rehash_index`` and in the old one otherwise. No single operation pays for the whole resize.
-* **Copy-on-write snapshots.** :meth:`CopyOnWriteStateMap.snapshot` copies only the bucket array
-  (O(buckets) pointer copies) and bumps the map version. Every entry and state object reachable
-  from that array is then shared with the snapshot, and the map copies before it changes any of
-  them: an entry whose ``entry_version`` is older than the newest open snapshot is never relinked
-  (the chain up to it is copied instead, entries after it stay shared), and a state object whose
-  ``state_version`` is older is deep-copied before the caller can see it, on reads too (the caller
-  may mutate what ``get`` returns). New entries are inserted at the head of their chain, so
-  inserting never copies. A snapshot thread can therefore walk its array while the processing
-  thread keeps writing; once the snapshot is released the old copies become garbage.
+* **Copy-on-write snapshots.** :meth:`CopyOnWriteStateMap.snapshot` bumps the map version and
+  keeps the bucket array as it is (see below for when it is copied). Every entry and state object
+  reachable from that array is then shared with the snapshot, and the map copies before it
+  changes any of them: an entry whose ``entry_version`` is older than the newest open snapshot
+  is never relinked (the chain up to it is copied instead, entries after it stay shared), and a
+  state object whose ``state_version`` is older is deep-copied before the caller can see it, on
+  reads too (the caller may mutate what ``get`` returns). New entries are inserted at the head
+  of their chain, so inserting never copies. A snapshot thread can therefore walk its array while
+  the processing thread keeps writing; once the snapshot is released the old copies are garbage.
 
 Python adaptation, and the stalls it designs around
 ----------------------------------------------------
 * Entries are ``__slots__`` objects created without ``__init__`` on the hot path (a Python-level
-  ``__init__`` frame costs more than the seven slot stores). Methods bind attributes to locals.
+  ``__init__`` frame costs more than the seven slot stores). Methods bind attributes to locals;
+  the lookup prologue is written out in each operation (a helper call costs more than a lookup).
+  Lookups compare keys without comparing the cached hashes first: two 64-bit ints compare no
+  faster than typical keys; the cached hash serves the rehash, as in Flink.
+* The bucket array is copied on write, not in ``snapshot``. Flink's synchronous phase copies
+  each array with ``System.arraycopy``, which never touches the entries. CPython cannot copy a
+  reference without writing to the referenced object (its reference count), so ``primary[:]``
+  touches every entry: measured at about 15-20 ms per million entries here, cache misses
+  included, which is O(entries), not O(buckets). The snapshot therefore keeps the map's arrays
+  themselves (O(1)) and marks them shared; the map copies them (``_unshare``) before its first
+  bucket-slot write after the snapshot (an insert, a head removal, a chain copy, a rehash step).
+  The content a snapshot reads is exactly the arrays §5.2 copies (the unmoved primary buckets
+  plus, while rehashing, the two rehash-table ranges the moved buckets split into). The copy
+  costs the same as Flink's, but on the processing thread, one key group at a time, and not at
+  all for a key group whose snapshot is released before the map writes to it.
 * Hash: ``hash((key, namespace))``. CPython's tuple hash runs the element hashes through xxHash's
   multiply-rotate rounds, so int keys that are multiples of a power of two (whose own hash has
   zero low bits) still spread over the low bits used for bucket selection. It costs one tuple
@@ -59,6 +73,7 @@ from __future__ import annotations
 
 import copy as _copy_module
 import gc
+import itertools
 import sys
 import threading
 from bisect import bisect_left
@@ -180,6 +195,7 @@ class CopyOnWriteStateMap(StateMap):
         "_rehash_size",
         "_rehash_table",
         "_required",
+        "_shared",
         "_snapshot_versions",
         "_spare",
         "_spare_mark",
@@ -218,6 +234,8 @@ class CopyOnWriteStateMap(StateMap):
         self._required = 0
         self._snapshot_versions: list[int] = []
         self._mod_count = 0
+        # the tables are referenced by an open snapshot: copy them before writing a bucket slot
+        self._shared = False
         self._last_namespace: Any = None
         self._lock = threading.Lock()
 
@@ -456,10 +474,12 @@ class CopyOnWriteStateMap(StateMap):
     # -- snapshots -------------------------------------------------------------------------------
 
     def snapshot(self) -> CopyOnWriteStateMapSnapshot:
-        """A consistent view of the current content, O(capacity) pointer copies.
+        """A consistent view of the current content; O(1), the bucket array is copied on write.
 
         Call it on the thread that modifies the map. The snapshot must be released (from any
-        thread) once written; until then the map copies what it shares with it before changing it.
+        thread) once written; until then the map copies what it shares with it before changing
+        it: entries and states as in Flink, and the bucket arrays themselves (see the module
+        docstring), so taking a snapshot never touches the entries.
 
         >>> m = CopyOnWriteStateMap(); m.put("k", "ns", 1)
         >>> s = m.snapshot(); m.put("k", "ns", 2); list(s), m.get("k", "ns")
@@ -471,18 +491,16 @@ class CopyOnWriteStateMap(StateMap):
             version = self._state_map_version
             self._required = version
             self._snapshot_versions.append(version)  # the newest version: the list stays sorted
-        primary = self._primary
+            self._shared = True
         rehash_table = self._rehash_table
-        if rehash_table is not _EMPTY_TABLE:
-            ri = self._rehash_index
-            half = len(rehash_table) >> 1
-            # unmoved primary buckets, then the two halves the moved ones split into
-            table = primary[ri:]
-            table += rehash_table[:ri]
-            table += rehash_table[half : half + ri]
-        else:
-            table = primary[:]
-        return CopyOnWriteStateMapSnapshot(self, table, version, len(self))
+        return CopyOnWriteStateMapSnapshot(
+            self,
+            self._primary,
+            None if rehash_table is _EMPTY_TABLE else rehash_table,  # type: ignore[arg-type]
+            self._rehash_index,
+            version,
+            len(self),
+        )
 
     def release_snapshot(self, version: int) -> None:
         """Stop protecting the snapshot of ``version``; O(open snapshots). Any thread.
@@ -498,11 +516,14 @@ class CopyOnWriteStateMap(StateMap):
             i = bisect_left(versions, version)
             if i == len(versions) or versions[i] != version:
                 raise ValueError(
-                    f"attempt to release unknown snapshot version {version} "
-                    f"(open: {versions})"
+                    f"attempt to release unknown snapshot version {version} (open: {versions})"
                 )
             del versions[i]
-            self._required = versions[-1] if versions else 0
+            if versions:
+                self._required = versions[-1]
+            else:
+                self._required = 0
+                self._shared = False
 
     # -- internals -------------------------------------------------------------------------------
 
@@ -549,6 +570,8 @@ class CopyOnWriteStateMap(StateMap):
         """Insert a new entry at the head of ``tab[index]`` (head insertion never copies)."""
         if key is None or namespace is None:
             raise _none_error(key, namespace)
+        if self._shared:
+            tab = self._unshare(tab)
         self._mod_count += 1
         size = self._primary_size + self._rehash_size
         if size > self._threshold:
@@ -591,14 +614,17 @@ class CopyOnWriteStateMap(StateMap):
         prev = None
         while e is not None:
             if e.key == key and (e.namespace is namespace or e.namespace == namespace):
+                in_primary = tab is self._primary  # before an unshare replaces the tables
                 if prev is None:
-                    tab[index] = e.next  # the bucket slot is the map's own: no copy needed
+                    if self._shared:
+                        tab = self._unshare(tab)
+                    tab[index] = e.next  # no entry is copied: the bucket slot is the map's own
                 else:
                     if prev.entry_version < self._required:
                         prev = self._copy_chain_until(tab, index, prev)
                     prev.next = e.next
                 self._mod_count += 1
-                if tab is self._primary:
+                if in_primary:
                     self._primary_size -= 1
                 else:
                     self._rehash_size -= 1
@@ -614,6 +640,8 @@ class CopyOnWriteStateMap(StateMap):
 
         Returns ``until``'s private counterpart; the entries after it stay shared.
         """
+        if self._shared:
+            tab = self._unshare(tab)
         required = self._required
         version = self._state_map_version
         cur = tab[index]
@@ -633,6 +661,24 @@ class CopyOnWriteStateMap(StateMap):
             else:
                 copy = cur
         return copy
+
+    def _unshare(self, tab: Table) -> Table:
+        """Give the map private copies of the tables an open snapshot holds; return ``tab``'s.
+
+        O(capacity): CPython cannot copy a reference without writing to its object (the
+        reference count), so this touches every entry; it runs at the first bucket write after
+        a snapshot instead of inside the snapshot, and not at all if the snapshot is released
+        first (the writer releases each key group as soon as it is written).
+        """
+        primary = self._primary
+        rehash_table = self._rehash_table
+        self._primary = new_primary = primary[:]
+        self._shared = False
+        if rehash_table is not _EMPTY_TABLE:
+            self._rehash_table = new_rehash = rehash_table[:]  # type: ignore[index]
+            if tab is rehash_table:
+                return new_rehash
+        return new_primary
 
     def _make_table(self, capacity: int) -> Table:
         """A table of ``capacity`` empty buckets; sets the threshold for that capacity."""
@@ -679,6 +725,8 @@ class CopyOnWriteStateMap(StateMap):
 
     def _incremental_rehash(self) -> None:
         """Move at least ``MIN_TRANSFERRED_PER_INCREMENTAL_REHASH`` entries, whole buckets only."""
+        if self._shared:
+            self._unshare(self._primary)
         old = self._primary
         new = self._rehash_table
         old_capacity = len(old)
@@ -736,19 +784,32 @@ class CopyOnWriteStateMapSnapshot(StateMapSnapshot):
     """The content of a :class:`CopyOnWriteStateMap` when :meth:`~CopyOnWriteStateMap.snapshot`
     was called, readable from any thread while the map keeps changing.
 
+    It holds the map's bucket arrays as they were (the map copies them before its next bucket
+    write) and reads, as in §5.2, the unmoved primary buckets ``[rehash_index:]`` and, while
+    rehashing, the two ranges ``[:rehash_index]`` and ``[len/2 : len/2 + rehash_index]`` of the
+    rehash table that the moved buckets split into.
+
     >>> m = CopyOnWriteStateMap(); m.put("k", "ns", [1]); s = m.snapshot()
     >>> m.remove("k", "ns"); len(s), list(s)
     (1, [('k', 'ns', [1])])
     >>> s.release(); s.release()            # idempotent
     """
 
-    __slots__ = ("_owner", "_size", "_table", "_version")
+    __slots__ = ("_owner", "_primary", "_rehash_index", "_rehash_table", "_size", "_version")
 
     def __init__(
-        self, owner: CopyOnWriteStateMap, table: Table, version: int, size: int
+        self,
+        owner: CopyOnWriteStateMap,
+        primary: Table,
+        rehash_table: Table | None,
+        rehash_index: int,
+        version: int,
+        size: int,
     ) -> None:
         self._owner = owner
-        self._table: Table | None = table
+        self._primary: Table | None = primary
+        self._rehash_table = rehash_table
+        self._rehash_index = rehash_index
         self._version = version
         self._size = size
 
@@ -759,18 +820,40 @@ class CopyOnWriteStateMapSnapshot(StateMapSnapshot):
 
     @property
     def is_released(self) -> bool:
-        return self._table is None
+        return self._primary is None
 
     def __len__(self) -> int:
         """Number of entries at snapshot time, O(1)."""
         return self._size
 
+    def bucket_heads(self) -> Table:
+        """The snapshot's bucket array as §5.2 assembles it (the three slices while rehashing).
+
+        O(buckets); iteration walks the same ranges without building this list.
+        """
+        primary = self._checked_primary()
+        ri = self._rehash_index
+        heads = primary[ri:]
+        rehash_table = self._rehash_table
+        if rehash_table is not None:
+            half = len(rehash_table) >> 1
+            heads += rehash_table[:ri]
+            heads += rehash_table[half : half + ri]
+        return heads
+
     def __iter__(self) -> Iterator[tuple[Any, Any, Any]]:
         """Yield ``(key, namespace, state)`` as of snapshot time; O(buckets + entries) in total."""
-        table = self._table
-        if table is None:
-            raise RuntimeError(f"state map snapshot version {self._version} was already released")
-        return _walk(table)
+        primary = self._checked_primary()
+        ri = self._rehash_index
+        rehash_table = self._rehash_table
+        if rehash_table is None:
+            return _walk(primary, ri, len(primary))
+        half = len(rehash_table) >> 1
+        return itertools.chain(
+            _walk(primary, ri, len(primary)),
+            _walk(rehash_table, 0, ri),
+            _walk(rehash_table, half, half + ri),
+        )
 
     def chunks(
         self, max_entries: int = 2048, transformer: StateSnapshotTransformer | None = None
@@ -800,17 +883,24 @@ class CopyOnWriteStateMapSnapshot(StateMapSnapshot):
 
     def release(self) -> None:
         """Tell the map this snapshot is written; idempotent, any thread, O(open snapshots)."""
-        if self._table is not None:
-            self._table = None
+        if self._primary is not None:
+            self._primary = None
+            self._rehash_table = None
             self._owner.release_snapshot(self._version)
 
+    def _checked_primary(self) -> Table:
+        primary = self._primary
+        if primary is None:
+            raise RuntimeError(f"state map snapshot version {self._version} was already released")
+        return primary
+
     def __repr__(self) -> str:
-        state = "released" if self._table is None else "open"
+        state = "released" if self._primary is None else "open"
         return f"CopyOnWriteStateMapSnapshot(version={self._version}, size={self._size}, {state})"
 
 
-def _walk(table: Table) -> Iterator[tuple[Any, Any, Any]]:
-    for e in table:
+def _walk(table: Table, start: int, stop: int) -> Iterator[tuple[Any, Any, Any]]:
+    for e in itertools.islice(table, start, stop):
         while e is not None:
             yield e.key, e.namespace, e.state
             e = e.next
