@@ -667,6 +667,26 @@ def test_none_key_or_namespace_rejected(op: Any, key: Any, ns: Any) -> None:
     assert content(m) == {(1, NS): 1}
 
 
+def test_gc_policy_freezes_before_young_collections_after_large_tables() -> None:
+    gc.collect()
+    cow.install_gc_policy()
+    try:
+        gc.collect(0)
+        frozen = gc.get_freeze_count()
+        m = CopyOnWriteStateMap(capacity=cow.FRESH_TABLE_SLOTS_BEFORE_FREEZE)
+        gc.collect(0)  # a young collection: the fresh table is frozen instead of walked
+        assert gc.get_freeze_count() > frozen
+        assert cow._fresh_table_slots == 0
+        frozen = gc.get_freeze_count()
+        small = [[i] for i in range(100)]
+        gc.collect(0)  # no large fresh table: an ordinary young collection
+        assert gc.get_freeze_count() == frozen
+        del m, small
+    finally:
+        cow.uninstall_gc_policy()
+        gc.unfreeze()
+
+
 def test_gc_policy_freezes_before_full_collections() -> None:
     gc.collect()
     cow.install_gc_policy()
@@ -679,7 +699,7 @@ def test_gc_policy_freezes_before_full_collections() -> None:
     finally:
         cow.uninstall_gc_policy()
         gc.unfreeze()
-    assert cow._freeze_before_full_collection not in gc.callbacks
+    assert cow._gc_policy_callback not in gc.callbacks
 
 
 # -- model-based test ------------------------------------------------------------------------------

@@ -57,10 +57,17 @@ Python adaptation, and the stalls it designs around
   reference counting alone frees everything it drops, released snapshot copies included. The
   documented configuration is :func:`install_gc_policy`: before each full collection it calls
   :func:`gc.freeze` (O(1): it splices the GC's lists), so full collections never walk long-lived
-  state; young collections still reclaim short-lived cycles. The trade-off: cyclic garbage that
-  survived two young collections is only reclaimed by an explicit ``gc.unfreeze(); gc.collect()``
-  at a quiet moment (a restart or rescale). A lighter alternative is to call ``gc.freeze()`` once
-  after restoring state and once per micro-batch. ``bench/state_map.py`` measures both stalls.
+  state; young collections still reclaim short-lived cycles. A young collection also walks every
+  container allocated since the last one, and bucket arrays are large containers: when 128
+  key-group maps double at about the same time (keys spread evenly), or copy their arrays after
+  a snapshot, one young collection walked millions of slots and the entries behind them (26 ms
+  here). The policy therefore also freezes before a young collection once more than
+  ``FRESH_TABLE_SLOTS_BEFORE_FREEZE`` fresh bucket slots have accumulated. The trade-off:
+  cyclic garbage that is alive at a freeze (anything older than two young collections, and
+  whatever is young when large tables were just made) is only reclaimed by an explicit
+  ``gc.unfreeze(); gc.collect()`` at a quiet moment (a restart or rescale). A lighter
+  alternative is to call ``gc.freeze()`` after restoring state and once per micro-batch.
+  ``bench/state_map.py`` measures the stalls with and without the policy.
 * Writing a snapshot from another thread under the GIL. The writer only reads entries that are
   never relinked while the snapshot is open, so it needs no lock; but a writer that encodes large
   batches in one C call (msgspec) holds the GIL for the whole call, and two CPU-bound threads
@@ -672,10 +679,13 @@ class CopyOnWriteStateMap(StateMap):
         """
         primary = self._primary
         rehash_table = self._rehash_table
+        global _fresh_table_slots
         self._primary = new_primary = primary[:]
         self._shared = False
+        _fresh_table_slots += len(new_primary)
         if rehash_table is not _EMPTY_TABLE:
             self._rehash_table = new_rehash = rehash_table[:]  # type: ignore[index]
+            _fresh_table_slots += len(new_rehash)
             if tab is rehash_table:
                 return new_rehash
         return new_primary
@@ -695,6 +705,8 @@ class CopyOnWriteStateMap(StateMap):
                 spare.extend([None] * missing)
             if missing >= 0:
                 return spare
+        global _fresh_table_slots
+        _fresh_table_slots += capacity
         return [None] * capacity
 
     def _double_capacity(self) -> None:
@@ -908,24 +920,36 @@ def _walk(table: Table, start: int, stop: int) -> Iterator[tuple[Any, Any, Any]]
 
 # -- GC configuration ------------------------------------------------------------------------------
 
+#: Bucket-array slots allocated since the last freeze: a young collection would walk them all,
+#: and the entries they point to (a cache miss each), until they are promoted.
+_fresh_table_slots = 0
+#: The young collection that would walk more fresh slots than this freezes instead.
+FRESH_TABLE_SLOTS_BEFORE_FREEZE = 1 << 16
 
-def _freeze_before_full_collection(phase: str, info: dict[str, int]) -> None:
-    if phase == "start" and info["generation"] == 2:
+
+def _gc_policy_callback(phase: str, info: dict[str, int]) -> None:
+    global _fresh_table_slots
+    if phase == "start" and (
+        info["generation"] == 2 or _fresh_table_slots >= FRESH_TABLE_SLOTS_BEFORE_FREEZE
+    ):
+        _fresh_table_slots = 0
         gc.freeze()
 
 
 def install_gc_policy() -> None:
-    """Make full garbage collections O(1) by freezing survivors first (see the module docstring).
+    """Keep CPython's collector from walking long-lived state (see the module docstring).
 
-    Idempotent. Young collections are unaffected; the permanent generation is never walked again
-    until ``gc.unfreeze()``. State maps create no reference cycles, so reference counting still
-    frees everything they drop.
+    Before each full collection, and before a young one that would walk more than
+    ``FRESH_TABLE_SLOTS_BEFORE_FREEZE`` bucket-array slots allocated since (doubled tables,
+    arrays copied after a snapshot), call :func:`gc.freeze` (O(1)): the collection then walks
+    nothing. Other young collections are unaffected. Idempotent. State maps create no reference
+    cycles, so reference counting still frees everything they drop, frozen or not.
     """
-    if _freeze_before_full_collection not in gc.callbacks:
-        gc.callbacks.append(_freeze_before_full_collection)
+    if _gc_policy_callback not in gc.callbacks:
+        gc.callbacks.append(_gc_policy_callback)
 
 
 def uninstall_gc_policy() -> None:
     """Undo :func:`install_gc_policy` (frozen objects stay frozen until ``gc.unfreeze()``)."""
-    while _freeze_before_full_collection in gc.callbacks:
-        gc.callbacks.remove(_freeze_before_full_collection)
+    while _gc_policy_callback in gc.callbacks:
+        gc.callbacks.remove(_gc_policy_callback)
