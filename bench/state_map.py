@@ -586,6 +586,169 @@ def report(results: dict[str, Any]) -> None:
         console.print(t)
 
 
+def markdown(results: dict[str, Any]) -> str:
+    """The result tables as Markdown, for docs/benchmarks.md."""
+    lines: list[str] = []
+
+    def table(header: list[str], rows: list[list[str]]) -> None:
+        lines.append("| " + " | ".join(header) + " |")
+        lines.append("|" + "|".join("---:" if i else "---" for i in range(len(header))) + "|")
+        lines.extend("| " + " | ".join(r) + " |" for r in rows)
+        lines.append("")
+
+    if "ops" in results:
+        ops = results["ops"]
+        lines.append(
+            f"Per operation, {ops['entries']:,} entries over {ops['maps']} key-group maps, int "
+            f"states, median of {ops['reps']} interleaved runs of 200,000 operations (ns, loop "
+            f"included: {ops['rows']['loop']['ns_per_op']['overhead']:.0f} ns of it):"
+        )
+        lines.append("")
+        rows = []
+        for name, row in ops["rows"].items():
+            m = row["ns_per_op"]
+            if "cow" in m:
+                rows.append(
+                    [
+                        name,
+                        f"{m['cow']:.0f}",
+                        f"{m['nested']:.0f}",
+                        f"{m['dict']:.0f}",
+                        f"**{row['cow_vs_nested']:.2f}x**",
+                        f"{row['cow_vs_dict']:.2f}x",
+                    ]
+                )
+        table(
+            [
+                "workload",
+                "copy-on-write",
+                "nested maps",
+                "dict[(k, ns)]",
+                "cow / nested",
+                "cow / dict",
+            ],
+            rows,
+        )
+    if "snapshot" in results:
+        rows = []
+        for name, r in results["snapshot"].items():
+            rows.append(
+                [
+                    name,
+                    f"{r['cow_snapshot_ms']:.2f}",
+                    f"**{r['cow_snapshot_ms_per_million']:.3f}**",
+                    f"{r['pickle_entries_ms']:,.0f}",
+                    f"**{r['pickle_entries_over_cow']:,.0f}x**",
+                    f"{r['pickle_nested_ms']:,.0f}",
+                    f"{r['pickle_nested_over_cow']:,.0f}x",
+                    f"{r['nested_snapshot_ms']:,.0f}" if "nested_snapshot_ms" in r else "-",
+                    f"{r['eager_array_copy_ms']:,.1f}",
+                    f"{r['first_inserts_after_ms'] - r['same_ops_no_snapshot_ms']:,.1f}",
+                ]
+            )
+        table(
+            [
+                "entries",
+                "snapshot ms",
+                "ms per M",
+                "pickle entries ms",
+                "ratio",
+                "pickle dicts ms",
+                "ratio",
+                "nested deep copy ms",
+                "eager array copy ms",
+                "deferred copy ms (128 first writes)",
+            ],
+            rows,
+        )
+    if "growth" in results:
+        g = results["growth"]
+        rows = []
+        for name, r in g.items():
+            if isinstance(r, dict):
+                rows.append(
+                    [
+                        name,
+                        f"{r['worst_op_ms']:.2f}",
+                        f"{r['worst_op_at_size']:,}",
+                        str(r["ops_over_1ms"]),
+                        f"{r['worst_op_cpu_ms']:.2f}",
+                        f"{r['worst_op_cpu_at_size']:,}",
+                        str(r["ops_over_1ms_cpu"]),
+                        f"{r['mean_ns_per_insert_with_timers']:,.0f}",
+                    ]
+                )
+        table(
+            [
+                "run",
+                "worst wall ms",
+                "at size",
+                "ops > 1 ms wall",
+                "worst CPU ms",
+                "at size",
+                "ops > 1 ms CPU",
+                "ns per insert (timers included)",
+            ],
+            rows,
+        )
+    if "writer" in results:
+        w = results["writer"]
+        rows = []
+        for states in ("int states", "list states"):
+            r = w.get(states)
+            for mode in ("cooperative", "naive") if r else ():
+                rows.append(
+                    [
+                        states,
+                        mode,
+                        f"**{r[f'{mode} ratio']:.2f}**",
+                        f"{r[f'{mode} ops_per_s']:,.0f}",
+                        f"{r[f'{mode} baseline_ops_per_s']:,.0f}",
+                        f"{r[f'{mode} writer_s']:.1f}",
+                    ]
+                )
+        table(
+            [
+                "states",
+                "writer",
+                "throughput ratio",
+                "ops/s while writing",
+                "ops/s without snapshot",
+                "writer seconds",
+            ],
+            rows,
+        )
+    if "memory" in results:
+        rows = []
+        for states in ("int states", "list states"):
+            r = results["memory"][states]
+            for how, key in (("tracemalloc", "tracemalloc"), ("RSS", "rss")):
+                rows.append(
+                    [
+                        states,
+                        how,
+                        f"{r[f'data_{key}_B']:.0f}",
+                        f"{r[f'cow_{key}_B']:.0f}",
+                        f"{r[f'nested_{key}_B']:.0f}",
+                        f"**{r[f'{key}_ratio_total']:.2f}x**",
+                        f"{r[f'{key}_ratio_structure_only']:.2f}x",
+                    ]
+                )
+        table(
+            [
+                "states",
+                "measured by",
+                "keys + states alone",
+                "copy-on-write",
+                "nested maps",
+                "cow / nested",
+                "structure only",
+            ],
+            rows,
+        )
+    return "\n".join(lines)
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         child(sys.argv[2:])
@@ -594,7 +757,13 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="2M growth, no 10M snapshot")
     parser.add_argument("--only", default="ops,snapshot,growth,writer,memory")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "state_map.json"))
+    parser.add_argument(
+        "--markdown", action="store_true", help="print the tables of --out as Markdown, run nothing"
+    )
     args = parser.parse_args()
+    if args.markdown:
+        print(markdown(json.loads(Path(args.out).read_text())))
+        return
     sections = args.only.split(",")
     benches = {
         "ops": bench_ops,

@@ -186,8 +186,9 @@ class CopyOnWriteStateMap(StateMap):
     >>> snap.release()
 
     All operations are O(1) expected time; an operation during a rehash also moves at least four
-    entries. :meth:`snapshot` is O(capacity) pointer copies. Not thread-safe except that a snapshot
-    may be iterated and released from another thread while the owner thread keeps operating.
+    entries, and the first bucket write after a snapshot copies the bucket arrays (O(capacity)).
+    :meth:`snapshot` is O(1). Not thread-safe, except that a snapshot may be iterated and released
+    from another thread while the owner thread keeps operating.
     """
 
     __slots__ = (
@@ -250,7 +251,15 @@ class CopyOnWriteStateMap(StateMap):
 
     @property
     def capacity(self) -> int:
-        """Number of buckets of the primary table (the rehash table, if any, has twice as many)."""
+        """Number of buckets of the primary table (the rehash table, if any, has twice as many).
+
+        >>> m = CopyOnWriteStateMap()
+        >>> for k in range(98): m.put(k, 0, k)      # the 98th insert: size 97 > 96
+        >>> m.capacity, m.is_rehashing, m.rehash_index
+        (128, True, 0)
+        >>> _ = m.get(0, 0); m.rehash_index > 0     # every operation moves a few buckets
+        True
+        """
         return len(self._primary)
 
     @property
@@ -275,7 +284,12 @@ class CopyOnWriteStateMap(StateMap):
 
     @property
     def snapshot_versions(self) -> tuple[int, ...]:
-        """Versions of the open snapshots, ascending."""
+        """Versions of the open snapshots, ascending; O(open snapshots).
+
+        >>> m = CopyOnWriteStateMap(); a, b = m.snapshot(), m.snapshot(); a.release()
+        >>> m.snapshot_versions, m.highest_required_snapshot_version, m.state_map_version
+        ((2,), 2, 2)
+        """
         with self._lock:
             return tuple(self._snapshot_versions)
 
@@ -446,8 +460,9 @@ class CopyOnWriteStateMap(StateMap):
     def __iter__(self) -> Iterator[tuple[Any, Any, Any]]:
         """Yield ``(key, namespace, state)`` for every entry; O(capacity + n) in total.
 
-        A live view: the states are the map's own objects (do not mutate them), and any
-        operation on the map during the iteration makes the next step raise ``RuntimeError``.
+        A live view: the states are the map's own objects (do not mutate them), and a
+        structural change during the iteration (an insert, a removal, a rehash step, which reads
+        perform too, or a copy of the bucket array) makes the next step raise ``RuntimeError``.
 
         >>> m = CopyOnWriteStateMap(); m.put("k", "ns", 1); list(m)
         [('k', 'ns', 1)]
@@ -701,7 +716,7 @@ class CopyOnWriteStateMap(StateMap):
             self._spare = None
             self._spare_mark = _NEVER
             missing = capacity - len(spare)
-            if missing > 0:  # the map grew faster than the pre-building (only with removes)
+            if missing > 0:  # the pre-building fell behind: finish it now
                 spare.extend([None] * missing)
             if missing >= 0:
                 return spare
@@ -842,6 +857,11 @@ class CopyOnWriteStateMapSnapshot(StateMapSnapshot):
         """The snapshot's bucket array as §5.2 assembles it (the three slices while rehashing).
 
         O(buckets); iteration walks the same ranges without building this list.
+
+        >>> m = CopyOnWriteStateMap(capacity=4); m.put(1, 0, 1); s = m.snapshot()
+        >>> len(s.bucket_heads()), sum(e is not None for e in s.bucket_heads())
+        (4, 1)
+        >>> s.release()
         """
         primary = self._checked_primary()
         ri = self._rehash_index
