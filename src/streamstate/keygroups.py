@@ -30,6 +30,7 @@ __all__ = [
     "UPPER_BOUND_MAX_PARALLELISM",
     "KeyGroupRange",
     "assign_key_groups",
+    "assign_key_groups_for_columns",
     "assign_to_key_group",
     "bit_mix",
     "compute_default_max_parallelism",
@@ -37,6 +38,7 @@ __all__ = [
     "compute_key_group_range_for_operator_index",
     "compute_operator_index_for_key_group",
     "java_hash",
+    "java_hash_column",
     "murmur_hash",
     "register_key_hash",
 ]
@@ -393,6 +395,37 @@ def _hash_ascii_strings_np(offsets: np.ndarray, data: np.ndarray) -> np.ndarray:
     return out
 
 
+def java_hash_column(column: Any) -> np.ndarray:
+    """Java hash codes (as uint32) of every value of one Arrow column, vectorized.
+
+    Integers hash as ``Long``, strings as ``String``, booleans as ``Boolean``; other types (bytes,
+    floats, ...) fall back to :func:`java_hash` value by value. Nulls are rejected.
+
+    >>> import pyarrow as pa
+    >>> java_hash_column(pa.array(["hello", "a"])).tolist()
+    [99162322, 97]
+    """
+    import pyarrow as pa
+
+    if isinstance(column, pa.ChunkedArray):
+        parts = [java_hash_column(c) for c in column.chunks]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint32)
+    if not isinstance(column, pa.Array):
+        column = pa.array(column)
+    if column.null_count:
+        raise UnsupportedKeyTypeError("a key column must not contain nulls")
+    t = column.type
+    if pa.types.is_integer(t):
+        return _hash_int64_np(column.to_numpy(zero_copy_only=False).astype(np.int64))
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return _hash_string_array(column)
+    if pa.types.is_boolean(t):
+        return np.where(column.to_numpy(zero_copy_only=False), 1231, 1237).astype(np.uint32)
+    return np.fromiter(
+        (java_hash(k) & _M32 for k in column.to_pylist()), dtype=np.uint32, count=len(column)
+    )
+
+
 def assign_key_groups(keys: Any, max_parallelism: int) -> np.ndarray:
     """Key groups (int32 NumPy array) for a whole column of keys, vectorized.
 
@@ -405,26 +438,8 @@ def assign_key_groups(keys: Any, max_parallelism: int) -> np.ndarray:
     import pyarrow as pa
 
     _check_max_parallelism(max_parallelism)
-    if isinstance(keys, pa.ChunkedArray):
-        parts = [assign_key_groups(c, max_parallelism) for c in keys.chunks]
-        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
-    if isinstance(keys, pa.Array):
-        if keys.null_count:
-            raise UnsupportedKeyTypeError("a key column must not contain nulls")
-        t = keys.type
-        if pa.types.is_integer(t):
-            hashes = _hash_int64_np(keys.to_numpy(zero_copy_only=False).astype(np.int64))
-            return (_murmur_np(hashes) % max_parallelism).astype(np.int32)
-        if pa.types.is_string(t) or pa.types.is_large_string(t):
-            return _assign_string_array(keys, max_parallelism)
-        if pa.types.is_boolean(t):
-            hashes = np.where(keys.to_numpy(zero_copy_only=False), 1231, 1237).astype(np.uint32)
-            return (_murmur_np(hashes) % max_parallelism).astype(np.int32)
-        return np.fromiter(
-            (assign_to_key_group(k, max_parallelism) for k in keys.to_pylist()),
-            dtype=np.int32,
-            count=len(keys),
-        )
+    if isinstance(keys, pa.Array | pa.ChunkedArray):
+        return (_murmur_np(java_hash_column(keys)) % max_parallelism).astype(np.int32)
     if isinstance(keys, np.ndarray) and np.issubdtype(keys.dtype, np.integer):
         hashes = _hash_int64_np(keys.astype(np.int64, copy=False))
         return (_murmur_np(hashes) % max_parallelism).astype(np.int32)
@@ -436,7 +451,27 @@ def assign_key_groups(keys: Any, max_parallelism: int) -> np.ndarray:
     )
 
 
-def _assign_string_array(keys: Any, max_parallelism: int) -> np.ndarray:
+def assign_key_groups_for_columns(columns: list[Any], max_parallelism: int) -> np.ndarray:
+    """Key groups of composite keys: row ``i`` is the tuple of the ``i``-th values of
+    ``columns`` (hashed like :func:`java_hash` of a tuple, ``Arrays.hashCode(Object[])``).
+
+    >>> import pyarrow as pa
+    >>> cols = [pa.array(["a", "b"]), pa.array([1, 2])]
+    >>> assign_key_groups_for_columns(cols, 128).tolist() == [
+    ...     assign_to_key_group(("a", 1), 128), assign_to_key_group(("b", 2), 128)]
+    True
+    """
+    _check_max_parallelism(max_parallelism)
+    if len(columns) == 1:
+        return assign_key_groups(columns[0], max_parallelism)
+    h = np.ones(len(columns[0]), dtype=np.uint32)
+    with np.errstate(over="ignore"):
+        for column in columns:
+            h = h * np.uint32(31) + java_hash_column(column)
+    return (_murmur_np(h) % max_parallelism).astype(np.int32)
+
+
+def _hash_string_array(keys: Any) -> np.ndarray:
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -456,4 +491,4 @@ def _assign_string_array(keys: Any, max_parallelism: int) -> np.ndarray:
         # Non-ASCII strings need UTF-16 code units; there are few of them in practice.
         for i in np.nonzero(~ascii_mask)[0]:
             hashes[i] = np.uint32(_hash_str(keys[int(i)].as_py()) & _M32)
-    return (_murmur_np(hashes) % max_parallelism).astype(np.int32)
+    return hashes
