@@ -18,6 +18,7 @@ __all__ = [
     "PickleNotAllowedError",
     "StateAccessError",
     "StateBackendError",
+    "StateHostError",
     "StateMigrationException",
     "StreamStateError",
     "UnsupportedKeyTypeError",
@@ -78,3 +79,7 @@ class MaxParallelismMismatchError(CheckpointError):
 
 class OutputSchemaError(StreamStateError, ValueError):
     """A function produced output that does not match the declared output schema."""
+
+
+class StateHostError(StreamStateError, RuntimeError):
+    """A Spark task could not start or reach its subtask's state host, or the host failed."""

@@ -1,0 +1,136 @@
+"""Placement: send every record to the Spark partition of the subtask that owns its key group.
+
+Records are routed exactly as the :class:`~streamstate.runtime.local.LocalRunner` routes them
+(SPEC §3, §11): ``kg = murmur(java_hash(key)) % max_p``, ``subtask = kg * p // max_p``, and
+``DataFrame.repartitionById(p, subtask)`` puts subtask ``i``'s rows in partition ``i``. The key
+group travels on as the column ``_kg`` so that nothing downstream hashes a key again.
+
+Two ways to compute ``_kg``, both exact and vectorized:
+
+* integer keys: Spark SQL built-ins only (:func:`key_group_sql_steps`), no Python round trip.
+  Every intermediate value is an unsigned 32-bit number held in a BIGINT and every 32x32-bit
+  multiplication is split into 16-bit halves, so nothing overflows even with
+  ``spark.sql.ansi.enabled=true``. Each step is materialized by its own ``select``: reusing a
+  Column object inside a larger expression duplicates it, and the murmur mix would grow the plan
+  to megabytes.
+* every other key type (strings, composite keys, ...): a ``mapInArrow`` pre-pass that runs
+  :func:`streamstate.keygroups.assign_key_groups_for_columns` over each Arrow batch (for strings
+  it is faster than SQL's higher-order functions).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+__all__ = [
+    "KEY_GROUP_COLUMN",
+    "is_integer_key",
+    "key_group_sql_steps",
+    "place",
+    "with_key_group",
+]
+
+KEY_GROUP_COLUMN = "_kg"
+_M32 = 0xFFFFFFFF
+
+
+def _mul32(x: str, c: int) -> str:
+    lo, hi = c & 0xFFFF, c >> 16
+    return f"((({x} * {lo}) + shiftleft(({x} * {hi}) & 65535, 16)) & {_M32})"
+
+
+def _rotl32(x: str, r: int) -> str:
+    return f"((shiftleft({x}, {r}) | shiftright({x}, {32 - r})) & {_M32})"
+
+
+def key_group_sql_steps(column: str, max_parallelism: int) -> list[str]:
+    """SQL expressions computing the key group of the integer column ``column``.
+
+    Step 0 reads ``column``; every later step reads the previous one as ``_h``; the last step is
+    the key group as INT.
+
+    >>> steps = key_group_sql_steps("k", 128)
+    >>> steps[0]
+    '((`k` ^ shiftrightunsigned(`k`, 32)) & 4294967295)'
+    >>> steps[-1]
+    'CAST(_h % 128 AS INT)'
+    """
+    k = f"`{column}`"
+    return [
+        # Long.hashCode on the value as a 64-bit integer
+        f"(({k} ^ shiftrightunsigned({k}, 32)) & {_M32})",
+        _mul32("_h", 0xCC9E2D51),
+        _rotl32("_h", 15),
+        _mul32("_h", 0x1B873593),
+        _rotl32("_h", 13),
+        f"((_h * 5 + {0xE6546B64}) & {_M32}) ^ 4",
+        "_h ^ shiftright(_h, 16)",
+        _mul32("_h", 0x85EBCA6B),
+        "_h ^ shiftright(_h, 13)",
+        _mul32("_h", 0xC2B2AE35),
+        "_h ^ shiftright(_h, 16)",
+        # to a signed int32, abs, Integer.MIN_VALUE -> 0
+        f"CASE WHEN _h = {1 << 31} THEN 0 WHEN _h > {1 << 31} THEN {1 << 32} - _h ELSE _h END",
+        f"CAST(_h % {max_parallelism} AS INT)",
+    ]
+
+
+def is_integer_key(df: Any, key_columns: list[str]) -> bool:
+    """True if the key is one column of an integral Spark type (SQL placement applies)."""
+    from pyspark.sql.types import ByteType, IntegerType, LongType, ShortType
+
+    if len(key_columns) != 1:
+        return False
+    dtype = df.schema[key_columns[0]].dataType
+    return isinstance(dtype, ByteType | ShortType | IntegerType | LongType)
+
+
+def with_key_group(df: Any, key_columns: list[str], max_parallelism: int) -> Any:
+    """``df`` plus the INT column ``_kg``, the key group of each row's key."""
+    from pyspark.sql import functions as sf
+
+    if KEY_GROUP_COLUMN in df.columns:
+        raise ValueError(f"the input already has a column named {KEY_GROUP_COLUMN!r}")
+    for name in key_columns:
+        if name not in df.columns:
+            raise ValueError(f"key column {name!r} is not in the input (columns: {df.columns})")
+    cols = [sf.col(f"`{c}`") for c in df.columns]
+    if is_integer_key(df, key_columns):
+        steps = key_group_sql_steps(key_columns[0], max_parallelism)
+        out = df.select(*cols, sf.expr(steps[0]).alias("_h"))
+        for step in steps[1:-1]:
+            out = out.select(*cols, sf.expr(step).alias("_h"))
+        return out.select(*cols, sf.expr(steps[-1]).alias(KEY_GROUP_COLUMN))
+    from pyspark.sql.types import IntegerType, StructField, StructType
+
+    schema = StructType([*df.schema.fields, StructField(KEY_GROUP_COLUMN, IntegerType(), False)])
+    return df.mapInArrow(_key_group_pass(list(key_columns), max_parallelism), schema)
+
+
+def _key_group_pass(key_columns: list[str], max_parallelism: int) -> Any:
+    def add_key_group(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+
+        from streamstate.keygroups import assign_key_groups_for_columns
+
+        for batch in batches:
+            kgs = assign_key_groups_for_columns(
+                [batch.column(c) for c in key_columns], max_parallelism
+            )
+            yield pa.RecordBatch.from_arrays(
+                [*batch.columns, pa.array(kgs, pa.int32())],
+                names=[*batch.schema.names, KEY_GROUP_COLUMN],
+            )
+
+    return add_key_group
+
+
+def place(df: Any, key_columns: list[str], parallelism: int, max_parallelism: int) -> Any:
+    """``df`` with ``_kg``, repartitioned so that partition ``i`` holds exactly the rows of
+    subtask ``i`` (``parallelism`` partitions, some possibly empty)."""
+    from pyspark.sql import functions as sf
+
+    placed = with_key_group(df, key_columns, max_parallelism)
+    subtask = sf.expr(f"CAST(({KEY_GROUP_COLUMN} * {parallelism}) div {max_parallelism} AS INT)")
+    return placed.repartitionById(parallelism, subtask)
