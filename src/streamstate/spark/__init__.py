@@ -1,1 +1,48 @@
-"""streamstate.spark."""
+"""streamstate on PySpark: keyed functions with Flink's state model, batch and streaming.
+
+Spark moves the data; streamstate keeps the state (SPEC §11, ``docs/spark.md``):
+
+>>> from streamstate.spark import keyed_process  # doctest: +SKIP
+>>> counts = keyed_process(events, key="user", function=CountPerUser(),
+...                        output_schema="user string, n long")            # batch: a DataFrame
+>>> query = keyed_process(stream, key="user", function=CountPerUser(),
+...                       output_schema="user string, n long", checkpoint="/tmp/ck",
+...                       ).write_stream("parquet", path="/tmp/out")        # streaming
+
+* :func:`keyed_process`: placement by key group, one subtask per Spark partition, outputs
+  cast to ``output_schema``; streaming micro-batches are exactly-once through checkpoints that
+  the driver commits after every subtask finished, with the state kept hot between batches in
+  per-subtask state hosts; a restart with another ``parallelism`` rescales by key group.
+* sinks: ``"parquet"`` (exactly-once), ``"memory"``, ``"console"``, ``"foreach_batch"``.
+* :func:`read_state`: a checkpoint's or savepoint's state as a DataFrame.
+"""
+
+from streamstate.errors import OutputSchemaError, StateHostError
+from streamstate.spark.keyed import keyed_process
+from streamstate.spark.reader import read_state
+from streamstate.spark.records import Row
+from streamstate.spark.sinks import (
+    ConsoleSink,
+    FileSink,
+    ForeachBatchSink,
+    MemorySink,
+    Sink,
+    StagedBatch,
+)
+from streamstate.spark.streaming import KeyedStream, KeyedStreamingQuery
+
+__all__ = [
+    "ConsoleSink",
+    "FileSink",
+    "ForeachBatchSink",
+    "KeyedStream",
+    "KeyedStreamingQuery",
+    "MemorySink",
+    "OutputSchemaError",
+    "Row",
+    "Sink",
+    "StagedBatch",
+    "StateHostError",
+    "keyed_process",
+    "read_state",
+]

@@ -1,0 +1,82 @@
+"""Batch mode: ``keyed_process`` over a static DataFrame.
+
+Without a savepoint the result is a lazy DataFrame: placement, then one ``mapInArrow`` task per
+subtask that runs the operator over its partition and fires every event-time timer at the end
+of the input (the bounded stream's final watermark), streaming its outputs back to Spark.
+
+With ``savepoint=`` the job runs at once: each task also writes its subtask's state as a
+savepoint file and stages its outputs as Parquet under ``<savepoint>/outputs/``; the driver
+commits the savepoint's ``_metadata`` once every subtask succeeded and returns a DataFrame that
+reads the staged outputs. A streaming query started with ``initial_state=<savepoint>`` begins
+from that state (bootstrapping), at any parallelism.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import time
+from typing import Any
+
+import msgspec
+
+from streamstate.spark.keyed import KeyedOptions, function_blob
+from streamstate.spark.placement import place
+from streamstate.spark.tasks import ACK_SCHEMA, bounded_task
+
+__all__ = ["run_bounded"]
+
+
+def run_bounded(options: KeyedOptions, *, savepoint: str | None = None) -> Any:
+    blob = function_blob(options.function)
+    placed = place(options.df, options.key_columns, options.parallelism, options.max_parallelism)
+    if savepoint is None:
+        job = options.job_spec("")
+        task = bounded_task(msgspec.msgpack.encode(job), blob, None)
+        return placed.mapInArrow(task, options.output_struct)
+    return _with_savepoint(options, placed, blob, savepoint)
+
+
+def _with_savepoint(options: KeyedOptions, placed: Any, blob: bytes, savepoint: str) -> Any:
+    from streamstate.checkpoint.coordinator import CheckpointCoordinator
+    from streamstate.checkpoint.metadata import SubtaskStateHandle
+    from streamstate.checkpoint.storage import FileSystemCheckpointStorage
+    from streamstate.errors import CheckpointError
+    from streamstate.spark.subtask import OUTPUTS_DIR, BatchResult
+
+    parent, name = posixpath.split(savepoint.rstrip("/"))
+    if not name:
+        raise ValueError(f"savepoint must name a directory, got {savepoint!r}")
+    storage = FileSystemCheckpointStorage(parent, "", storage_options=options.storage_options)
+    if storage.size(f"{name}/_metadata") is not None:
+        raise CheckpointError(f"{savepoint} already holds a savepoint; choose a new directory")
+    storage.delete(name)  # leftovers of a failed attempt
+    job = options.job_spec(parent)
+    savepoint_id = 1
+    task = bounded_task(msgspec.msgpack.encode(job), blob, {"directory": name, "id": savepoint_id})
+    rows = placed.mapInArrow(task, ACK_SCHEMA).collect()
+    results = [msgspec.msgpack.decode(r["result"], type=BatchResult) for r in rows]
+    handles = [msgspec.msgpack.decode(r.handle, type=SubtaskStateHandle) for r in results]
+    outputs = [r.outputs for r in results if r.outputs is not None]
+    coordinator = CheckpointCoordinator(storage)
+    try:
+        coordinator.commit(
+            savepoint_id,
+            handles,
+            expected={options.operator_name: options.parallelism},
+            properties={
+                "batch_mode": True,
+                "created": time.time_ns() // 1_000_000,
+                "outputs": [msgspec.to_builtins(o) for o in outputs],
+            },
+            savepoint_directory=name,
+        )
+    finally:
+        coordinator.close()
+    spark = options.spark
+    if not outputs:
+        return spark.createDataFrame([], options.output_struct)
+    from streamstate.spark.sinks import spark_readable
+
+    return spark.read.schema(options.output_struct).parquet(
+        spark_readable(storage.url_of(f"{name}/{OUTPUTS_DIR}"))
+    )

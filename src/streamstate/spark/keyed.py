@@ -1,0 +1,265 @@
+"""``keyed_process``: run a keyed function over a Spark DataFrame, batch or streaming."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+from typing import Any
+
+from streamstate.api.functions import KeyedProcessFunction
+from streamstate.errors import CheckpointNotFoundError, MaxParallelismMismatchError
+from streamstate.keygroups import compute_default_max_parallelism
+from streamstate.spark.job import JobSpec, arrow_schema_to_bytes, pickle_function, src_path
+from streamstate.spark.placement import KEY_GROUP_COLUMN
+
+__all__ = ["keyed_process"]
+
+
+@dataclasses.dataclass
+class KeyedOptions:
+    """Everything ``keyed_process`` was given, resolved against the input and the checkpoint."""
+
+    df: Any
+    key_columns: list[str]
+    function: KeyedProcessFunction[Any, Any]
+    output_struct: Any
+    parallelism: int
+    max_parallelism: int
+    state_backend: str
+    state_backend_options: dict[str, Any]
+    checkpoint: str | None
+    event_time: str | None
+    watermark_delay: int | None
+    operator_name: str
+    storage_options: dict[str, Any]
+    initial_state: str | None
+    max_deltas: int
+    retained_checkpoints: int
+    host_idle_timeout: float
+    adaptive: bool
+
+    @property
+    def spark(self) -> Any:
+        return self.df.sparkSession
+
+    def arrow_schemas(self) -> tuple[Any, Any]:
+        """(task input schema, output schema) as Arrow schemas."""
+        from pyspark.sql.pandas.types import to_arrow_schema
+        from pyspark.sql.types import IntegerType, StructField, StructType
+
+        tz = self.spark.conf.get("spark.sql.session.timeZone")
+        inp = StructType([*self.df.schema.fields, StructField(KEY_GROUP_COLUMN, IntegerType())])
+        return to_arrow_schema(inp, timezone=tz), to_arrow_schema(self.output_struct, timezone=tz)
+
+    def job_spec(self, checkpoint_url: str, function_path: str = "", sha: str = "") -> JobSpec:
+        inp, out = self.arrow_schemas()
+        return JobSpec(
+            operator=self.operator_name,
+            parallelism=self.parallelism,
+            max_parallelism=self.max_parallelism,
+            key_columns=list(self.key_columns),
+            value_columns=list(self.df.columns),
+            input_schema=arrow_schema_to_bytes(inp),
+            output_schema=arrow_schema_to_bytes(out),
+            event_time=self.event_time,
+            state_backend=self.state_backend,
+            state_backend_options=dict(self.state_backend_options),
+            checkpoint_url=checkpoint_url,
+            storage_options=dict(self.storage_options),
+            max_deltas=self.max_deltas,
+            function_path=function_path,
+            function_sha=sha,
+            initial_state=self.initial_state,
+        )
+
+
+def _ms(value: int | datetime.timedelta | None, what: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, datetime.timedelta):
+        return int(value.total_seconds() * 1000)
+    if isinstance(value, int) and value >= 0:
+        return value
+    raise ValueError(f"{what} must be milliseconds (int >= 0) or a timedelta, got {value!r}")
+
+
+def _backend_name(state_backend: Any) -> tuple[str, dict[str, Any]]:
+    from streamstate.backends.factory import StateBackend
+
+    if state_backend is None:
+        return "heap", {}
+    if isinstance(state_backend, str):
+        if state_backend not in ("heap", "heap-nested", "rocksdb"):
+            raise ValueError(f"unknown state backend {state_backend!r}; use 'heap' or 'rocksdb'")
+        return state_backend, {}
+    if isinstance(state_backend, StateBackend):
+        fields = {
+            f.name: getattr(state_backend, f.name)
+            for f in dataclasses.fields(state_backend)
+            if f.init and f.name not in ("working_dir", "incremental")
+        }
+        return state_backend.name, fields
+    raise TypeError(
+        f"state_backend must be 'heap', 'rocksdb' or a StateBackend, got {state_backend!r}"
+    )
+
+
+def _checkpointed_parallelism(checkpoint: str | None, operator: str, options: Any) -> Any:
+    """(parallelism, max_parallelism) of the latest complete checkpoint, or None."""
+    if checkpoint is None:
+        return None
+    from streamstate.checkpoint.storage import FileSystemCheckpointStorage
+
+    storage = FileSystemCheckpointStorage(checkpoint, "", storage_options=options)
+    try:
+        latest = storage.latest_checkpoint()
+    except CheckpointNotFoundError:
+        return None
+    op = latest.metadata.operators.get(operator)
+    return None if op is None else (op.parallelism, op.max_parallelism)
+
+
+def _absolute(url: str) -> str:
+    return url if "://" in url else os.path.abspath(url)
+
+
+def keyed_process(
+    df: Any,
+    *,
+    key: str | list[str],
+    function: KeyedProcessFunction[Any, Any],
+    output_schema: Any,
+    parallelism: int | None = None,
+    max_parallelism: int | None = None,
+    state_backend: Any = "heap",
+    checkpoint: str | None = None,
+    event_time: str | None = None,
+    watermark_delay: int | datetime.timedelta | None = None,
+    savepoint: str | None = None,
+    initial_state: str | None = None,
+    operator_name: str = "keyed-process",
+    storage_options: dict[str, Any] | None = None,
+    max_deltas: int = 16,
+    retained_checkpoints: int = 3,
+    host_idle_timeout: float = 600.0,
+    adaptive: bool = False,
+) -> Any:
+    """Run ``function`` keyed by ``key`` over ``df``, with its state kept by streamstate.
+
+    Records are routed by key group (Flink's assignment) to ``parallelism`` subtasks; each
+    reaches ``function.process_element(row, ctx)`` as a :class:`~streamstate.spark.records.Row`.
+    Outputs (tuples, dicts or Rows) form a DataFrame of ``output_schema``.
+
+    * static ``df`` (batch mode): returns a DataFrame. Event-time timers and windows fire at the
+      end of the input. With ``savepoint=`` (a path or URL) the job runs at once, writes the
+      final state there as a savepoint (a streaming query can start from it with
+      ``initial_state=``) and returns its outputs.
+    * streaming ``df``: returns a :class:`~streamstate.spark.streaming.KeyedStream`; start it
+      with ``.write_stream(sink, ...)``. ``checkpoint`` (a path or URL) is required: the state's
+      checkpoints, staged outputs and Spark's own streaming checkpoint live there.
+
+    Parameters:
+        key: the key column, or several (a tuple key).
+        function: a ``KeyedProcessFunction`` (windows from ``streamstate.windows`` included);
+            it is pickled with cloudpickle.
+        output_schema: a ``StructType`` or DDL string (``"user string, n long"``).
+        parallelism: subtasks (default: the checkpoint's, else Spark's default parallelism).
+            A restart with another value rescales the state by key group.
+        max_parallelism: key groups (default: the checkpoint's, else Flink's default).
+        state_backend: ``"heap"``, ``"rocksdb"`` or a configured ``StateBackend``.
+        event_time: a timestamp (or long milliseconds) column giving each record's event time.
+        watermark_delay: bounded out-of-orderness (ms or timedelta); the watermark of a batch is
+            the largest event time of the earlier batches minus the delay (minus 1 ms).
+        initial_state: a savepoint (or checkpoint) the first micro-batch starts from.
+        operator_name: names the operator in checkpoints.
+        storage_options: fsspec options of the checkpoint storage (credentials, endpoints).
+        max_deltas: incremental checkpoints between two full snapshots of a subtask.
+        retained_checkpoints: complete checkpoints kept.
+        host_idle_timeout: seconds after which an unused state host exits.
+        adaptive: leave Spark's adaptive query execution on for the keyed job (off by default:
+            the placed shuffle gains nothing from it and pays its planning cost every batch).
+    """
+    from pyspark.sql.types import StructType
+
+    if not isinstance(function, KeyedProcessFunction):
+        raise TypeError(
+            f"function must be a KeyedProcessFunction instance, got {type(function).__name__}"
+        )
+    key_columns = [key] if isinstance(key, str) else list(key)
+    if not key_columns:
+        raise ValueError("key must name at least one column")
+    for c in [*key_columns, *([event_time] if event_time else [])]:
+        if c not in df.columns:
+            raise ValueError(f"column {c!r} is not in the input (columns: {df.columns})")
+    struct = StructType.fromDDL(output_schema) if isinstance(output_schema, str) else output_schema
+    if not isinstance(struct, StructType):
+        raise TypeError(
+            f"output_schema must be a StructType or a DDL string, got {output_schema!r}"
+        )
+    streaming = df.isStreaming
+    if streaming and checkpoint is None:
+        raise ValueError("a streaming keyed_process needs checkpoint= (a directory path or URL)")
+    if streaming and savepoint is not None:
+        raise ValueError("savepoint= is for batch mode; a streaming query checkpoints instead")
+    checkpoint = _absolute(checkpoint) if checkpoint else None
+    found = _checkpointed_parallelism(checkpoint, operator_name, storage_options or {})
+    if found is not None:
+        if max_parallelism is not None and max_parallelism != found[1]:
+            raise MaxParallelismMismatchError(
+                f"{checkpoint} holds operator {operator_name!r} with max_parallelism={found[1]}; "
+                f"it cannot restart with max_parallelism={max_parallelism} (the number of key "
+                "groups is fixed for the life of a job)"
+            )
+        max_parallelism = found[1]
+        parallelism = parallelism or found[0]
+    parallelism = parallelism or df.sparkSession.sparkContext.defaultParallelism
+    max_parallelism = max_parallelism or compute_default_max_parallelism(parallelism)
+    if not 1 <= parallelism <= max_parallelism:
+        raise ValueError(
+            f"parallelism must be between 1 and max_parallelism={max_parallelism}, got "
+            f"{parallelism}"
+        )
+    backend, backend_options = _backend_name(state_backend)
+    options = KeyedOptions(
+        df=df,
+        key_columns=key_columns,
+        function=function,
+        output_struct=struct,
+        parallelism=parallelism,
+        max_parallelism=max_parallelism,
+        state_backend=backend,
+        state_backend_options=backend_options,
+        checkpoint=checkpoint,
+        event_time=event_time,
+        watermark_delay=_ms(watermark_delay, "watermark_delay"),
+        operator_name=operator_name,
+        storage_options=dict(storage_options or {}),
+        initial_state=_absolute(initial_state) if initial_state else None,
+        max_deltas=max_deltas,
+        retained_checkpoints=retained_checkpoints,
+        host_idle_timeout=host_idle_timeout,
+        adaptive=adaptive,
+    )
+    ensure_worker_path(df.sparkSession)
+    if streaming:
+        from streamstate.spark.streaming import KeyedStream
+
+        return KeyedStream(options)
+    from streamstate.spark.batch import run_bounded
+
+    return run_bounded(options, savepoint=_absolute(savepoint) if savepoint else None)
+
+
+def ensure_worker_path(spark: Any) -> None:
+    """Make Python workers find this ``streamstate`` (a source checkout is not installed):
+    functions created from now on carry its directory in their PYTHONPATH."""
+    sc = spark.sparkContext
+    here = src_path()
+    current = sc.environment.get("PYTHONPATH", "")
+    if here not in current.split(os.pathsep):
+        sc.environment["PYTHONPATH"] = os.pathsep.join(p for p in (here, current) if p)
+
+
+def function_blob(function: Any) -> bytes:
+    return pickle_function(function)

@@ -1,0 +1,390 @@
+"""The state host: one long-lived process per subtask that keeps its keyed state hot.
+
+Spark reuses Python workers but does not pin a partition to a worker, so state kept in a worker
+would be found only by chance. A state host is a process per ``(job, operator, subtask,
+parallelism)`` on a node: the Spark task of subtask ``i`` streams its Arrow batches to host
+``i`` over a Unix socket (:mod:`streamstate.spark.protocol`) and gets an acknowledgement back;
+the state stays in the host's memory (heap) or local disk (RocksDB) between micro-batches and is
+reloaded from checkpoint storage only when the version a batch needs is not the one the host
+holds (:class:`~streamstate.spark.subtask.SubtaskRuntime`).
+
+Lifecycle: the first task that cannot connect spawns the host (:mod:`streamstate.spark.
+host_client`); the host double-forks and calls ``setsid`` (it is neither a child of the worker
+nor in the PySpark daemon's process group), takes an exclusive ``flock`` on ``<id>.lock`` for its
+whole life (a second host exits at once), binds ``<id>.sock``, and reports ``READY`` or
+``ERROR <reason>`` on a pipe to its spawner. It exits on SHUTDOWN (the driver stops the query),
+SIGTERM, when the executor JVM it watches exits (a thread waits on a ``pidfd``, so even a host
+busy in a batch exits: no orphan survives its executor),
+or after ``idle_timeout`` seconds without a connection. The socket is unlinked on exit.
+
+Memory: a host's memory is not accounted by Spark. On YARN or Kubernetes it counts against the
+executor container, so size ``spark.executor.memoryOverhead`` for the state; if
+``spark.executor.pyspark.memory`` is set, PySpark sets ``RLIMIT_AS`` in the worker and the host
+inherits it (reported in HELLO).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import resource
+import select
+import selectors
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from typing import Any
+
+import msgspec
+
+from streamstate.spark.protocol import PROTOCOL_VERSION, Connection, ProtocolError
+
+__all__ = ["HostSpec", "StateHost", "host_id", "host_paths", "run_dir", "serve"]
+
+
+class HostSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """Identity and lifecycle settings of one state host (passed on its command line)."""
+
+    id: str
+    #: the job's checkpoint URL and operator (for humans: visible in ``ps``)
+    job: str
+    operator: str
+    subtask: int
+    parallelism: int
+    run_dir: str
+    #: pid of the executor JVM to watch (and its start time, to detect pid reuse)
+    watch_pid: int | None = None
+    watch_start: int | None = None
+    idle_timeout: float = 600.0
+    io_timeout: float = 600.0
+
+
+def run_dir(override: str | None = None) -> str:
+    """The directory of host sockets, locks and logs (mode 0700)."""
+    d = override or os.environ.get("STREAMSTATE_RUN_DIR") or f"/tmp/streamstate-{os.getuid()}"
+    os.makedirs(d, mode=0o700, exist_ok=True)
+    return d
+
+
+def host_id(job: str, operator: str, subtask: int, parallelism: int) -> str:
+    return hashlib.sha1(f"{job}\0{operator}\0{subtask}\0{parallelism}".encode()).hexdigest()[:20]
+
+
+def host_paths(hid: str, directory: str) -> dict[str, str]:
+    base = os.path.join(directory, hid)
+    return {
+        "sock": base + ".sock",
+        "lock": base + ".lock",
+        "spawn": base + ".spawn",
+        "log": base + ".log",
+        "local": base + ".d",
+    }
+
+
+def _log(msg: str) -> None:
+    print(f"{time.strftime('%H:%M:%S')} host[{os.getpid()}] {msg}", flush=True)
+
+
+def proc_start_time(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class StateHost:
+    """The subtask's runtime and the handling of one connection's messages."""
+
+    def __init__(self, spec: HostSpec) -> None:
+        self.spec = spec
+        self.runtime: Any = None
+        self.job_identity: str | None = None
+        self.function_sha: str | None = None
+        self._function_blob: bytes | None = None
+        self.batches = 0
+        self.started = time.time()
+
+    # ---- state ---------------------------------------------------------------------------------
+
+    @property
+    def version(self) -> int | None:
+        return None if self.runtime is None else self.runtime.version
+
+    def _runtime_for(self, job: Any) -> Any:
+        """The runtime for ``job``: the current one if the job and function are unchanged."""
+        from streamstate.spark.job import load_function
+        from streamstate.spark.subtask import SubtaskRuntime, job_storage
+
+        if (
+            self.runtime is not None
+            and self.job_identity == job.identity
+            and self.function_sha == job.function_sha
+        ):
+            return self.runtime
+        if self.runtime is not None:
+            self.runtime.close()
+            self.runtime = None
+        storage = job_storage(job)
+        if self.function_sha != job.function_sha:
+            blob = storage.read_bytes(job.function_path)
+            load_function(blob, job.function_sha, storage.url_of(job.function_path))
+            self._function_blob, self.function_sha = blob, job.function_sha
+        import cloudpickle
+
+        blob = self._function_blob
+        local = host_paths(self.spec.id, self.spec.run_dir)["local"]
+        self.runtime = SubtaskRuntime(
+            job,
+            self.spec.subtask,
+            lambda: cloudpickle.loads(blob),
+            storage=storage,
+            local_dir=local,
+        )
+        self.job_identity = job.identity
+        return self.runtime
+
+    # ---- one batch -----------------------------------------------------------------------------
+
+    def run_batch(self, conn: Connection, begin: dict[str, Any]) -> None:
+        import pyarrow as pa
+
+        from streamstate.spark.job import JobSpec
+
+        t0 = time.perf_counter()
+        job = msgspec.msgpack.decode(begin["job"], type=JobSpec)
+        runtime = self._runtime_for(job)
+        restore = runtime.prepare(begin["base"], begin["lineage"], begin.get("base_attempt"))
+        t_restore = time.perf_counter() - t0
+        conn.send({"t": "BEGUN", "restore": restore, "restore_ms": t_restore * 1e3})
+        schema = (
+            None
+            if begin.get("schema") is None
+            else pa.ipc.read_schema(pa.py_buffer(begin["schema"]))
+        )
+        try:
+            runtime.begin(begin.get("watermark"), begin.get("processing_time"))
+            t_proc = 0.0
+            while True:
+                msg, body = conn.recv()
+                kind = msg["t"]
+                if kind == "DATA":
+                    batch = pa.ipc.read_record_batch(pa.py_buffer(body), schema)
+                    tp = time.perf_counter()
+                    runtime.process(batch)
+                    t_proc += time.perf_counter() - tp
+                    conn.send({"t": "OK"})
+                elif kind == "END":
+                    break
+                else:
+                    raise ProtocolError(f"unexpected message {kind} inside a batch")
+            result = runtime.finish(begin["batch"], begin["attempt"], begin["new_lineage"])
+        except BaseException:
+            runtime.close()  # a half-applied batch: the next one reloads its base version
+            raise
+        self.batches += 1
+        result.restore = restore
+        result.stats.update(
+            {
+                "restore_ms": t_restore * 1e3,
+                "process_ms": t_proc * 1e3,
+                "host_ms": (time.perf_counter() - t0) * 1e3,
+                "host_pid": float(os.getpid()),
+            }
+        )
+        conn.send({"t": "DONE", "result": msgspec.msgpack.encode(result)})
+
+    def hello(self) -> dict[str, Any]:
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+        runtime = self.runtime
+        return {
+            "t": "HELLO",
+            "proto": PROTOCOL_VERSION,
+            "pid": os.getpid(),
+            "version": self.version,
+            "lineage": None if runtime is None else runtime.lineage,
+            "rlimit_as": None if soft == resource.RLIM_INFINITY else soft,
+            "started": self.started,
+        }
+
+    def close(self) -> None:
+        if self.runtime is not None:
+            self.runtime.close()
+            self.runtime = None
+
+
+def _report(status_fd: list[int | None], msg: str) -> None:
+    fd = status_fd[0]
+    if fd is None:
+        return
+    status_fd[0] = None
+    try:
+        os.write(fd, (msg + "\n").encode())
+        os.close(fd)
+    except OSError:
+        pass
+
+
+def _watch_executor(pid: int, sock_path: str) -> None:
+    """Exit as soon as the executor JVM ``pid`` exits, even in the middle of a batch (a thread
+    waiting on a pidfd): a host must never outlive its executor."""
+    pidfd = os.pidfd_open(pid)
+
+    def watch() -> None:
+        select.select([pidfd], [], [])
+        _log(f"exit: the executor JVM {pid} exited")
+        with contextlib.suppress(OSError):
+            os.unlink(sock_path)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="streamstate-executor-watch", daemon=True).start()
+
+
+def serve(spec: HostSpec, status_fd: int | None) -> int:
+    """The host's main loop; ``status_fd`` is the pipe to the spawner (READY or ERROR)."""
+    status: list[int | None] = [status_fd]
+    paths = host_paths(spec.id, spec.run_dir)
+    lock = open(paths["lock"], "a+")  # noqa: SIM115 - held for the life of the process
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        _report(
+            status,
+            f"ERROR another host (pid {lock.read().strip() or '?'}) holds {paths['lock']} but "
+            "its socket does not accept connections",
+        )
+        return 3
+    lock.seek(0)
+    lock.truncate()
+    lock.write(str(os.getpid()))
+    lock.flush()
+    if spec.watch_pid:
+        if proc_start_time(spec.watch_pid) != spec.watch_start:
+            _report(status, f"ERROR the executor process {spec.watch_pid} is already gone")
+            return 4
+        _watch_executor(spec.watch_pid, paths["sock"])
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(paths["sock"])  # a dead host's socket (we hold the lock: it is not alive)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(paths["sock"])
+    except OSError as exc:
+        _report(status, f"ERROR cannot bind {paths['sock']}: {exc}")
+        return 5
+    listener.listen(64)
+    sock_inode = os.stat(paths["sock"]).st_ino
+
+    import cloudpickle  # noqa: F401 - warm the imports before READY
+    import pyarrow  # noqa: F401
+
+    import streamstate.spark.subtask  # noqa: F401
+
+    host = StateHost(spec)
+    stop: dict[str, str | None] = {"why": None}
+
+    def on_term(signum: int, frame: Any) -> None:
+        stop["why"] = f"signal {signum}"
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    selector = selectors.DefaultSelector()
+    selector.register(listener, selectors.EVENT_READ, "accept")
+    last = time.monotonic()
+    _log(f"ready: {spec.job} {spec.operator} subtask {spec.subtask}/{spec.parallelism}")
+    _report(status, "READY")
+
+    def unlink_socket() -> None:
+        try:
+            if os.stat(paths["sock"]).st_ino == sock_inode:
+                os.unlink(paths["sock"])
+        except FileNotFoundError:
+            pass
+
+    try:
+        while stop["why"] is None:
+            left = spec.idle_timeout - (time.monotonic() - last)
+            if left <= 0:
+                stop["why"] = "idle timeout"
+                break
+            for _key, _ in selector.select(timeout=min(left, 1.0)):
+                sock, _ = listener.accept()
+                sock.settimeout(spec.io_timeout)
+                try:
+                    reason = _handle(host, Connection(sock), unlink_socket)
+                finally:
+                    sock.close()
+                    last = time.monotonic()
+                if reason is not None:
+                    stop["why"] = reason
+                    break
+    finally:
+        unlink_socket()
+        _log(f"exit: {stop['why']}; version {host.version}, {host.batches} batches")
+        host.close()
+    return 0
+
+
+def _handle(host: StateHost, conn: Connection, unlink_socket: Any) -> str | None:
+    """Serve one connection; returns a reason to stop the host, or None."""
+    while True:
+        try:
+            msg, _ = conn.recv()
+        except (EOFError, ConnectionError, TimeoutError, OSError):
+            return None
+        kind = msg.get("t")
+        if kind == "HELLO":
+            conn.send(host.hello())
+        elif kind == "PING":
+            conn.send({"t": "PONG", "version": host.version})
+        elif kind == "SHUTDOWN":
+            unlink_socket()  # no new connection reaches a host that is going away
+            conn.send({"t": "BYE"})
+            return "shutdown: " + str(msg.get("reason", ""))
+        elif kind == "BEGIN":
+            try:
+                host.run_batch(conn, msg)
+            except (EOFError, ConnectionError, TimeoutError) as exc:
+                _log(f"batch {msg.get('batch')} aborted by the task ({exc!r})")
+                return None
+            except Exception as exc:
+                _log(f"batch {msg.get('batch')} failed: {exc!r}")
+                with contextlib.suppress(OSError):
+                    conn.send(
+                        {
+                            "t": "ERROR",
+                            "type": type(exc).__name__,
+                            "message": str(exc),
+                            "traceback": traceback.format_exc(),
+                        }
+                    )
+                return None
+        else:
+            conn.send({"t": "ERROR", "type": "ProtocolError", "message": f"unknown {kind!r}"})
+            return None
+
+
+def main(argv: list[str]) -> int:
+    """``python -m streamstate.spark.state_host serve <spec json> [status fd]``."""
+    if len(argv) < 2 or argv[0] != "serve":
+        print(__doc__, file=sys.stderr)
+        return 2
+    spec = msgspec.convert(json.loads(argv[1]), HostSpec)
+    fd = int(argv[2]) if len(argv) > 2 else None
+    # double fork: the launcher exits at once (its parent reaps it) and the host is re-parented
+    # to init, so it never becomes a zombie child of a long-lived Python worker
+    if os.fork() > 0:
+        os._exit(0)
+    os.setsid()
+    return serve(spec, fd)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

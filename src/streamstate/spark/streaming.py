@@ -1,0 +1,291 @@
+"""Streaming mode: a keyed function over a Structured Streaming query, exactly-once.
+
+The query is driven by ``foreachBatch``. Micro-batch ``b`` on the driver
+(:meth:`KeyedStream._run_batch`):
+
+1. :meth:`~streamstate.spark.commit.CheckpointLog.plan`: the state version to start from
+   (``chk-(b-1)``), its lineage, the watermark; if ``chk-b`` is already committed (the driver
+   died after our commit, before Spark's), skip to step 4.
+2. One Spark job: placement by key group, ``repartitionById``, ``mapInArrow`` with
+   :func:`~streamstate.spark.tasks.micro_batch_task`: each task streams its partition to its
+   subtask's state host, which applies it, writes the incremental checkpoint ``chk-b`` of the
+   subtask and stages the outputs, and the task yields one acknowledgement row.
+3. Commit: ``chk-b/_metadata`` is written only when all subtasks acknowledged version ``b``.
+4. The sink gets the staged outputs (idempotent per batch id); Spark then commits its own log.
+
+A task that fails (host killed, user function raised, worker lost) is retried by Spark; its
+host has dropped the half-applied batch and reloads ``chk-(b-1)``. Old staged outputs and
+checkpoints are deleted behind the retained ones.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+import msgspec
+
+from streamstate.spark.commit import BatchPlan, CheckpointLog
+from streamstate.spark.job import FUNCTIONS_DIR, JobSpec, arrow_schema_from_bytes, src_path
+from streamstate.spark.keyed import KeyedOptions, function_blob
+from streamstate.spark.placement import place
+from streamstate.spark.sinks import Sink, StagedBatch, sink_from, spark_readable
+from streamstate.spark.subtask import OUTPUTS_DIR, BatchResult, job_storage
+from streamstate.spark.tasks import ACK_SCHEMA, micro_batch_task
+
+__all__ = ["KeyedStream", "KeyedStreamingQuery"]
+
+log = logging.getLogger(__name__)
+
+SPARK_CHECKPOINT_DIR = "spark"
+
+
+class KeyedStream:
+    """A keyed function over a streaming DataFrame; start it with :meth:`write_stream`."""
+
+    def __init__(self, options: KeyedOptions) -> None:
+        self.options = options
+
+    def write_stream(
+        self,
+        sink: Any = "memory",
+        *,
+        path: str | None = None,
+        callback: Any = None,
+        trigger: dict[str, Any] | None = None,
+        query_name: str | None = None,
+        run_dir: str | None = None,
+    ) -> KeyedStreamingQuery:
+        """Start the query, writing outputs to ``sink`` (see :mod:`streamstate.spark.sinks`).
+
+        Parameters:
+            sink: ``"parquet"`` (with ``path=``), ``"memory"``, ``"console"``,
+                ``"foreach_batch"`` (with ``callback=``) or a ``Sink`` instance.
+            trigger: keyword arguments of ``DataStreamWriter.trigger`` (e.g.
+                ``{"availableNow": True}`` or ``{"processingTime": "10 seconds"}``).
+            query_name: the Spark query name.
+            run_dir: where state hosts keep sockets and logs (default
+                ``$STREAMSTATE_RUN_DIR`` or ``/tmp/streamstate-<uid>``).
+        """
+        return KeyedStreamingQuery(
+            self.options, sink_from(sink, path, callback), trigger, query_name, run_dir
+        )
+
+    start = write_stream
+
+
+class KeyedStreamingQuery:
+    """A running keyed query: the Spark ``StreamingQuery`` plus the state it drives."""
+
+    def __init__(
+        self,
+        options: KeyedOptions,
+        sink: Sink,
+        trigger: dict[str, Any] | None,
+        query_name: str | None,
+        run_dir: str | None,
+    ) -> None:
+        self.options = options
+        self.sink = sink
+        self.run_dir = run_dir
+        self.spark = options.spark
+        checkpoint = options.checkpoint
+        assert checkpoint is not None
+        self.job = self._ship_function(options)
+        self.storage = job_storage(self.job)
+        self.output_schema = arrow_schema_from_bytes(self.job.output_schema)
+        self.log = CheckpointLog(
+            self.storage,
+            options.operator_name,
+            options.parallelism,
+            watermark_delay=options.watermark_delay,
+            retained=options.retained_checkpoints,
+        )
+        #: one dict of figures per micro-batch run by this query object
+        self.batches: list[dict[str, Any]] = []
+        self._hosts_stopped = False
+        self._lock = threading.Lock()
+        sink.open(query_name or options.operator_name)
+        writer = options.df.writeStream.foreachBatch(self._run_batch).option(
+            "checkpointLocation",
+            spark_readable(self.storage.url_of(SPARK_CHECKPOINT_DIR)),
+        )
+        if trigger:
+            writer = writer.trigger(**trigger)
+        if query_name:
+            writer = writer.queryName(query_name)
+        self.query = writer.start()
+
+    # ---- set-up --------------------------------------------------------------------------------
+
+    def _ship_function(self, options: KeyedOptions) -> JobSpec:
+        """Pickle the function once per query run into ``<checkpoint>/functions/<sha>.pkl``."""
+        import hashlib
+
+        blob = function_blob(options.function)
+        sha = hashlib.sha256(blob).hexdigest()
+        path = f"{FUNCTIONS_DIR}/{sha}.pkl"
+        job = options.job_spec(options.checkpoint or "", path, sha)
+        storage = job_storage(job)
+        storage.ensure_writable()
+        if storage.size(path) != len(blob):
+            storage.put_atomic(path, blob)
+        return job
+
+    # ---- one micro-batch -----------------------------------------------------------------------
+
+    def _run_batch(self, df: Any, batch_id: int) -> None:
+        t0 = time.perf_counter()
+        plan = self.log.plan(batch_id)
+        figures: dict[str, Any] = {"batch": batch_id, "replayed": plan.replay}
+        if plan.replay:
+            files = plan.outputs
+        else:
+            results = self._compute(df, plan, figures)
+            t_commit = time.perf_counter()
+            self.log.commit(plan, results)
+            figures["commit_ms"] = (time.perf_counter() - t_commit) * 1e3
+            files = [r.outputs for r in results if r.outputs is not None]
+        t_sink = time.perf_counter()
+        self.sink.write(
+            StagedBatch(
+                batch_id,
+                files,
+                self.storage,
+                self.output_schema,
+                self.options.output_struct,
+                self.spark,
+            )
+        )
+        figures["sink_ms"] = (time.perf_counter() - t_sink) * 1e3
+        self._delete_old_outputs(batch_id)
+        figures["batch_ms"] = (time.perf_counter() - t0) * 1e3
+        with self._lock:
+            self.batches.append(figures)
+
+    def _compute(self, df: Any, plan: BatchPlan, figures: dict[str, Any]) -> list[BatchResult]:
+        options = self.options
+        if not options.adaptive:
+            df.sparkSession.conf.set("spark.sql.adaptive.enabled", "false")
+        placed = place(df, options.key_columns, options.parallelism, options.max_parallelism)
+        task = micro_batch_task(
+            msgspec.msgpack.encode(self.job),
+            {
+                "batch": plan.batch,
+                "base": plan.base,
+                "lineage": plan.lineage,
+                "new_lineage": plan.new_lineage,
+                "base_attempts": plan.base_attempts,
+                "watermark": plan.watermark,
+                "processing_time": plan.processing_time,
+            },
+            {
+                "run_dir": self.run_dir,
+                "idle_timeout": options.host_idle_timeout,
+                "pythonpath": src_path(),
+            },
+        )
+        t_job = time.perf_counter()
+        rows = placed.mapInArrow(task, ACK_SCHEMA).collect()
+        figures["job_ms"] = (time.perf_counter() - t_job) * 1e3
+        results = [msgspec.msgpack.decode(r["result"], type=BatchResult) for r in rows]
+        figures["rows"] = sum(r.rows for r in results)
+        figures["output_rows"] = sum(r.output_rows for r in results)
+        figures["restore"] = sorted({r.restore for r in results})
+        figures["subtasks"] = [
+            {"subtask": r.subtask, "restore": r.restore, "rows": r.rows, **r.stats}
+            for r in sorted(results, key=lambda r: r.subtask)
+        ]
+        figures["watermark"] = plan.watermark
+        return results
+
+    def _delete_old_outputs(self, batch_id: int) -> None:
+        """Staged outputs are needed until their batch is delivered and no replay can ask for
+        them (a replay is of the last committed batch only): keep the last few."""
+        old = batch_id - max(2, self.options.retained_checkpoints)
+        if old >= 0:
+            self.storage.delete(f"{OUTPUTS_DIR}/batch-{old}")
+
+    # ---- control -------------------------------------------------------------------------------
+
+    @property
+    def id(self) -> str:
+        return str(self.query.id)
+
+    @property
+    def is_active(self) -> bool:
+        return bool(self.query.isActive)
+
+    def exception(self) -> Any:
+        return self.query.exception()
+
+    @property
+    def last_progress(self) -> Any:
+        return self.query.lastProgress
+
+    @property
+    def recent_progress(self) -> Any:
+        return self.query.recentProgress
+
+    def process_all_available(self) -> None:
+        self.query.processAllAvailable()
+
+    def await_termination(self, timeout: float | None = None) -> bool | None:
+        """Wait for the query to end (an ``availableNow`` trigger ends by itself); then shut
+        this job's state hosts down."""
+        try:
+            if timeout is None:
+                self.query.awaitTermination()
+                done: bool | None = True
+            else:
+                done = self.query.awaitTermination(timeout)
+        finally:
+            if not self.query.isActive:
+                self.shutdown_hosts()
+        return done
+
+    def stop(self) -> None:
+        """Stop the query and shut this job's state hosts down."""
+        try:
+            self.query.stop()
+        finally:
+            self.shutdown_hosts()
+
+    def shutdown_hosts(self, reason: str = "query stopped") -> int:
+        """Tell the state hosts of this job on this machine to exit (in local mode, all of
+        them; on a cluster, executors' hosts exit with their executor or when idle)."""
+        from streamstate.spark.host_client import host_spec, shutdown
+
+        if self._hosts_stopped:
+            return 0
+        self._hosts_stopped = True
+        self.log.close()
+        job = self.job
+        return sum(
+            shutdown(
+                host_spec(
+                    job.checkpoint_url,
+                    job.operator,
+                    i,
+                    job.parallelism,
+                    directory=self.run_dir,
+                    watch=False,
+                ),
+                reason,
+            )
+            for i in range(job.parallelism)
+        )
+
+    def __enter__(self) -> KeyedStreamingQuery:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return (
+            f"KeyedStreamingQuery({self.options.operator_name!r}, p={self.job.parallelism}, "
+            f"checkpoint={self.job.checkpoint_url!r}, active={self.is_active})"
+        )

@@ -1,0 +1,391 @@
+"""One subtask of a keyed operator on Spark: operator, checkpointer and the state version it holds.
+
+A :class:`SubtaskRuntime` lives in a state host (streaming) or inside one Spark task (batch
+mode). Its state is always one *version*: ``-1`` (empty, or the initial savepoint) or the id
+``b`` of the micro-batch whose checkpoint ``chk-b`` it equals, together with the checkpoint's
+*lineage* (a uuid the driver commits with it) and the Spark task *attempt* whose files the
+checkpoint lists. :meth:`SubtaskRuntime.prepare` brings the state to the version a batch needs:
+
+* ``hot``: it already holds that version (the common case: nothing is read);
+* ``reload``: anything else (a new host, a failed or uncommitted batch, a rescale, another
+  attempt's files committed): restore ``chk-base`` from checkpoint storage, only the key
+  groups this subtask owns (full snapshot plus deltas, ``streamstate.checkpoint.restore``);
+* ``empty`` / ``initial``: the first batch, with no state or from the initial savepoint.
+
+A batch then runs: the watermark and processing time advance (firing due timers), records are
+processed one by one, and :meth:`SubtaskRuntime.finish` writes the incremental checkpoint
+``chk-b`` (a delta of the entries changed in the batch) and stages the outputs as Parquet. The
+runtime holds version ``b`` afterwards, tentatively: the driver commits ``chk-b`` only when
+every subtask finished, and the next batch says which version it expects.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+from collections.abc import Iterator
+from itertools import repeat
+from typing import Any
+
+import msgspec
+
+from streamstate.spark.job import (
+    JobSpec,
+    arrow_schema_from_bytes,
+    key_serializer_for,
+)
+from streamstate.spark.placement import KEY_GROUP_COLUMN
+from streamstate.spark.records import OutputConverter, row_class
+
+__all__ = ["OUTPUTS_DIR", "BatchResult", "StagedOutput", "SubtaskRuntime", "job_storage"]
+
+OUTPUTS_DIR = "outputs"
+#: outputs are converted to Arrow whenever this many are pending (bounds Python memory)
+_OUTPUT_CHUNK = 65536
+MIN_WATERMARK = -(1 << 63)
+
+
+class StagedOutput(msgspec.Struct, kw_only=True):
+    """One subtask's staged outputs of one batch (a Parquet file in checkpoint storage)."""
+
+    #: relative to the job's checkpoint directory
+    path: str
+    size: int
+    rows: int
+
+
+class BatchResult(msgspec.Struct, kw_only=True):
+    """What a subtask reports at the end of a batch (the acknowledgement the driver collects)."""
+
+    subtask: int
+    batch: int
+    #: the state version the subtask now holds (== batch)
+    version: int
+    attempt: int
+    #: encoded SubtaskStateHandle (msgpack) of chk-<batch> or of the savepoint
+    handle: bytes
+    outputs: StagedOutput | None = None
+    rows: int = 0
+    output_rows: int = 0
+    #: largest event time of the batch's records (ms), None without event time or records
+    max_event_time: int | None = None
+    restore: str = ""
+    stats: dict[str, float] = {}
+
+
+def job_storage(job: JobSpec) -> Any:
+    """The checkpoint storage of a job (its directory is the storage root)."""
+    from streamstate.checkpoint.storage import FileSystemCheckpointStorage
+
+    return FileSystemCheckpointStorage(
+        job.checkpoint_url, "", storage_options=dict(job.storage_options)
+    )
+
+
+def _state_backend(job: JobSpec, index: int, local_dir: str | None, incremental: bool) -> Any:
+    from streamstate.backends.factory import (
+        HeapStateBackend,
+        RocksDBStateBackend,
+        state_backend_from,
+    )
+
+    backend = state_backend_from(job.state_backend)
+    if job.state_backend_options:
+        backend = dataclasses.replace(backend, **job.state_backend_options)
+    if isinstance(backend, HeapStateBackend) and incremental:
+        backend = dataclasses.replace(backend, incremental=True)
+    elif isinstance(backend, RocksDBStateBackend) and local_dir is not None:
+        backend = dataclasses.replace(backend, working_dir=f"{local_dir}/rocksdb-{index}")
+    return backend
+
+
+class SubtaskRuntime:
+    """Subtask ``index`` of ``job`` (see the module docstring).
+
+    Parameters:
+        job: the operator's spec.
+        index: the subtask index (== the Spark partition id).
+        function_factory: returns a fresh copy of the user's ``KeyedProcessFunction`` (one per
+            operator the runtime builds: a reload starts from a clean function object).
+        storage: checkpoint storage (default: the job's checkpoint directory).
+        local_dir: a local directory for RocksDB working files.
+        incremental: checkpoints write deltas (streaming); batch mode writes at most one
+            savepoint and needs no change tracking.
+    """
+
+    def __init__(
+        self,
+        job: JobSpec,
+        index: int,
+        function_factory: Any,
+        *,
+        storage: Any = None,
+        local_dir: str | None = None,
+        incremental: bool = True,
+    ) -> None:
+        self.job = job
+        self.incremental = incremental
+        self.index = index
+        self.function_factory = function_factory
+        self.local_dir = local_dir
+        if storage is None and job.checkpoint_url:
+            storage = job_storage(job)
+        self.storage = storage
+        self.input_schema = arrow_schema_from_bytes(job.input_schema)
+        self.converter = OutputConverter(arrow_schema_from_bytes(job.output_schema))
+        self.key_serializer = key_serializer_for(self.input_schema, job.key_columns)
+        self.row_type = row_class(job.value_columns)
+        self.op: Any = None
+        self.checkpointer: Any = None
+        #: the state version held (None: nothing usable), its lineage and attempt
+        self.version: int | None = None
+        self.lineage: str | None = None
+        self.attempt: int | None = None
+        self._pending: list[Any] = []
+        self._max_event_time: int | None = None
+        self._rows = 0
+        self._output_rows = 0
+
+    # ---- versions ------------------------------------------------------------------------------
+
+    def holds(self, base: int, lineage: str, base_attempt: int | None) -> bool:
+        return (
+            self.op is not None
+            and self.version == base
+            and self.lineage == lineage
+            and (base_attempt is None or self.attempt is None or base_attempt == self.attempt)
+        )
+
+    def prepare(self, base: int, lineage: str, base_attempt: int | None = None) -> str:
+        """Bring the state to version ``base`` of ``lineage``; returns how (see module doc)."""
+        if self.holds(base, lineage, base_attempt):
+            return "hot"
+        self._discard()
+        op = self._new_operator()
+        how = "empty"
+        checkpoint = None
+        try:
+            if base >= 0:
+                checkpoint = self._committed(base, lineage)
+                how = "reload"
+            elif self.job.initial_state:
+                from streamstate.checkpoint.storage import resolve_checkpoint
+
+                checkpoint = resolve_checkpoint(self.job.initial_state, self._storage())
+                how = "initial"
+            if checkpoint is not None:
+                from streamstate.checkpoint.restore import restore_subtask
+
+                restore_subtask(op, checkpoint)
+            # the watermark is not advanced here: begin() advances it to the batch's watermark
+            # (never below the checkpoint's), and that fires any due timer with its outputs
+            op.open()
+        except BaseException:
+            op.dispose()
+            raise
+        self.op = op
+        if how == "reload":
+            self.checkpointer = self._new_checkpointer(op)
+            handle = checkpoint.metadata.operators[self.job.operator].subtasks  # type: ignore[union-attr]
+            mine = [h for h in handle if h.subtask_index == self.index]
+            if mine:
+                self.checkpointer.resume(mine[0])
+        self.version, self.lineage = base, lineage
+        self.attempt = base_attempt
+        return how
+
+    def _committed(self, base: int, lineage: str) -> Any:
+        storage = self._storage()
+        checkpoint = storage.load(base)
+        found = checkpoint.metadata.properties.get("lineage")
+        if found != lineage:
+            from streamstate.errors import CheckpointError
+
+            raise CheckpointError(
+                f"{checkpoint.url} has lineage {found!r} but the driver expects {lineage!r}: "
+                "another run of this job committed it (two queries share the checkpoint "
+                "directory?)"
+            )
+        return checkpoint
+
+    def _storage(self) -> Any:
+        if self.storage is None:
+            from streamstate.checkpoint.storage import MemoryCheckpointStorage
+
+            self.storage = MemoryCheckpointStorage()
+        return self.storage
+
+    def _new_operator(self) -> Any:
+        from streamstate.runtime.operator import KeyedProcessOperator
+
+        job = self.job
+        return KeyedProcessOperator(
+            self.function_factory(),
+            self.key_serializer,
+            operator_name=job.operator,
+            subtask_index=self.index,
+            parallelism=job.parallelism,
+            max_parallelism=job.max_parallelism,
+            state_backend=_state_backend(job, self.index, self.local_dir, self.incremental),
+        )
+
+    def _new_checkpointer(self, op: Any) -> Any:
+        from streamstate.backends.heap.backend import HeapKeyedStateBackend
+        from streamstate.checkpoint.writer import IncrementalPolicy, SubtaskCheckpointer
+
+        incremental: Any = False
+        if isinstance(op.keyed_backend, HeapKeyedStateBackend) and op.keyed_backend.incremental:
+            incremental = IncrementalPolicy(max_deltas=self.job.max_deltas)
+        return SubtaskCheckpointer(
+            self._storage(), op, compression=self.job.compression, incremental=incremental
+        )
+
+    def _discard(self) -> None:
+        if self.checkpointer is not None:
+            self.checkpointer.close()
+        if self.op is not None:
+            self.op.dispose()
+        self.op = self.checkpointer = None
+        self.version = self.lineage = self.attempt = None
+
+    def close(self) -> None:
+        self._discard()
+
+    # ---- one batch -----------------------------------------------------------------------------
+
+    def begin(self, watermark: int | None, processing_time: int | None) -> None:
+        """Start a batch: the watermark and processing time advance (due timers fire)."""
+        if self.op is None:
+            raise RuntimeError("prepare() must run before a batch begins")
+        self.version = None  # the state is being changed: no version until finish()
+        self._pending = []
+        self._max_event_time = None
+        self._rows = self._output_rows = 0
+        if watermark is not None and watermark > MIN_WATERMARK:
+            self.op.advance_watermark(watermark)
+        if processing_time is not None:
+            self.op.advance_processing_time(processing_time)
+        self._collect()
+
+    def process(self, batch: Any) -> None:
+        """Process one Arrow batch of this subtask's records (value columns plus ``_kg``)."""
+        job = self.job
+        n = batch.num_rows
+        if not n:
+            return
+        self._rows += n
+        if len(job.key_columns) == 1:
+            keys: Any = batch.column(job.key_columns[0]).to_pylist()
+        else:
+            keys = list(zip(*(batch.column(c).to_pylist() for c in job.key_columns), strict=True))
+        kgs = batch.column(KEY_GROUP_COLUMN).to_pylist()
+        timestamps: Any = repeat(None)
+        if job.event_time is not None:
+            ts = _event_time_ms(batch.column(job.event_time))
+            timestamps = ts.to_pylist()
+            top = _max(ts)
+            if top is not None and (self._max_event_time is None or top > self._max_event_time):
+                self._max_event_time = top
+        new = tuple.__new__
+        cls = self.row_type
+        columns = [batch.column(c).to_pylist() for c in job.value_columns]
+        process = self.op.process_element
+        for key, values, t, kg in zip(
+            keys, zip(*columns, strict=True), timestamps, kgs, strict=False
+        ):
+            process(key, new(cls, values), t, kg)
+        if len(self.op.output) >= _OUTPUT_CHUNK:
+            self._collect()
+
+    def _collect(self) -> None:
+        out = self.op.drain_output()
+        self.op.side_outputs.clear()  # side outputs are not exposed on Spark
+        if out:
+            self._output_rows += len(out)
+            self._pending.append(self.converter.to_batch(out))
+
+    def output_batches(self) -> Iterator[Any]:
+        """Take the outputs produced so far as Arrow batches (batch mode streams them out)."""
+        self._collect()
+        pending, self._pending = self._pending, []
+        return iter(pending)
+
+    def end_of_input(self) -> None:
+        """Bounded input ends (batch mode): the watermark jumps to the end of time."""
+        self.op.advance_watermark((1 << 63) - 1)
+        self._collect()
+
+    def finish(
+        self, batch_id: int, attempt: int, new_lineage: str, *, savepoint: str | None = None
+    ) -> BatchResult:
+        """End the batch: write ``chk-<batch_id>`` (or a savepoint into the directory
+        ``savepoint``, relative to the storage root) and stage the outputs."""
+        t0 = time.perf_counter()
+        self._collect()
+        if self.checkpointer is None:
+            self.checkpointer = self._new_checkpointer(self.op)
+        self.checkpointer.attempt = attempt
+        if savepoint is None:
+            future = self.checkpointer.checkpoint(batch_id)
+        else:
+            future = self.checkpointer.savepoint(savepoint, batch_id)
+        outputs = self._stage(batch_id, attempt, savepoint)
+        t1 = time.perf_counter()
+        handle = future.result()
+        t2 = time.perf_counter()
+        self.version, self.lineage, self.attempt = batch_id, new_lineage, attempt
+        return BatchResult(
+            subtask=self.index,
+            batch=batch_id,
+            version=batch_id,
+            attempt=attempt,
+            handle=msgspec.msgpack.encode(handle),
+            outputs=outputs,
+            rows=self._rows,
+            output_rows=self._output_rows,
+            max_event_time=self._max_event_time,
+            stats={"stage_ms": (t1 - t0) * 1e3, "checkpoint_wait_ms": (t2 - t1) * 1e3},
+        )
+
+    def _stage(self, batch_id: int, attempt: int, savepoint: str | None) -> StagedOutput | None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pending, self._pending = self._pending, []
+        rows = sum(b.num_rows for b in pending)
+        if not rows:
+            return None
+        directory = f"{savepoint}/{OUTPUTS_DIR}" if savepoint else f"{OUTPUTS_DIR}/batch-{batch_id}"
+        token = uuid.uuid4().hex[:6]
+        path = f"{directory}/part-{self.index:05d}-{attempt}-{token}.parquet"
+        storage = self._storage()
+        with storage.open_write(path) as f:
+            pq.write_table(pa.Table.from_batches(pending, schema=self.converter.schema), f)
+        return StagedOutput(path=path, size=storage.size(path) or 0, rows=rows)
+
+
+def _event_time_ms(column: Any) -> Any:
+    """An event-time column as int64 milliseconds (timestamps of any unit, or longs)."""
+    import numpy as np
+    import pyarrow as pa
+
+    if column.null_count:
+        raise ValueError("the event-time column has nulls; every record needs an event time")
+    t = column.type
+    if pa.types.is_timestamp(t):
+        raw = column.cast(pa.int64()).to_numpy(zero_copy_only=False)
+        if t.unit == "s":
+            return pa.array(raw * 1000)
+        per_ms = {"ms": 1, "us": 1000, "ns": 1_000_000}[t.unit]
+        return pa.array(raw if per_ms == 1 else np.floor_divide(raw, per_ms))
+    if pa.types.is_integer(t):
+        return column.cast(pa.int64())
+    raise TypeError(f"event-time column has type {t}; use a timestamp or a long in milliseconds")
+
+
+def _max(column: Any) -> int | None:
+    import pyarrow.compute as pc
+
+    value = pc.max(column).as_py()
+    return None if value is None else int(value)

@@ -1,0 +1,139 @@
+"""The functions Spark runs in ``mapInArrow``, one per subtask (= partition).
+
+* :func:`micro_batch_task`: streams the partition to the subtask's state host and yields one
+  acknowledgement row (the subtask's ``BatchResult``); the outputs are staged by the host.
+* :func:`bounded_task`: batch mode; runs the subtask inside the task and yields its outputs
+  (or, when a savepoint is written, stages them and yields the acknowledgement).
+
+Everything a task needs travels in its closure: the :class:`~streamstate.spark.job.JobSpec`,
+the batch's plan, and in batch mode the pickled function (a streaming task ships only the
+function's digest; the host loads the function file once per query run).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import msgspec
+
+__all__ = ["ACK_SCHEMA", "bounded_task", "micro_batch_task"]
+
+#: the Spark schema of acknowledgement rows
+ACK_SCHEMA = "subtask int, result binary, timings string"
+
+
+def _ack(subtask: int, result: bytes, timings: dict[str, Any]) -> Any:
+    import pyarrow as pa
+
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array([subtask], pa.int32()),
+            pa.array([result], pa.binary()),
+            pa.array([json.dumps(timings)], pa.string()),
+        ],
+        names=["subtask", "result", "timings"],
+    )
+
+
+def _check_batch_id(ctx: Any, batch_id: int) -> None:
+    prop = ctx.getLocalProperty("streaming.sql.batchId")
+    if prop is not None and int(prop) != batch_id:
+        raise RuntimeError(
+            f"the task was planned for micro-batch {batch_id} but Spark runs it in micro-batch "
+            f"{prop}"
+        )
+
+
+def micro_batch_task(
+    job_bytes: bytes,
+    plan: dict[str, Any],
+    host: dict[str, Any],
+) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """The task of one micro-batch: ``plan`` holds batch, base, lineage, new_lineage,
+    base_attempts, watermark and processing_time; ``host`` the host settings (run_dir,
+    idle_timeout, pythonpath)."""
+
+    def task(batches: Iterator[Any]) -> Iterator[Any]:
+        from pyspark import TaskContext
+
+        from streamstate.spark.host_client import host_spec, run_batch
+        from streamstate.spark.job import JobSpec
+
+        ctx = TaskContext.get()
+        index = ctx.partitionId()
+        _check_batch_id(ctx, plan["batch"])
+        job = msgspec.msgpack.decode(job_bytes, type=JobSpec)
+        spec = host_spec(
+            job.checkpoint_url,
+            job.operator,
+            index,
+            job.parallelism,
+            directory=host.get("run_dir"),
+            idle_timeout=host.get("idle_timeout", 600.0),
+        )
+        begin = {
+            "job": job_bytes,
+            "batch": plan["batch"],
+            "base": plan["base"],
+            "lineage": plan["lineage"],
+            "new_lineage": plan["new_lineage"],
+            "base_attempt": plan["base_attempts"].get(index),
+            "attempt": ctx.taskAttemptId(),
+            "watermark": plan["watermark"],
+            "processing_time": plan["processing_time"],
+        }
+        result, timings = run_batch(spec, begin, batches, pythonpath=host.get("pythonpath"))
+        timings["worker_pid"] = os.getpid()
+        timings["attempt_number"] = ctx.attemptNumber()
+        yield _ack(index, result, timings)
+
+    return task
+
+
+def bounded_task(
+    job_bytes: bytes, function_blob: bytes, savepoint: dict[str, Any] | None
+) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """Batch mode: run the subtask over the whole partition, fire all timers at the end of
+    input, and yield the outputs; with ``savepoint`` ({url, directory, id}) stage the outputs
+    and write the subtask's savepoint files, yielding one acknowledgement instead."""
+
+    def task(batches: Iterator[Any]) -> Iterator[Any]:
+        import time
+
+        import cloudpickle
+        from pyspark import TaskContext
+
+        from streamstate.spark.job import JobSpec
+        from streamstate.spark.subtask import SubtaskRuntime
+
+        ctx = TaskContext.get()
+        index = ctx.partitionId()
+        job = msgspec.msgpack.decode(job_bytes, type=JobSpec)
+        runtime = SubtaskRuntime(
+            job, index, lambda: cloudpickle.loads(function_blob), incremental=False
+        )
+        try:
+            runtime.prepare(-1, "empty")
+            runtime.begin(None, time.time_ns() // 1_000_000)
+            for batch in batches:
+                runtime.process(batch)
+                if savepoint is None:
+                    yield from runtime.output_batches()
+            runtime.end_of_input()
+            if savepoint is None:
+                yield from runtime.output_batches()
+                return
+            result = runtime.finish(
+                savepoint["id"],
+                ctx.taskAttemptId(),
+                "savepoint",
+                savepoint=savepoint["directory"],
+            )
+            yield _ack(index, msgspec.msgpack.encode(result), {})
+        finally:
+            runtime.close()
+
+    return task

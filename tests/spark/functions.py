@@ -1,0 +1,87 @@
+"""Keyed functions used by the Spark runtime tests (pickled by value: hosts do not import this)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+from streamstate import (
+    CheckpointedFunction,
+    KeyedProcessFunction,
+    ListStateDescriptor,
+    ValueStateDescriptor,
+)
+
+
+class Count(KeyedProcessFunction):
+    """Emits ``(key, running count)`` per record."""
+
+    def open(self, ctx: Any) -> None:
+        self.n = ctx.get_state(ValueStateDescriptor("n", int, default=0))
+
+    def process_element(self, value: Any, ctx: Any) -> Any:
+        n = self.n.value() + 1
+        self.n.update(n)
+        yield ctx.get_current_key(), n
+
+
+class CountWithFaults(Count):
+    """A count that, the first time it sees ``trigger`` as ``value.v``, either kills its own
+    process (the state host) or raises; a marker file makes the fault happen only once."""
+
+    def __init__(self, trigger: int, marker: str, mode: str = "kill") -> None:
+        self.trigger = trigger
+        self.marker = marker
+        self.mode = mode
+
+    def process_element(self, value: Any, ctx: Any) -> Any:
+        if value.v == self.trigger and not os.path.exists(self.marker):
+            with open(self.marker, "w") as f:
+                f.write(str(os.getpid()))
+            if self.mode == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            if self.mode == "sleep":
+                time.sleep(600)
+            raise ValueError(f"injected failure at v={value.v}")
+        yield from super().process_element(value, ctx)
+
+
+class CountWithRecordLog(Count, CheckpointedFunction):
+    """A count that also keeps operator state: how many records this subtask has seen."""
+
+    def initialize_state(self, context: Any) -> None:
+        self.seen = context.get_operator_state_store().get_list_state(
+            ListStateDescriptor("seen", int)
+        )
+        restored = list(self.seen.get())
+        self.total = sum(restored)
+
+    def snapshot_state(self, context: Any) -> None:
+        self.seen.update([self.total])
+
+    def process_element(self, value: Any, ctx: Any) -> Any:
+        self.total += 1
+        n = self.n.value() + 1
+        self.n.update(n)
+        yield {"user": ctx.get_current_key(), "n": n, "seen": self.total}
+
+
+class Sum(KeyedProcessFunction):
+    """Emits ``(key, running sum of v)``; output as a dict to exercise matching by name."""
+
+    def open(self, ctx: Any) -> None:
+        self.total = ctx.get_state(ValueStateDescriptor("total", int, default=0))
+
+    def process_element(self, value: Any, ctx: Any) -> Any:
+        t = self.total.value() + value["v"]
+        self.total.update(t)
+        yield {"total": t, "k": ctx.get_current_key()}
+
+
+class BadOutput(KeyedProcessFunction):
+    """Emits a string where the schema declares a long."""
+
+    def process_element(self, value: Any, ctx: Any) -> Any:
+        yield ctx.get_current_key(), "not a number"
