@@ -12,13 +12,19 @@ import pyarrow.parquet as pq
 
 
 def write_batches(directory: str, batches: list[list[tuple[str, int]]], start: int = 0) -> None:
-    """One Parquet file per micro-batch (``maxFilesPerTrigger=1``): columns user, v."""
+    """One Parquet file per micro-batch (``maxFilesPerTrigger=1``): columns user, v.
+
+    A file source takes files in modification-time order: the files get increasing times.
+    """
     os.makedirs(directory, exist_ok=True)
     for i, rows in enumerate(batches, start):
         table = pa.table(
             {"user": [u for u, _ in rows], "v": pa.array([v for _, v in rows], pa.int64())}
         )
-        pq.write_table(table, os.path.join(directory, f"part-{i:04d}.parquet"))
+        path = os.path.join(directory, f"part-{i:04d}.parquet")
+        pq.write_table(table, path)
+        stamp = 1_700_000_000 + 10 * i
+        os.utime(path, (stamp, stamp))
 
 
 def make_batches(n_batches: int, per_batch: int, users: int, seed: int = 1) -> list[list[Any]]:

@@ -178,6 +178,9 @@ def read_state(
     from streamstate.checkpoint.restore import FileKeyedStateRestore, operator_metadata
     from streamstate.checkpoint.storage import open_location
     from streamstate.errors import CheckpointError
+    from streamstate.spark.keyed import ensure_worker_path
+
+    ensure_worker_path(spark)
 
     storage, directory = open_location(path if "://" in path else _abspath(path))
     if storage_options:

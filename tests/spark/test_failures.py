@@ -1,0 +1,162 @@
+"""Failures: a state host killed mid-batch (Spark retries the task) and the driver SIGKILLed
+between and inside micro-batches (the query restarts from its checkpoints)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import pytest
+from data import final_counts, make_batches, running_counts, write_batches
+from functions import CountWithFaults
+
+from streamstate.spark import FileSink, keyed_process, read_state
+from streamstate.spark.job import src_path
+
+pytestmark = pytest.mark.spark
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _env() -> dict[str, str]:
+    """The child driver imports the same streamstate (a source checkout is not installed)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src_path(), env.get("PYTHONPATH")) if p)
+    return env
+
+
+def test_a_host_killed_mid_batch_fails_the_task_and_the_retry_restores_the_base(
+    spark: Any, tmp_path: Any
+) -> None:
+    batches = make_batches(3, 300, users=30, seed=3)
+    write_batches(str(tmp_path / "in"), batches)
+    marker = str(tmp_path / "killed")
+    trigger = batches[1][150][1]  # a record in the middle of micro-batch 1
+    query = keyed_process(
+        spark.readStream.schema("user string, v long")
+        .option("maxFilesPerTrigger", 1)
+        .parquet(str(tmp_path / "in")),
+        key="user",
+        function=CountWithFaults(trigger, marker, mode="kill"),
+        output_schema="user string, n long",
+        checkpoint=str(tmp_path / "ck"),
+        parallelism=2,
+    ).write_stream("memory", trigger={"availableNow": True})
+    query.await_termination()
+    assert os.path.exists(marker)  # the host of one subtask killed itself once
+    restores = [b["restore"] for b in query.batches]
+    assert restores[0] == ["empty"]
+    assert "reload" in restores[1]  # the retried task's new host restored chk-0
+    assert restores[2] == ["hot"]
+    got = sorted((r["user"], r["n"]) for r in query.sink.rows())
+    assert got == running_counts(batches)
+
+
+def _processes() -> dict[int, tuple[int, str]]:
+    out = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if fields[0] == "Z":
+                continue
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            out[int(name)] = (int(fields[1]), cmd)
+        except OSError:
+            continue
+    return out
+
+
+def _tree(root: int, marker: str) -> set[int]:
+    """``root``, its descendants, and every process whose command line names ``marker``."""
+    procs = _processes()
+    found, frontier = {root}, [root]
+    while frontier:
+        parent = frontier.pop()
+        for pid, (ppid, _) in procs.items():
+            if ppid == parent and pid not in found:
+                found.add(pid)
+                frontier.append(pid)
+    found |= {pid for pid, (_, cmd) in procs.items() if marker in cmd}
+    return {p for p in found if p in procs}
+
+
+def _run_until(cfg: dict[str, Any], until: Any, marker: str) -> list[str]:
+    """Start the driver, wait until ``until(lines)`` holds, SIGKILL the driver, and check that
+    every process of the query (JVM, Python workers, state hosts) goes away."""
+    proc = subprocess.Popen(
+        [sys.executable, os.path.join(HERE, "stream_driver.py"), json.dumps(cfg)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        cwd=HERE,
+        env=_env(),
+    )
+    lines: list[str] = []
+    assert proc.stdout is not None
+    reader = threading.Thread(target=lambda: lines.extend(map(str.strip, proc.stdout)))
+    reader.start()
+    try:
+        deadline = time.monotonic() + 300
+        while not until(lines):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"the driver did not reach the kill point: {lines}")
+            time.sleep(0.1)
+        time.sleep(0.3)
+        victims = _tree(proc.pid, marker)
+        assert any(marker in _processes().get(p, (0, ""))[1] for p in victims)  # a state host
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and (alive := victims & set(_processes())):
+            time.sleep(0.2)
+        assert not alive, f"processes left after the driver was killed: {alive}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        reader.join()
+    return lines
+
+
+def test_driver_killed_between_and_inside_micro_batches(spark: Any, tmp_path: Any) -> None:
+    batches = make_batches(6, 200, users=25, seed=11)
+    write_batches(str(tmp_path / "in"), batches)
+    checkpoint = str(tmp_path / "ck")
+    cfg = {
+        "input": str(tmp_path / "in"),
+        "checkpoint": checkpoint,
+        "sink": str(tmp_path / "out"),
+        "parallelism": 2,
+    }
+    # 1. killed after batch 1 was committed and delivered, before Spark logged its commit
+    _run_until({**cfg, "sleep_after_batch": 1}, lambda ls: "SLEEPING" in ls, checkpoint)
+    # 2. killed inside batch 3: a host is in the middle of applying it
+    marker = str(tmp_path / "inside")
+    fault = {"fault_marker": marker, "fault_at": batches[3][100][1]}
+    _run_until({**cfg, **fault}, lambda ls: os.path.exists(marker), checkpoint)
+    # 3. restart and run to the end
+    done = subprocess.run(
+        [sys.executable, os.path.join(HERE, "stream_driver.py"), json.dumps({**cfg, **fault})],
+        capture_output=True,
+        text=True,
+        cwd=HERE,
+        env=_env(),
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "DONE" in done.stdout
+    out = FileSink(cfg["sink"]).read_arrow().to_pylist()
+    assert sorted((r["user"], r["n"]) for r in out) == running_counts(batches)  # once each
+    assert sorted({r["batch"] for r in out}) == list(range(6))
+    state = read_state(spark, checkpoint, state="n").collect()
+    assert {r.key: r.value for r in state} == final_counts(batches)
+    time.sleep(0.5)
+    assert not {p for p, (_, cmd) in _processes().items() if checkpoint in cmd}
