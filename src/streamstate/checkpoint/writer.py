@@ -94,16 +94,21 @@ def write_keyed_file(
     checkpoint_id: int,
     *,
     compression: str = "lz4",
-    pause: Callable[[], None] | None = yield_gil,
+    pause: Callable[[], None] | None = None,
 ) -> StateFileHandle:
     """Write a keyed snapshot to ``path`` (relative to the storage root) and release it.
 
-    ``handle_path`` is the path recorded in the handle (relative to the checkpoint directory).
+    ``handle_path`` is the path recorded in the handle (relative to the checkpoint directory);
+    ``pause`` runs between blocks and chunks (default :func:`yield_gil`).
     """
     try:
         with storage.open_write(path) as f:
             summary = write_keyed_snapshot(
-                snapshot, f, path=storage.url_of(path), compression=compression, pause=pause
+                snapshot,
+                f,
+                path=storage.url_of(path),
+                compression=compression,
+                pause=pause or yield_gil,
             )
     finally:
         snapshot.release()
