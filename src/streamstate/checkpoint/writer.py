@@ -65,8 +65,8 @@ class AsyncSnapshotWriter:
     def __init__(self, name: str = "streamstate-writer") -> None:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
 
-    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
-        return self._pool.submit(fn, *args)
+    def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Future[Any]:
+        return self._pool.submit(fn, *args, **kwargs)
 
     def close(self, wait: bool = True) -> None:
         self._pool.shutdown(wait=wait)
