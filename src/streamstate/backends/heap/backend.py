@@ -13,7 +13,7 @@ from streamstate.backends.heap.incremental import (
     ReplaceDeltaSource,
     TrackingStateMap,
     capture_table_changes,
-    tracking_map_factory,
+    tracking_map_class,
 )
 from streamstate.backends.heap.nested_maps import NestedStateMap
 from streamstate.backends.heap.snapshot import HeapKeyedStateSnapshot, StateTableSnapshotSource
@@ -31,16 +31,25 @@ __all__ = ["HeapKeyedStateBackend", "TableKind"]
 TableKind = Literal["copy_on_write", "nested_maps"]
 
 
-def _map_factory(kind: str, serializer: TypeSerializer[Any]) -> Callable[[], StateMap]:
+def _map_class(kind: str) -> type[StateMap]:
     if kind == "nested_maps":
-        return lambda: NestedStateMap(serializer)
+        return NestedStateMap
     if kind == "copy_on_write":
         try:
             from streamstate.backends.heap.copy_on_write import CopyOnWriteStateMap
         except ImportError:  # pragma: no cover - the copy-on-write map ships with the package
-            return lambda: NestedStateMap(serializer)
-        return lambda: CopyOnWriteStateMap(serializer)
+            return NestedStateMap
+        return CopyOnWriteStateMap  # type: ignore[no-any-return]
     raise ValueError(f"unknown heap table kind {kind!r}; use 'copy_on_write' or 'nested_maps'")
+
+
+def _map_factory(
+    kind: str, serializer: TypeSerializer[Any], incremental: bool = False
+) -> Callable[[], StateMap]:
+    cls: Any = _map_class(kind)
+    if incremental:
+        cls = tracking_map_class(cls, track_reads=not serializer.immutable)
+    return lambda: cls(serializer)
 
 
 class HeapKeyedStateBackend(KeyedStateBackend):
@@ -98,9 +107,7 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         table = self._tables.get(name)
         meta = StateMetaInfo(name, kind, namespace_serializer, state_serializer, ttl)
         if table is None:
-            factory = _map_factory(self.table_kind, state_serializer)
-            if self.incremental:
-                factory = tracking_map_factory(factory, not state_serializer.immutable)
+            factory = _map_factory(self.table_kind, state_serializer, self.incremental)
             table = StateTable(self.ctx, self.key_group_range, meta, factory)
             self._tables[name] = table
             if self._pending_restore is not None and self._pending_restore.fill(

@@ -1,144 +1,155 @@
 """Change tracking for incremental checkpoints of the heap backend (SPEC §6.3).
 
-With ``incremental=True`` every key group's :class:`StateMap` is wrapped in a
-:class:`TrackingStateMap` that records the ``(key, namespace)`` of each write, clear and — for
-states whose values are mutable (lists, dicts, accumulators, records) — each read, since the
-caller may mutate what it read in place. A checkpoint then captures, in its synchronous phase,
-only the recorded entries: their current values (copied, so that later in-place mutation cannot
-leak into the delta) or a tombstone when the entry is gone. The work is proportional to what
-changed, not to the state's size.
+With ``incremental=True`` every key group's :class:`StateMap` is an instance of a subclass of
+the table's map class (:func:`tracking_map_class`) that records the ``(key, namespace)`` of each
+write, clear and — for states whose values are mutable (lists, dicts, accumulators, records) —
+each read, since the caller may mutate what it read in place. A checkpoint then captures, in its
+synchronous phase, only the recorded entries: their current values (copied, so that later
+in-place mutation cannot leak into the delta) or a tombstone when the entry is gone. The work is
+proportional to what changed, not to the state's size.
 
-The cost on the hot path is one extra method call and one ``set.add`` per state access; it is
-measured by ``bench/checkpoint.py``.
+The cost on the hot path is one extra Python frame and one ``set.add`` per write (of the key
+alone in the default namespace, so nothing is allocated; of a ``(key, namespace)`` tuple
+otherwise); reads cost nothing extra unless values are mutable. ``bench/checkpoint.py``
+measures it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from streamstate.backends.heap.state_map import StateMap, StateMapSnapshot, StateSnapshotTransformer
+from streamstate.backends.heap.state_map import StateMap, StateSnapshotTransformer
 from streamstate.backends.snapshot import (
     DeltaEntries,
     EncodedEntries,
     SnapshotSource,
     StateMetaInfo,
 )
+from streamstate.namespace import VOID_NAMESPACE
 
 __all__ = [
     "DeltaSnapshotSource",
-    "ReadTrackingStateMap",
     "ReplaceDeltaSource",
     "TrackingStateMap",
     "capture_table_changes",
-    "tracking_map_factory",
+    "tracking_map_class",
 ]
 
 
 class TrackingStateMap(StateMap):
-    """A key group's map that records which entries changed since changes were last taken.
+    """Base of change-tracking maps: a subclass of a concrete map class made by
+    :func:`tracking_map_class`, whose mutators record what they touch before doing their work.
+
+    Reads go straight to the map class's own methods (no extra call) unless values are mutable.
 
     >>> from streamstate.backends.heap.nested_maps import NestedStateMap
-    >>> m = TrackingStateMap(NestedStateMap())
-    >>> m.put("k", "ns", 1); m.remove("gone", "ns"); sorted(m.take_changes())
-    [('gone', 'ns'), ('k', 'ns')]
-    >>> m.get("k", "ns"), m.take_changes()
-    (1, set())
+    >>> m = tracking_map_class(NestedStateMap, track_reads=False)()
+    >>> m.put("k", VOID_NAMESPACE, 1); m.remove("gone", "window-1")
+    >>> sorted(map(str, m.take_changes()))
+    ["('gone', 'window-1')", "('k', VOID_NAMESPACE)"]
+    >>> m.get("k", VOID_NAMESPACE), m.take_changes(), m.has_changes()
+    (1, [], False)
     """
-
-    __slots__ = (
-        "_add",
-        "_contains",
-        "_get",
-        "_put",
-        "_put_old",
-        "_remove",
-        "_remove_old",
-        "_transform",
-        "changed",
-        "inner",
-    )
-
-    def __init__(self, inner: StateMap) -> None:
-        self.inner = inner
-        self.changed: set[tuple[Any, Any]] = set()
-        self._add = self.changed.add
-        self._get = inner.get
-        self._contains = inner.contains
-        self._put = inner.put
-        self._put_old = inner.put_and_get_old
-        self._remove = inner.remove
-        self._remove_old = inner.remove_and_get_old
-        self._transform = inner.transform
-
-    def take_changes(self) -> set[tuple[Any, Any]]:
-        """The recorded ``(key, namespace)`` pairs; recording starts afresh."""
-        changed = self.changed
-        self.changed = set()
-        self._add = self.changed.add
-        return changed
-
-    def get(self, key: Any, namespace: Any) -> Any:
-        return self._get(key, namespace)
-
-    def contains(self, key: Any, namespace: Any) -> bool:
-        return self._contains(key, namespace)  # type: ignore[no-any-return]
-
-    def put(self, key: Any, namespace: Any, state: Any) -> None:
-        self._add((key, namespace))
-        self._put(key, namespace, state)
-
-    def put_and_get_old(self, key: Any, namespace: Any, state: Any) -> Any:
-        self._add((key, namespace))
-        return self._put_old(key, namespace, state)
-
-    def remove(self, key: Any, namespace: Any) -> None:
-        self._add((key, namespace))
-        self._remove(key, namespace)
-
-    def remove_and_get_old(self, key: Any, namespace: Any) -> Any:
-        self._add((key, namespace))
-        return self._remove_old(key, namespace)
-
-    def transform(
-        self, key: Any, namespace: Any, value: Any, fn: Callable[[Any, Any], Any]
-    ) -> None:
-        self._add((key, namespace))
-        self._transform(key, namespace, value, fn)
-
-    def __len__(self) -> int:
-        return len(self.inner)
-
-    def __iter__(self) -> Iterator[tuple[Any, Any, Any]]:
-        return iter(self.inner)
-
-    def keys(self, namespace: Any) -> Iterator[Any]:
-        return self.inner.keys(namespace)
-
-    def snapshot(self) -> StateMapSnapshot:
-        return self.inner.snapshot()
-
-    def __getattr__(self, name: str) -> Any:
-        # map-specific extras (namespaces(), ...) of the wrapped map
-        return getattr(self.inner, name)
-
-
-class ReadTrackingStateMap(TrackingStateMap):
-    """Also records reads: for states whose values the caller may mutate in place."""
 
     __slots__ = ()
 
-    def get(self, key: Any, namespace: Any) -> Any:
-        self._add((key, namespace))
-        return self._get(key, namespace)
+    #: (key, namespace) of changed entries in namespaces other than VOID_NAMESPACE
+    changed: set[tuple[Any, Any]]
+    #: keys of changed entries in VOID_NAMESPACE (no tuple allocated per change)
+    changed_void: set[Any]
+
+    def has_changes(self) -> bool:
+        return bool(self.changed_void) or bool(self.changed)
+
+    def take_changes(self) -> list[tuple[Any, Any]]:
+        """The recorded ``(key, namespace)`` pairs; recording starts afresh."""
+        void, changed = self.changed_void, self.changed
+        self.changed = set()
+        self.changed_void = set()
+        out = [(k, VOID_NAMESPACE) for k in void]
+        out.extend(changed)
+        return out
+
+    def untracked_get(self, key: Any, namespace: Any) -> Any:
+        """Read without recording (the checkpoint's own reads)."""
+        raise NotImplementedError
 
 
-def tracking_map_factory(
-    factory: Callable[[], StateMap], mutable_values: bool
-) -> Callable[[], StateMap]:
-    """Wrap the maps ``factory`` makes; reads are tracked when values are mutable."""
-    cls = ReadTrackingStateMap if mutable_values else TrackingStateMap
-    return lambda: cls(factory())
+_CLASSES: dict[tuple[type, bool], type] = {}
+
+
+def tracking_map_class(base: type[StateMap], track_reads: bool) -> type[TrackingStateMap]:
+    """A subclass of ``base`` that records the ``(key, namespace)`` of every write and clear
+    (and of every read when ``track_reads``: values the caller may mutate in place)."""
+    cached = _CLASSES.get((base, track_reads))
+    if cached is not None:
+        return cached  # type: ignore[return-value]
+    void = VOID_NAMESPACE
+    b_get, b_put, b_put_old = base.get, base.put, base.put_and_get_old
+    b_remove, b_remove_old, b_transform = base.remove, base.remove_and_get_old, base.transform
+
+    class Tracking(TrackingStateMap, base):  # type: ignore[valid-type,misc]
+        __slots__ = ("changed", "changed_void")
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            base.__init__(self, *args, **kwargs)
+            self.changed = set()
+            self.changed_void = set()
+
+        untracked_get = b_get
+
+        def put(self, key: Any, namespace: Any, state: Any) -> None:
+            if namespace is void:
+                self.changed_void.add(key)
+            else:
+                self.changed.add((key, namespace))
+            b_put(self, key, namespace, state)
+
+        def put_and_get_old(self, key: Any, namespace: Any, state: Any) -> Any:
+            if namespace is void:
+                self.changed_void.add(key)
+            else:
+                self.changed.add((key, namespace))
+            return b_put_old(self, key, namespace, state)
+
+        def remove(self, key: Any, namespace: Any) -> None:
+            if namespace is void:
+                self.changed_void.add(key)
+            else:
+                self.changed.add((key, namespace))
+            b_remove(self, key, namespace)
+
+        def remove_and_get_old(self, key: Any, namespace: Any) -> Any:
+            if namespace is void:
+                self.changed_void.add(key)
+            else:
+                self.changed.add((key, namespace))
+            return b_remove_old(self, key, namespace)
+
+        def transform(
+            self, key: Any, namespace: Any, value: Any, fn: Callable[[Any, Any], Any]
+        ) -> None:
+            if namespace is void:
+                self.changed_void.add(key)
+            else:
+                self.changed.add((key, namespace))
+            b_transform(self, key, namespace, value, fn)
+
+        if track_reads:
+
+            def get(self, key: Any, namespace: Any) -> Any:
+                if namespace is void:
+                    self.changed_void.add(key)
+                else:
+                    self.changed.add((key, namespace))
+                return b_get(self, key, namespace)
+
+    Tracking.__name__ = Tracking.__qualname__ = (
+        f"{'ReadTracking' if track_reads else 'Tracking'}{base.__name__}"
+    )
+    _CLASSES[(base, track_reads)] = Tracking
+    return Tracking  # type: ignore[no-any-return]
 
 
 def capture_table_changes(
@@ -153,13 +164,12 @@ def capture_table_changes(
     """
     out: list[DeltaEntries | None] = []
     for m in maps:
-        if not isinstance(m, TrackingStateMap) or not m.changed:
+        if not isinstance(m, TrackingStateMap) or not m.has_changes():
             out.append(None)
             continue
         changed = m.take_changes()
-        inner = m.inner
-        get = inner.get
-        contains = inner.contains
+        get = m.untracked_get
+        contains = m.contains
         upserts: list[tuple[Any, Any, Any]] = []
         removed: list[tuple[Any, Any]] = []
         for key, ns in changed:

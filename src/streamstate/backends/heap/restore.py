@@ -174,7 +174,7 @@ class RestoredRawStates:
         maps = table.key_group_maps()
         for index, block in enumerate(pending.blocks):
             if block is not None:
-                _put_section(_inner(maps[index]), codec, block.data, None, table.meta.name, index)
+                _put_section(maps[index], codec, block.data, None, table.meta.name, index)
         return True
 
     def restore_timers(self, service: Any, key_serializer: TypeSerializer[Any]) -> int:
@@ -193,11 +193,6 @@ class RestoredRawStates:
                     service.restore_timer(domain, key, ns, ts, self._start + index)
                     restored += 1
         return restored
-
-
-def _inner(m: Any) -> Any:
-    """The wrapped map of a change-tracking map (restore is not a change)."""
-    return getattr(m, "inner", m)
 
 
 def _put_section(
@@ -272,7 +267,7 @@ class HeapRestoreOperation:
                     index = block.key_group - kg_start
                     if how == "eager":
                         table, codec = target
-                        m = _inner(table.key_group_maps()[index])
+                        m = table.key_group_maps()[index]
                         try:
                             _put_section(
                                 m,
