@@ -22,6 +22,7 @@ __all__ = [
     "TIMER_STATE_KIND",
     "DeltaEntries",
     "EncodedEntries",
+    "EntryColumns",
     "KeyedStateSnapshot",
     "SnapshotSource",
     "SourcesKeyedStateSnapshot",
@@ -52,6 +53,21 @@ class EncodedEntries:
         self.count = count
 
 
+class EntryColumns:
+    """Entries as columns: ``keys``, ``namespaces`` (one per key, or a single one shared by all)
+    and ``states`` (None for removed entries). Saves building a tuple per entry."""
+
+    __slots__ = ("keys", "namespaces", "states")
+
+    def __init__(self, keys: list[Any], namespaces: list[Any], states: list[Any] | None) -> None:
+        self.keys = keys
+        self.namespaces = namespaces
+        self.states = states
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
 class DeltaEntries:
     """What changed in one state and key group since the previous checkpoint.
 
@@ -64,8 +80,8 @@ class DeltaEntries:
 
     def __init__(
         self,
-        upserts: list[tuple[Any, Any, Any]],
-        removed: list[tuple[Any, Any]] | None,
+        upserts: list[tuple[Any, Any, Any]] | EntryColumns,
+        removed: list[tuple[Any, Any]] | EntryColumns | None,
     ) -> None:
         self.upserts = upserts
         self.removed = removed

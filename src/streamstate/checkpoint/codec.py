@@ -39,6 +39,7 @@ import lz4.block
 import msgspec
 import zstandard
 
+from streamstate.backends.snapshot import EntryColumns
 from streamstate.serializers.base import TypeSerializer
 
 __all__ = [
@@ -64,6 +65,7 @@ _ENCODER = msgspec.msgpack.Encoder()
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
 _local = threading.local()
+_EMPTY_REMOVED = b"\x92\x90\x90"  # [[], []]
 
 
 def crc32c(data: bytes | memoryview) -> int:
@@ -296,22 +298,35 @@ class StateCodec:
     # ---- encode --------------------------------------------------------------------------------
 
     def encode(
-        self, entries: Sequence[tuple[Any, Any, Any]], pause: Callable[[], None] = _no_pause
+        self,
+        entries: Sequence[tuple[Any, Any, Any]] | EntryColumns,
+        pause: Callable[[], None] = _no_pause,
     ) -> bytes:
-        """The entries section of ``(key, namespace, state)`` entries.
+        """The entries section of ``(key, namespace, state)`` entries (or of columns).
 
         Raises :class:`EntryEncodeError` naming the value (and its key) that its serializer
         cannot write.
         """
+        if isinstance(entries, EntryColumns):
+            assert entries.states is not None
+            return self._encode_columns(
+                entries.keys, entries.namespaces, [entries.states], pause, b"\x93"
+            )
         keys = [e[0] for e in entries]
         namespaces = [e[1] for e in entries]
         states = [e[2] for e in entries]
         return self._encode_columns(keys, namespaces, [states], pause, b"\x93")
 
     def encode_removed(
-        self, removed: Sequence[tuple[Any, Any]], pause: Callable[[], None] = _no_pause
+        self,
+        removed: Sequence[tuple[Any, Any]] | EntryColumns,
+        pause: Callable[[], None] = _no_pause,
     ) -> bytes:
         """The removed section of ``(key, namespace)`` pairs (delta files)."""
+        if not removed:
+            return _EMPTY_REMOVED
+        if isinstance(removed, EntryColumns):
+            return self._encode_columns(removed.keys, removed.namespaces, [], pause, b"\x92")
         keys = [e[0] for e in removed]
         namespaces = [e[1] for e in removed]
         return self._encode_columns(keys, namespaces, [], pause, b"\x92")
@@ -324,7 +339,7 @@ class StateCodec:
         pause: Callable[[], None],
         header: bytes,
     ) -> bytes:
-        if namespaces and namespaces.count(namespaces[0]) == len(namespaces):
+        if len(namespaces) > 1 and namespaces.count(namespaces[0]) == len(namespaces):
             namespaces = namespaces[:1]
         parts: list[bytes | memoryview] = [header]
         parts += self._keys.encode(keys, pause)

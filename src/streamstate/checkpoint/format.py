@@ -225,7 +225,7 @@ class KeyedSnapshotWriter:
             if isinstance(entries, DeltaEntries):
                 upserts = entries.upserts
                 removed = entries.removed
-                if not upserts and removed is not None and not removed:
+                if not len(upserts) and removed is not None and not len(removed):
                     return None
                 codec = self._codec(state_index)
                 data = codec.encode(upserts, self._pause)

@@ -16,19 +16,23 @@ measures it.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from streamstate.backends.heap.nested_maps import NestedStateMap
 from streamstate.backends.heap.state_map import StateMap, StateSnapshotTransformer
 from streamstate.backends.snapshot import (
     DeltaEntries,
     EncodedEntries,
+    EntryColumns,
     SnapshotSource,
     StateMetaInfo,
 )
 from streamstate.namespace import VOID_NAMESPACE
 
 __all__ = [
+    "MISSING",
     "DeltaSnapshotSource",
     "ReplaceDeltaSource",
     "TrackingStateMap",
@@ -64,19 +68,44 @@ class TrackingStateMap(StateMap):
 
     def take_changes(self) -> list[tuple[Any, Any]]:
         """The recorded ``(key, namespace)`` pairs; recording starts afresh."""
-        void, changed = self.changed_void, self.changed
-        self.changed = set()
-        self.changed_void = set()
+        void, changed = self.take_changes_split()
         out = [(k, VOID_NAMESPACE) for k in void]
         out.extend(changed)
         return out
+
+    def take_changes_split(self) -> tuple[set[Any], set[tuple[Any, Any]]]:
+        """The recorded keys in VOID_NAMESPACE and ``(key, namespace)`` pairs of the others."""
+        void, changed = self.changed_void, self.changed
+        self.changed = set()
+        self.changed_void = set()
+        return void, changed
 
     def untracked_get(self, key: Any, namespace: Any) -> Any:
         """Read without recording (the checkpoint's own reads)."""
         raise NotImplementedError
 
+    def peek_many(self, keys: list[Any], namespace: Any) -> list[Any]:
+        """The states of ``keys`` in ``namespace`` (:data:`MISSING` where there is no entry),
+        without recording; NestedStateMap does it at C speed."""
+        get, contains = self.untracked_get, self.contains
+        out = []
+        for k in keys:
+            state = get(k, namespace)
+            out.append(MISSING if state is None and not contains(k, namespace) else state)
+        return out
+
+
+MISSING: Any = object()
+"""Stands for "no entry" in :meth:`TrackingStateMap.peek_many` results."""
 
 _CLASSES: dict[tuple[type, bool], type] = {}
+
+
+def _nested_peek_many(self: Any, keys: list[Any], namespace: Any) -> list[Any]:
+    by_key = self._maps.get(namespace)
+    if by_key is None:
+        return [MISSING] * len(keys)
+    return list(map(by_key.get, keys, itertools.repeat(MISSING, len(keys))))
 
 
 def tracking_map_class(base: type[StateMap], track_reads: bool) -> type[TrackingStateMap]:
@@ -98,6 +127,8 @@ def tracking_map_class(base: type[StateMap], track_reads: bool) -> type[Tracking
             self.changed_void = set()
 
         untracked_get = b_get
+        if base is NestedStateMap:
+            peek_many = _nested_peek_many
 
         def put(self, key: Any, namespace: Any, state: Any) -> None:
             if namespace is void:
@@ -167,23 +198,55 @@ def capture_table_changes(
         if not isinstance(m, TrackingStateMap) or not m.has_changes():
             out.append(None)
             continue
-        changed = m.take_changes()
-        get = m.untracked_get
-        contains = m.contains
-        upserts: list[tuple[Any, Any, Any]] = []
-        removed: list[tuple[Any, Any]] = []
-        for key, ns in changed:
-            state = get(key, ns)
-            if state is None and not contains(key, ns):
-                removed.append((key, ns))
-                continue
-            if transformer is not None:
-                state = transformer(state)
-                if state is None:
-                    removed.append((key, ns))
-                    continue
-            upserts.append((key, ns, state if copy is None else copy(state)))
-        out.append(DeltaEntries(upserts, removed))
+        void, pairs = m.take_changes_split()
+        keys: list[Any] = []
+        states: list[Any] = []
+        gone_keys: list[Any] = []
+        if void:
+            void_keys = list(void)
+            values = m.peek_many(void_keys, VOID_NAMESPACE)
+            if transformer is None and MISSING not in values:
+                keys, states = void_keys, values
+            else:
+                for k, v in zip(void_keys, values, strict=True):
+                    if v is not MISSING and transformer is not None:
+                        v = transformer(v)
+                        if v is None:
+                            v = MISSING
+                    if v is MISSING:
+                        gone_keys.append(k)
+                    else:
+                        keys.append(k)
+                        states.append(v)
+        namespaces: list[Any] = [VOID_NAMESPACE]
+        gone_namespaces: list[Any] = [VOID_NAMESPACE]
+        if pairs:
+            namespaces = [VOID_NAMESPACE] * len(keys)
+            gone_namespaces = [VOID_NAMESPACE] * len(gone_keys)
+            get, contains = m.untracked_get, m.contains
+            for k, ns in pairs:
+                v = get(k, ns)
+                if v is None and not contains(k, ns):
+                    v = MISSING
+                elif transformer is not None:
+                    v = transformer(v)
+                    if v is None:
+                        v = MISSING
+                if v is MISSING:
+                    gone_keys.append(k)
+                    gone_namespaces.append(ns)
+                else:
+                    keys.append(k)
+                    namespaces.append(ns)
+                    states.append(v)
+        if copy is not None:
+            states = [copy(v) for v in states]
+        out.append(
+            DeltaEntries(
+                EntryColumns(keys, namespaces if keys else [], states),
+                EntryColumns(gone_keys, gone_namespaces if gone_keys else [], None),
+            )
+        )
     return out
 
 
