@@ -246,3 +246,16 @@ def test_incremental_needs_a_tracking_backend() -> None:
     plain._start(1)
     with pytest.raises(CheckpointError, match="change tracking"):
         SubtaskCheckpointer(MemoryCheckpointStorage(), plain.subtasks[0], incremental=True)
+
+
+def test_change_records_stay_bounded_between_checkpoints() -> None:
+    from streamstate.backends.heap.incremental import tracking_map_class
+    from streamstate.backends.heap.nested_maps import NestedStateMap
+
+    m = tracking_map_class(NestedStateMap, track_reads=False)()
+    for i in range(100_000):
+        m.put(i % 10, VOID_NAMESPACE, i)
+        m.transform(i % 7, "w", i, lambda a, b: b)
+    assert len(m.changed_void) + len(m.changed) <= 2048
+    void, pairs = m.take_changes_split()
+    assert sorted(void) == list(range(10)) and sorted(pairs) == [(k, "w") for k in range(7)]

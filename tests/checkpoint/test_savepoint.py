@@ -199,3 +199,53 @@ def test_nested_maps_backend_round_trip() -> None:
     fresh = _runner(storage, 5, state_backend="heap-nested")
     fresh.restore("savepoints/sp-1")
     assert runner_content(fresh) == expected
+
+
+class _Sink:
+    def on_event_time(self, timestamp: int, key: Any, namespace: Any) -> None:
+        return None
+
+    def on_processing_time(self, timestamp: int, key: Any, namespace: Any) -> None:
+        return None
+
+
+def _late_service(op: Any) -> Any:
+    from streamstate.serializers import Int64Serializer
+    from streamstate.timers import InternalTimerService
+
+    service = InternalTimerService(
+        "windows", op.keyed_backend, _Sink(), namespace_serializer=Int64Serializer()
+    )
+    op.keyed_backend.snapshot_participants.append(service)
+    return service
+
+
+def test_timers_of_a_service_created_after_restore_are_kept_and_handed_over() -> None:
+    storage = MemoryCheckpointStorage()
+    runner = LocalRunner(
+        ListThenValue(True), key_selector=lambda r: r, key_type=str, checkpoint_storage=storage
+    )
+    runner._start(1)
+    op = runner.subtasks[0]
+    service = _late_service(op)
+    for key, window in (("a", 10), ("b", 20)):
+        op.keyed_backend.set_current_key(key)
+        service.register_event_time_timer(window, window + 99)
+    runner.checkpoint()
+    # a run restores before its window operator exists, and checkpoints meanwhile
+    second = LocalRunner(
+        ListThenValue(True), key_selector=lambda r: r, key_type=str, checkpoint_storage=storage
+    )
+    second.restore()
+    second.checkpoint()
+    third = LocalRunner(
+        ListThenValue(True), key_selector=lambda r: r, key_type=str, checkpoint_storage=storage
+    )
+    third.restore()
+    op3 = third.subtasks[0]
+    late = _late_service(op3)
+    assert op3.keyed_backend.restore_pending_timers(late) == 2
+    assert sorted((ts, k, ns) for ts, k, ns, _ in late.event_time_timers) == [
+        (109, "a", 10),
+        (119, "b", 20),
+    ]

@@ -8,7 +8,7 @@ synchronous phase, only the recorded entries: their current values (copied, so t
 in-place mutation cannot leak into the delta) or a tombstone when the entry is gone. The work is
 proportional to what changed, not to the state's size.
 
-The cost on the hot path is one extra Python frame and one ``set.add`` per write (of the key
+The cost on the hot path is one extra Python frame and one ``list.append`` per write (of the key
 alone in the default namespace, so nothing is allocated; of a ``(key, namespace)`` tuple
 otherwise); reads cost nothing extra unless values are mutable. ``bench/checkpoint.py``
 measures it.
@@ -45,40 +45,51 @@ class TrackingStateMap(StateMap):
     """Base of change-tracking maps: a subclass of a concrete map class made by
     :func:`tracking_map_class`, whose mutators record what they touch before doing their work.
 
-    Reads go straight to the map class's own methods (no extra call) unless values are mutable.
+    Changes are appended to lists (sequential memory, no hashing on the hot path) and
+    de-duplicated when taken, or when a list grows past twice its distinct size (so memory stays
+    bounded however long checkpoints are apart). Reads go straight to the map class's own
+    methods unless values are mutable.
 
     >>> from streamstate.backends.heap.nested_maps import NestedStateMap
     >>> m = tracking_map_class(NestedStateMap, track_reads=False)()
-    >>> m.put("k", VOID_NAMESPACE, 1); m.remove("gone", "window-1")
+    >>> m.put("k", VOID_NAMESPACE, 1); m.put("k", VOID_NAMESPACE, 2); m.remove("gone", "w1")
     >>> sorted(map(str, m.take_changes()))
-    ["('gone', 'window-1')", "('k', VOID_NAMESPACE)"]
+    ["('gone', 'w1')", "('k', VOID_NAMESPACE)"]
     >>> m.get("k", VOID_NAMESPACE), m.take_changes(), m.has_changes()
-    (1, [], False)
+    (2, [], False)
     """
 
     __slots__ = ()
 
-    #: (key, namespace) of changed entries in namespaces other than VOID_NAMESPACE
-    changed: set[tuple[Any, Any]]
-    #: keys of changed entries in VOID_NAMESPACE (no tuple allocated per change)
-    changed_void: set[Any]
+    #: (key, namespace) of changes in namespaces other than VOID_NAMESPACE (may repeat)
+    changed: list[tuple[Any, Any]]
+    #: keys of changes in VOID_NAMESPACE (may repeat; no tuple allocated per change)
+    changed_void: list[Any]
+    _limit: int
 
     def has_changes(self) -> bool:
         return bool(self.changed_void) or bool(self.changed)
 
     def take_changes(self) -> list[tuple[Any, Any]]:
-        """The recorded ``(key, namespace)`` pairs; recording starts afresh."""
+        """The recorded ``(key, namespace)`` pairs, once each; recording starts afresh."""
         void, changed = self.take_changes_split()
         out = [(k, VOID_NAMESPACE) for k in void]
         out.extend(changed)
         return out
 
-    def take_changes_split(self) -> tuple[set[Any], set[tuple[Any, Any]]]:
-        """The recorded keys in VOID_NAMESPACE and ``(key, namespace)`` pairs of the others."""
+    def take_changes_split(self) -> tuple[list[Any], list[tuple[Any, Any]]]:
+        """The recorded keys in VOID_NAMESPACE and ``(key, namespace)`` pairs of the other
+        namespaces, once each; recording starts afresh."""
         void, changed = self.changed_void, self.changed
-        self.changed = set()
-        self.changed_void = set()
-        return void, changed
+        self.changed = []
+        self.changed_void = []
+        self._limit = _MIN_LIMIT
+        return list(dict.fromkeys(void)), list(dict.fromkeys(changed))
+
+    def _compact(self) -> None:
+        self.changed_void = list(dict.fromkeys(self.changed_void))
+        self.changed = list(dict.fromkeys(self.changed))
+        self._limit = max(_MIN_LIMIT, 2 * (len(self.changed_void) + len(self.changed)))
 
     def untracked_get(self, key: Any, namespace: Any) -> Any:
         """Read without recording (the checkpoint's own reads)."""
@@ -94,6 +105,8 @@ class TrackingStateMap(StateMap):
             out.append(MISSING if state is None and not contains(k, namespace) else state)
         return out
 
+
+_MIN_LIMIT = 1024
 
 MISSING: Any = object()
 """Stands for "no entry" in :meth:`TrackingStateMap.peek_many` results."""
@@ -118,62 +131,75 @@ def tracking_map_class(base: type[StateMap], track_reads: bool) -> type[Tracking
     b_get, b_put, b_put_old = base.get, base.put, base.put_and_get_old
     b_remove, b_remove_old, b_transform = base.remove, base.remove_and_get_old, base.transform
 
+    def mark(self: Any, key: Any, namespace: Any) -> None:
+        if namespace is void:
+            changes = self.changed_void
+            changes.append(key)
+        else:
+            changes = self.changed
+            changes.append((key, namespace))
+        if len(changes) > self._limit:
+            self._compact()
+
     class Tracking(TrackingStateMap, base):  # type: ignore[valid-type,misc]
-        __slots__ = ("changed", "changed_void")
+        __slots__ = ("_limit", "changed", "changed_void")
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             base.__init__(self, *args, **kwargs)
-            self.changed = set()
-            self.changed_void = set()
+            self.changed = []
+            self.changed_void = []
+            self._limit = _MIN_LIMIT
 
         untracked_get = b_get
+        untracked_put = b_put
+        untracked_remove = b_remove
         if base is NestedStateMap:
             peek_many = _nested_peek_many
 
         def put(self, key: Any, namespace: Any, state: Any) -> None:
             if namespace is void:
-                self.changed_void.add(key)
+                changes = self.changed_void
+                changes.append(key)
+                if len(changes) > self._limit:
+                    self._compact()
             else:
-                self.changed.add((key, namespace))
+                mark(self, key, namespace)
             b_put(self, key, namespace, state)
 
         def put_and_get_old(self, key: Any, namespace: Any, state: Any) -> Any:
-            if namespace is void:
-                self.changed_void.add(key)
-            else:
-                self.changed.add((key, namespace))
+            mark(self, key, namespace)
             return b_put_old(self, key, namespace, state)
 
         def remove(self, key: Any, namespace: Any) -> None:
-            if namespace is void:
-                self.changed_void.add(key)
-            else:
-                self.changed.add((key, namespace))
+            mark(self, key, namespace)
             b_remove(self, key, namespace)
 
         def remove_and_get_old(self, key: Any, namespace: Any) -> Any:
-            if namespace is void:
-                self.changed_void.add(key)
-            else:
-                self.changed.add((key, namespace))
+            mark(self, key, namespace)
             return b_remove_old(self, key, namespace)
 
         def transform(
             self, key: Any, namespace: Any, value: Any, fn: Callable[[Any, Any], Any]
         ) -> None:
             if namespace is void:
-                self.changed_void.add(key)
+                changes = self.changed_void
+                changes.append(key)
+                if len(changes) > self._limit:
+                    self._compact()
             else:
-                self.changed.add((key, namespace))
+                mark(self, key, namespace)
             b_transform(self, key, namespace, value, fn)
 
         if track_reads:
 
             def get(self, key: Any, namespace: Any) -> Any:
                 if namespace is void:
-                    self.changed_void.add(key)
+                    changes = self.changed_void
+                    changes.append(key)
+                    if len(changes) > self._limit:
+                        self._compact()
                 else:
-                    self.changed.add((key, namespace))
+                    mark(self, key, namespace)
                 return b_get(self, key, namespace)
 
     Tracking.__name__ = Tracking.__qualname__ = (
@@ -198,12 +224,11 @@ def capture_table_changes(
         if not isinstance(m, TrackingStateMap) or not m.has_changes():
             out.append(None)
             continue
-        void, pairs = m.take_changes_split()
+        void_keys, pairs = m.take_changes_split()
         keys: list[Any] = []
         states: list[Any] = []
         gone_keys: list[Any] = []
-        if void:
-            void_keys = list(void)
+        if void_keys:
             values = m.peek_many(void_keys, VOID_NAMESPACE)
             if transformer is None and MISSING not in values:
                 keys, states = void_keys, values

@@ -219,13 +219,14 @@ def _put_section(
             f"read with the declared serializers ({exc})"
         ) from None
     if removed is None and len(m):
+        drop = getattr(m, "untracked_remove", m.remove)
         for k, ns, _ in list(m):
-            m.remove(k, ns)
-    put = m.put
+            drop(k, ns)
+    put = getattr(m, "untracked_put", m.put)  # restoring is not a change
     for k, ns, s in zip(keys, namespaces, states, strict=True):
         put(k, ns, s)
     if gone is not None:
-        remove = m.remove
+        remove = getattr(m, "untracked_remove", m.remove)
         for k, ns in zip(*gone, strict=True):
             remove(k, ns)
 
