@@ -46,7 +46,7 @@ class TrackingStateMap(StateMap):
     :func:`tracking_map_class`, whose mutators record what they touch before doing their work.
 
     Changes are appended to lists (sequential memory, no hashing on the hot path) and
-    de-duplicated when taken, or when a list grows past twice its distinct size (so memory stays
+    de-duplicated when taken, or when a list grows past four times its distinct size (so memory stays
     bounded however long checkpoints are apart). Reads go straight to the map class's own
     methods unless values are mutable.
 
@@ -89,7 +89,7 @@ class TrackingStateMap(StateMap):
     def _compact(self) -> None:
         self.changed_void = list(dict.fromkeys(self.changed_void))
         self.changed = list(dict.fromkeys(self.changed))
-        self._limit = max(_MIN_LIMIT, 2 * (len(self.changed_void) + len(self.changed)))
+        self._limit = max(_MIN_LIMIT, 4 * (len(self.changed_void) + len(self.changed)))
 
     def untracked_get(self, key: Any, namespace: Any) -> Any:
         """Read without recording (the checkpoint's own reads)."""
