@@ -67,6 +67,15 @@ class EntryColumns:
     def __len__(self) -> int:
         return len(self.keys)
 
+    def __iter__(self) -> Iterator[tuple[Any, ...]]:
+        """``(key, namespace, state)`` (``(key, namespace)`` without states), like a list."""
+        ns = self.namespaces
+        if len(ns) != len(self.keys):
+            ns = ns * len(self.keys)
+        if self.states is None:
+            return zip(self.keys, ns, strict=True)
+        return zip(self.keys, ns, self.states, strict=True)
+
 
 class DeltaEntries:
     """What changed in one state and key group since the previous checkpoint.

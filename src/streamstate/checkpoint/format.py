@@ -37,6 +37,7 @@ from streamstate.backends.snapshot import (
     FULL_SNAPSHOT,
     DeltaEntries,
     EncodedEntries,
+    EntryColumns,
     KeyedStateSnapshot,
     StateMetaInfo,
 )
@@ -236,8 +237,8 @@ class KeyedSnapshotWriter:
                     msgspec.Raw(data),
                     None if gone is None else msgspec.Raw(gone),
                 )
-            listed = entries if type(entries) is list else list(entries)
-            if not listed:
+            listed = entries if type(entries) in (list, EntryColumns) else list(entries)
+            if not len(listed):
                 return None
             data = self._codec(state_index).encode(listed, self._pause)
             return (state_index, len(listed), msgspec.Raw(data), None)

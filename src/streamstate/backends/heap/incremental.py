@@ -46,8 +46,8 @@ class TrackingStateMap(StateMap):
     :func:`tracking_map_class`, whose mutators record what they touch before doing their work.
 
     Changes are appended to lists (sequential memory, no hashing on the hot path) and
-    de-duplicated when taken, or when a list grows past four times its distinct size (so memory stays
-    bounded however long checkpoints are apart). Reads go straight to the map class's own
+    de-duplicated when taken, or when a list grows past four times its distinct size (so memory
+    stays bounded however long checkpoints are apart). Reads go straight to the map class's own
     methods unless values are mutable.
 
     >>> from streamstate.backends.heap.nested_maps import NestedStateMap

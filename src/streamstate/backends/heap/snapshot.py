@@ -12,7 +12,12 @@ from collections.abc import Iterable
 from typing import Any
 
 from streamstate.backends.heap.state_map import StateMapSnapshot, StateSnapshotTransformer
-from streamstate.backends.snapshot import SnapshotSource, SourcesKeyedStateSnapshot, StateMetaInfo
+from streamstate.backends.snapshot import (
+    EntryColumns,
+    SnapshotSource,
+    SourcesKeyedStateSnapshot,
+    StateMetaInfo,
+)
 
 __all__ = ["HeapKeyedStateSnapshot", "StateTableSnapshotSource"]
 
@@ -36,6 +41,9 @@ class StateTableSnapshotSource(SnapshotSource):
         snap = self._snapshots[key_group_index]
         if snap is None or len(snap) == 0:
             return None
+        columns = getattr(snap, "columns", None)
+        if columns is not None and self._transformer is None:
+            return EntryColumns(*columns())  # no tuple per entry
         return snap.iter_transformed(self._transformer)
 
     def release_key_group(self, key_group_index: int) -> None:
