@@ -1,26 +1,26 @@
 """Change tracking for incremental checkpoints of the heap backend (SPEC §6.3).
 
 With ``incremental=True`` every key group's :class:`StateMap` is an instance of a subclass of
-the table's map class (:func:`tracking_map_class`) that records the ``(key, namespace)`` of each
-write, clear and — for states whose values are mutable (lists, dicts, accumulators, records) —
-each read, since the caller may mutate what it read in place. A checkpoint then captures, in its
-synchronous phase, only the recorded entries: their current values (copied, so that later
-in-place mutation cannot leak into the delta) or a tombstone when the entry is gone. The work is
-proportional to what changed, not to the state's size.
+the table's map class (:func:`tracking_map_class`) whose mutators record each write and clear —
+and, for states whose values are mutable (lists, dicts, accumulators, records), each read, since
+the caller may mutate what it read in place. A record is the key (and namespace) with the state
+object the map now holds for it (or a tombstone). A checkpoint then captures, in its synchronous
+phase, the last record of each changed entry and copies the values that are mutable, so the
+delta is a consistent image while processing goes on. Capturing needs no lookup in the (large,
+cache-cold) map: the work is proportional to what changed, not to the state's size.
 
-The cost on the hot path is one extra Python frame and one ``list.append`` per write (of the key
-alone in the default namespace, so nothing is allocated; of a ``(key, namespace)`` tuple
-otherwise); reads cost nothing extra unless values are mutable. ``bench/checkpoint.py``
-measures it.
+The cost on the hot path is one extra Python frame and two ``list.append`` per write (no
+allocation in the default namespace; one tuple otherwise); reads cost nothing extra unless values
+are mutable. ``bench/checkpoint.py`` measures it.
 """
 
 from __future__ import annotations
 
 import itertools
+import operator
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from streamstate.backends.heap.nested_maps import NestedStateMap
 from streamstate.backends.heap.state_map import StateMap, StateSnapshotTransformer
 from streamstate.backends.snapshot import (
     DeltaEntries,
@@ -32,6 +32,7 @@ from streamstate.backends.snapshot import (
 from streamstate.namespace import VOID_NAMESPACE
 
 __all__ = [
+    "LOOKUP",
     "MISSING",
     "DeltaSnapshotSource",
     "ReplaceDeltaSource",
@@ -40,173 +41,174 @@ __all__ = [
     "tracking_map_class",
 ]
 
+MISSING: Any = object()
+"""Record of an entry that was removed."""
+LOOKUP: Any = object()
+"""Record of an entry whose new state must be read from the map at capture time
+(``transform``: the map computes the state)."""
+
+_MIN_LIMIT = 1024
+_CLASSES: dict[tuple[type, bool], type] = {}
+
 
 class TrackingStateMap(StateMap):
-    """Base of change-tracking maps: a subclass of a concrete map class made by
-    :func:`tracking_map_class`, whose mutators record what they touch before doing their work.
+    """Base of change-tracking maps (see the module docstring).
 
-    Changes are appended to lists (sequential memory, no hashing on the hot path) and
-    de-duplicated when taken, or when a list grows past four times its distinct size (so memory
-    stays bounded however long checkpoints are apart). Reads go straight to the map class's own
-    methods unless values are mutable.
+    Records go to append-only lists (sequential memory, no hashing on the hot path); the last
+    record of each entry wins when changes are taken, and the lists are compacted when they grow
+    past four times their distinct size, so memory stays bounded however far apart checkpoints are.
 
     >>> from streamstate.backends.heap.nested_maps import NestedStateMap
     >>> m = tracking_map_class(NestedStateMap, track_reads=False)()
     >>> m.put("k", VOID_NAMESPACE, 1); m.put("k", VOID_NAMESPACE, 2); m.remove("gone", "w1")
-    >>> sorted(map(str, m.take_changes()))
-    ["('gone', 'w1')", "('k', VOID_NAMESPACE)"]
-    >>> m.get("k", VOID_NAMESPACE), m.take_changes(), m.has_changes()
-    (2, [], False)
+    >>> void, other = m.take_changes_split()
+    >>> void, [(k, ns, v is MISSING) for (k, ns), v in other.items()]
+    ({'k': 2}, [('gone', 'w1', True)])
+    >>> m.get("k", VOID_NAMESPACE), m.has_changes()
+    (2, False)
     """
 
     __slots__ = ()
 
-    #: (key, namespace) of changes in namespaces other than VOID_NAMESPACE (may repeat)
-    changed: list[tuple[Any, Any]]
-    #: keys of changes in VOID_NAMESPACE (may repeat; no tuple allocated per change)
-    changed_void: list[Any]
+    #: VOID_NAMESPACE records: keys and state objects (or MISSING / LOOKUP), in order
+    void_keys: list[Any]
+    void_states: list[Any]
+    #: records of other namespaces: (key, namespace) and state objects
+    pairs: list[tuple[Any, Any]]
+    pair_states: list[Any]
+    #: a MISSING or LOOKUP record was made since changes were last taken
+    special: bool
     _limit: int
 
     def has_changes(self) -> bool:
-        return bool(self.changed_void) or bool(self.changed)
+        return bool(self.void_keys) or bool(self.pairs)
+
+    def take_changes_split(self) -> tuple[dict[Any, Any], dict[tuple[Any, Any], Any]]:
+        """The last record of each changed entry — ``{key: state}`` for VOID_NAMESPACE and
+        ``{(key, namespace): state}`` for the others; recording starts afresh."""
+        void = dict(zip(self.void_keys, self.void_states, strict=True))
+        other = dict(zip(self.pairs, self.pair_states, strict=True))
+        self.void_keys, self.void_states, self.pairs, self.pair_states = [], [], [], []
+        self._limit = _MIN_LIMIT
+        self.special = False
+        return void, other
 
     def take_changes(self) -> list[tuple[Any, Any]]:
-        """The recorded ``(key, namespace)`` pairs, once each; recording starts afresh."""
-        void, changed = self.take_changes_split()
-        out = [(k, VOID_NAMESPACE) for k in void]
-        out.extend(changed)
-        return out
-
-    def take_changes_split(self) -> tuple[list[Any], list[tuple[Any, Any]]]:
-        """The recorded keys in VOID_NAMESPACE and ``(key, namespace)`` pairs of the other
-        namespaces, once each; recording starts afresh."""
-        void, changed = self.changed_void, self.changed
-        self.changed = []
-        self.changed_void = []
-        self._limit = _MIN_LIMIT
-        return list(dict.fromkeys(void)), list(dict.fromkeys(changed))
+        """The ``(key, namespace)`` of every changed entry; recording starts afresh."""
+        void, other = self.take_changes_split()
+        return [(k, VOID_NAMESPACE) for k in void] + list(other)
 
     def _compact(self) -> None:
-        self.changed_void = list(dict.fromkeys(self.changed_void))
-        self.changed = list(dict.fromkeys(self.changed))
-        self._limit = max(_MIN_LIMIT, 4 * (len(self.changed_void) + len(self.changed)))
+        void = dict(zip(self.void_keys, self.void_states, strict=True))
+        other = dict(zip(self.pairs, self.pair_states, strict=True))
+        self.void_keys, self.void_states = list(void), list(void.values())
+        self.pairs, self.pair_states = list(other), list(other.values())
+        self._limit = max(_MIN_LIMIT, 4 * (len(void) + len(other)))
 
     def untracked_get(self, key: Any, namespace: Any) -> Any:
         """Read without recording (the checkpoint's own reads)."""
         raise NotImplementedError
 
-    def peek_many(self, keys: list[Any], namespace: Any) -> list[Any]:
-        """The states of ``keys`` in ``namespace`` (:data:`MISSING` where there is no entry),
-        without recording; NestedStateMap does it at C speed."""
-        get, contains = self.untracked_get, self.contains
-        out = []
-        for k in keys:
-            state = get(k, namespace)
-            out.append(MISSING if state is None and not contains(k, namespace) else state)
-        return out
-
-
-_MIN_LIMIT = 1024
-
-MISSING: Any = object()
-"""Stands for "no entry" in :meth:`TrackingStateMap.peek_many` results."""
-
-_CLASSES: dict[tuple[type, bool], type] = {}
-
-
-def _nested_peek_many(self: Any, keys: list[Any], namespace: Any) -> list[Any]:
-    by_key = self._maps.get(namespace)
-    if by_key is None:
-        return [MISSING] * len(keys)
-    return list(map(by_key.get, keys, itertools.repeat(MISSING, len(keys))))
-
 
 def tracking_map_class(base: type[StateMap], track_reads: bool) -> type[TrackingStateMap]:
-    """A subclass of ``base`` that records the ``(key, namespace)`` of every write and clear
-    (and of every read when ``track_reads``: values the caller may mutate in place)."""
+    """A subclass of ``base`` that records every write and clear (and every read when
+    ``track_reads``: values the caller may mutate in place)."""
     cached = _CLASSES.get((base, track_reads))
     if cached is not None:
         return cached  # type: ignore[return-value]
     void = VOID_NAMESPACE
+    missing, lookup = MISSING, LOOKUP
     b_get, b_put, b_put_old = base.get, base.put, base.put_and_get_old
     b_remove, b_remove_old, b_transform = base.remove, base.remove_and_get_old, base.transform
 
-    def mark(self: Any, key: Any, namespace: Any) -> None:
+    def record(self: Any, key: Any, namespace: Any, state: Any) -> None:
         if namespace is void:
-            changes = self.changed_void
-            changes.append(key)
+            keys = self.void_keys
+            keys.append(key)
+            self.void_states.append(state)
         else:
-            changes = self.changed
-            changes.append((key, namespace))
-        if len(changes) > self._limit:
+            keys = self.pairs
+            keys.append((key, namespace))
+            self.pair_states.append(state)
+        if len(keys) > self._limit:
             self._compact()
 
     class Tracking(TrackingStateMap, base):  # type: ignore[valid-type,misc]
-        __slots__ = ("_limit", "changed", "changed_void")
+        __slots__ = ("_limit", "pair_states", "pairs", "special", "void_keys", "void_states")
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             base.__init__(self, *args, **kwargs)
-            self.changed = []
-            self.changed_void = []
+            self.void_keys, self.void_states, self.pairs, self.pair_states = [], [], [], []
             self._limit = _MIN_LIMIT
+            self.special = False
 
         untracked_get = b_get
         untracked_put = b_put
         untracked_remove = b_remove
-        if base is NestedStateMap:
-            peek_many = _nested_peek_many
 
         def put(self, key: Any, namespace: Any, state: Any) -> None:
             if namespace is void:
-                changes = self.changed_void
-                changes.append(key)
-                if len(changes) > self._limit:
+                keys = self.void_keys
+                keys.append(key)
+                self.void_states.append(state)
+                if len(keys) > self._limit:
                     self._compact()
             else:
-                mark(self, key, namespace)
+                record(self, key, namespace, state)
             b_put(self, key, namespace, state)
 
         def put_and_get_old(self, key: Any, namespace: Any, state: Any) -> Any:
-            mark(self, key, namespace)
+            record(self, key, namespace, state)
             return b_put_old(self, key, namespace, state)
 
         def remove(self, key: Any, namespace: Any) -> None:
-            mark(self, key, namespace)
+            record(self, key, namespace, missing)
+            self.special = True
             b_remove(self, key, namespace)
 
         def remove_and_get_old(self, key: Any, namespace: Any) -> Any:
-            mark(self, key, namespace)
+            record(self, key, namespace, missing)
+            self.special = True
             return b_remove_old(self, key, namespace)
 
         def transform(
             self, key: Any, namespace: Any, value: Any, fn: Callable[[Any, Any], Any]
         ) -> None:
             if namespace is void:
-                changes = self.changed_void
-                changes.append(key)
-                if len(changes) > self._limit:
+                keys = self.void_keys
+                keys.append(key)
+                self.void_states.append(lookup)
+                if len(keys) > self._limit:
                     self._compact()
             else:
-                mark(self, key, namespace)
+                record(self, key, namespace, lookup)
+            self.special = True
             b_transform(self, key, namespace, value, fn)
 
         if track_reads:
 
             def get(self, key: Any, namespace: Any) -> Any:
-                if namespace is void:
-                    changes = self.changed_void
-                    changes.append(key)
-                    if len(changes) > self._limit:
-                        self._compact()
-                else:
-                    mark(self, key, namespace)
-                return b_get(self, key, namespace)
+                state = b_get(self, key, namespace)
+                if state is not None:  # the caller may mutate it in place
+                    if namespace is void:
+                        keys = self.void_keys
+                        keys.append(key)
+                        self.void_states.append(state)
+                        if len(keys) > self._limit:
+                            self._compact()
+                    else:
+                        record(self, key, namespace, state)
+                return state
 
     Tracking.__name__ = Tracking.__qualname__ = (
         f"{'ReadTracking' if track_reads else 'Tracking'}{base.__name__}"
     )
     _CLASSES[(base, track_reads)] = Tracking
     return Tracking  # type: ignore[no-any-return]
+
+
+def _has(values: list[Any], marker: Any) -> bool:
+    return any(map(operator.is_, values, itertools.repeat(marker, len(values))))
 
 
 def capture_table_changes(
@@ -224,36 +226,32 @@ def capture_table_changes(
         if not isinstance(m, TrackingStateMap) or not m.has_changes():
             out.append(None)
             continue
-        void_keys, pairs = m.take_changes_split()
-        keys: list[Any] = []
-        states: list[Any] = []
-        gone_keys: list[Any] = []
-        if void_keys:
-            values = m.peek_many(void_keys, VOID_NAMESPACE)
-            if transformer is None and MISSING not in values:
-                keys, states = void_keys, values
-            else:
-                for k, v in zip(void_keys, values, strict=True):
-                    if v is not MISSING and transformer is not None:
-                        v = transformer(v)
-                        if v is None:
-                            v = MISSING
-                    if v is MISSING:
-                        gone_keys.append(k)
-                    else:
-                        keys.append(k)
-                        states.append(v)
+        special = m.special
+        void, other = m.take_changes_split()
+        keys: list[Any] = list(void)
+        states: list[Any] = list(void.values())
         namespaces: list[Any] = [VOID_NAMESPACE]
-        gone_namespaces: list[Any] = [VOID_NAMESPACE]
-        if pairs:
+        if other:
             namespaces = [VOID_NAMESPACE] * len(keys)
-            gone_namespaces = [VOID_NAMESPACE] * len(gone_keys)
+            for k, ns in other:
+                keys.append(k)
+                namespaces.append(ns)
+            states.extend(other.values())
+        gone_keys: list[Any] = []
+        gone_namespaces: list[Any] = []
+        if transformer is not None or (special and (_has(states, MISSING) or _has(states, LOOKUP))):
             get, contains = m.untracked_get, m.contains
-            for k, ns in pairs:
-                v = get(k, ns)
-                if v is None and not contains(k, ns):
-                    v = MISSING
-                elif transformer is not None:
+            kept_k: list[Any] = []
+            kept_ns: list[Any] = []
+            kept_s: list[Any] = []
+            shared = len(namespaces) == 1
+            for i, (k, v) in enumerate(zip(keys, states, strict=True)):
+                ns = namespaces[0] if shared else namespaces[i]
+                if v is LOOKUP:
+                    v = get(k, ns)
+                    if v is None and not contains(k, ns):
+                        v = MISSING
+                if v is not MISSING and transformer is not None:
                     v = transformer(v)
                     if v is None:
                         v = MISSING
@@ -261,15 +259,16 @@ def capture_table_changes(
                     gone_keys.append(k)
                     gone_namespaces.append(ns)
                 else:
-                    keys.append(k)
-                    namespaces.append(ns)
-                    states.append(v)
+                    kept_k.append(k)
+                    kept_ns.append(ns)
+                    kept_s.append(v)
+            keys, namespaces, states = kept_k, kept_ns, kept_s
         if copy is not None:
             states = [copy(v) for v in states]
         out.append(
             DeltaEntries(
                 EntryColumns(keys, namespaces if keys else [], states),
-                EntryColumns(gone_keys, gone_namespaces if gone_keys else [], None),
+                EntryColumns(gone_keys, gone_namespaces, None),
             )
         )
     return out
