@@ -119,6 +119,7 @@ def test_sigkill_during_an_asynchronous_write(tmp_path: Path) -> None:
     runner = _runner(storage)
     runner.restore()
     runner.checkpoint()
+    runner.checkpoint_coordinator.wait_for_retention()  # retention runs in the background
     assert storage.checkpoint_ids() == [1, 3]
 
 

@@ -169,6 +169,7 @@ def test_chain_is_materialized_in_the_background_and_stays_bounded() -> None:
     assert max(lengths) <= 4  # full + at most max_deltas + 1 deltas
     assert len(set(bases)) >= 3  # new full snapshots replaced the base
     # shared files of dropped chains were deleted by retention
+    runner.checkpoint_coordinator.wait_for_retention()
     live = {
         cp.resolve(f.path) for cp in storage.complete_checkpoints() for f in cp.metadata.files()
     }

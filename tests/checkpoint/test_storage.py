@@ -108,6 +108,7 @@ def test_retention_keeps_the_last_n_and_removes_orphans() -> None:
     for i in range(5):
         runner.run(all_kinds_records(5 + i), final_watermark=False)
         runner.checkpoint()
+    runner.checkpoint_coordinator.wait_for_retention()  # retention runs in the background
     assert storage.checkpoint_ids() == [3, 4, 5]
     # failed attempts: a stray file in a kept checkpoint, directories without _metadata
     with storage.open_write("chk-4/keyed-process/0-1.state") as f:
@@ -117,6 +118,7 @@ def test_retention_keeps_the_last_n_and_removes_orphans() -> None:
     with storage.open_write("chk-9/keyed-process/0-0.state") as f:
         f.write(b"partial")
     runner.checkpoint()  # 10: retention runs after the commit
+    runner.checkpoint_coordinator.wait_for_retention()
     assert storage.checkpoint_ids() == [4, 5, 10]
     assert storage.size("chk-4/keyed-process/0-1.state") is None
     # a checkpoint still being written (newer than the latest complete one) is left alone

@@ -110,3 +110,18 @@ def test_acknowledge_decline_and_latest_attempt() -> None:
         coordinator.acknowledge(1, h)
     cp = coordinator.complete(1, expected={"keyed-process": 2})
     assert cp.metadata.operators["keyed-process"].subtasks[1].attempt == 1
+
+
+def test_retention_runs_off_the_commit_path() -> None:
+    storage = MemoryCheckpointStorage(retained_checkpoints=1)
+    coordinator = CheckpointCoordinator(storage)
+    runner = _runner(storage, p=1)
+    runner.run(all_kinds_records(10), final_watermark=False)
+    cps = [SubtaskCheckpointer(storage, op) for op in runner.subtasks]
+    for cid in (1, 2, 3):
+        coordinator.commit(cid, [c.checkpoint(cid).result() for c in cps])
+    coordinator.close()
+    assert storage.checkpoint_ids() == [3]
+    sync = CheckpointCoordinator(storage, background_retention=False)
+    sync.commit(4, [c.checkpoint(4).result() for c in cps])
+    assert storage.checkpoint_ids() == [4]

@@ -5,7 +5,8 @@ executor) and committing the checkpoint (this module, on the driver) are separat
 only by plain-data :class:`~streamstate.checkpoint.metadata.SubtaskStateHandle` values.
 :meth:`CheckpointCoordinator.commit` writes ``_metadata`` only when every subtask of every
 operator is present, every key group is covered exactly once, and every listed file exists with
-its size; then it applies retention. A checkpoint that is declined or incomplete is never
+its size; then it applies retention (in a background thread by default: deleting an old full
+snapshot must not delay the next micro-batch). A checkpoint that is declined or incomplete is never
 committed, so the last complete checkpoint stays the one restore picks.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from streamstate.checkpoint.metadata import (
@@ -36,11 +38,20 @@ class CheckpointCoordinator:
     results), or :meth:`acknowledge` them as they arrive and :meth:`complete` at the end.
     """
 
-    def __init__(self, storage: CheckpointStorage, *, retained: int | None = None) -> None:
+    def __init__(
+        self,
+        storage: CheckpointStorage,
+        *,
+        retained: int | None = None,
+        background_retention: bool = True,
+    ) -> None:
         self.storage = storage
         self.retained = retained
+        self.background_retention = background_retention
         self._acks: dict[int, list[SubtaskStateHandle]] = {}
         self._declined: dict[int, str] = {}
+        self._retention: Future[Any] | None = None
+        self._pool: ThreadPoolExecutor | None = None
 
     def next_checkpoint_id(self) -> int:
         """An id larger than every checkpoint directory in the storage."""
@@ -112,11 +123,39 @@ class CheckpointCoordinator:
             raise CheckpointError(f"{kind} {checkpoint_id} is not committed: {'; '.join(problems)}")
         completed = self.storage.write_metadata(directory, metadata)
         if kind == "checkpoint":
-            try:
-                self.storage.apply_retention(self.retained)
-            except Exception as exc:  # retention must never fail a committed checkpoint
-                log.warning("checkpoint retention in %s failed: %s", self.storage.url, exc)
+            self._start_retention()
         return completed
+
+    # ---- retention -----------------------------------------------------------------------------
+
+    def _retain(self) -> None:
+        try:
+            self.storage.apply_retention(self.retained)
+        except Exception as exc:  # retention must never fail a committed checkpoint
+            log.warning("checkpoint retention in %s failed: %s", self.storage.url, exc)
+
+    def _start_retention(self) -> None:
+        """Delete what the new checkpoint made obsolete; off the commit's critical path unless
+        ``background_retention`` is False (one retention pass at a time)."""
+        self.wait_for_retention()
+        if not self.background_retention:
+            self._retain()
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="streamstate-gc")
+        self._retention = self._pool.submit(self._retain)
+
+    def wait_for_retention(self) -> None:
+        """Wait until the last retention pass is done."""
+        if self._retention is not None:
+            self._retention.result()
+            self._retention = None
+
+    def close(self) -> None:
+        self.wait_for_retention()
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
 
     def _assemble(
         self,

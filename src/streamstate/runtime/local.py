@@ -110,6 +110,7 @@ class LocalRunner:
         self._storage: Any = None
         self._checkpointers: list[Any] = []
         self._writer: Any = None
+        self._coordinator: Any = None
         self.key_serializer: TypeSerializer[Any] | None = (
             serializer_for(key_type) if key_type is not None else None
         )
@@ -238,8 +239,23 @@ class LocalRunner:
             storage = checkpoint_storage_from(storage_or_url)
             if storage is not self._storage:
                 self._close_checkpointers()
+                self._close_coordinator()
                 self._storage = storage
         return self.checkpoint_storage
+
+    @property
+    def checkpoint_coordinator(self) -> Any:
+        """Commits this runner's checkpoints (retention runs in its background thread)."""
+        if self._coordinator is None:
+            from streamstate.checkpoint.coordinator import CheckpointCoordinator
+
+            self._coordinator = CheckpointCoordinator(self.checkpoint_storage)
+        return self._coordinator
+
+    def _close_coordinator(self) -> None:
+        if self._coordinator is not None:
+            self._coordinator.close()
+            self._coordinator = None
 
     def _subtask_checkpointers(self) -> list[Any]:
         from streamstate.checkpoint.writer import AsyncSnapshotWriter, SubtaskCheckpointer
@@ -275,14 +291,12 @@ class LocalRunner:
         The synchronous phase runs here; the files are written by a background thread, and
         ``_metadata`` is committed once every subtask's files are written.
         """
-        from streamstate.checkpoint.coordinator import CheckpointCoordinator
-
         storage = self._use_storage(storage_or_url)
         checkpointers = self._subtask_checkpointers()
         checkpoint_id = storage.next_checkpoint_id()
         futures = [c.checkpoint(checkpoint_id) for c in checkpointers]
         handles = [f.result() for f in futures]
-        return CheckpointCoordinator(storage).commit(
+        return self.checkpoint_coordinator.commit(
             checkpoint_id,
             handles,
             expected={self.operator_name: self.parallelism},
@@ -291,15 +305,13 @@ class LocalRunner:
 
     def savepoint(self, storage_or_url: Any = None) -> Any:
         """A self-contained savepoint under ``<job>/savepoints/sp-<id>``; returns it."""
-        from streamstate.checkpoint.coordinator import CheckpointCoordinator
-
         storage = self._use_storage(storage_or_url)
         checkpointers = self._subtask_checkpointers()
         savepoint_id = storage.next_savepoint_id()
         directory = storage.savepoint_directory(savepoint_id)
         futures = [c.savepoint(directory, savepoint_id) for c in checkpointers]
         handles = [f.result() for f in futures]
-        return CheckpointCoordinator(storage).commit(
+        return self.checkpoint_coordinator.commit(
             savepoint_id,
             handles,
             expected={self.operator_name: self.parallelism},
@@ -368,6 +380,7 @@ class LocalRunner:
 
     def close(self) -> None:
         self._close_checkpointers()
+        self._close_coordinator()
         if self._writer is not None:
             self._writer.close()
             self._writer = None
