@@ -135,6 +135,18 @@ class NestedStateMap(StateMap):
             m[key] = fn(None, value)
             self._size += 1
 
+    def put_all(self, keys: list[Any], namespaces: list[Any], states: list[Any]) -> None:
+        """Bulk load: one ``dict.update`` per namespace (C speed)."""
+        if len(namespaces) == 1 and len(keys) != 1:
+            m = self._maps.get(namespaces[0])
+            if m is None:
+                m = self._maps[namespaces[0]] = {}
+            before = len(m)
+            m.update(zip(keys, states, strict=True))
+            self._size += len(m) - before
+            return
+        super().put_all(keys, namespaces, states)
+
     def __len__(self) -> int:
         return self._size
 

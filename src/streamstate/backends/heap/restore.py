@@ -208,7 +208,8 @@ def _put_section(
         keys, nss, states = codec.decode(entries)
         if count is not None and count != len(keys):
             raise ValueError(f"the block says {count} entries but holds {len(keys)}")
-        namespaces = _expand(nss, len(keys))
+        if len(nss) != len(keys) and len(nss) != 1:
+            raise ValueError(f"namespace column has {len(nss)} values for {len(keys)} keys")
         gone: tuple[list[Any], list[Any]] | None = None
         if removed is not None:
             gone_keys, gone_nss = codec.decode_removed(removed)
@@ -222,9 +223,8 @@ def _put_section(
         drop = getattr(m, "untracked_remove", m.remove)
         for k, ns, _ in list(m):
             drop(k, ns)
-    put = getattr(m, "untracked_put", m.put)  # restoring is not a change
-    for k, ns, s in zip(keys, namespaces, states, strict=True):
-        put(k, ns, s)
+    if keys:
+        m.put_all(keys, nss, states)  # change tracking is reset once the restore is done
     if gone is not None:
         remove = getattr(m, "untracked_remove", m.remove)
         for k, ns in zip(*gone, strict=True):
