@@ -55,8 +55,9 @@ class TrackingStateMap(StateMap):
     """Base of change-tracking maps (see the module docstring).
 
     Records go to append-only lists (sequential memory, no hashing on the hot path); the last
-    record of each entry wins when changes are taken, and the lists are compacted when they grow
-    past four times their distinct size, so memory stays bounded however far apart checkpoints are.
+    record of each entry wins when changes are taken. The lists are compacted once they exceed
+    twice the map's size (and four times their distinct records), so memory stays bounded however
+    far apart checkpoints are.
 
     >>> from streamstate.backends.heap.nested_maps import NestedStateMap
     >>> m = tracking_map_class(NestedStateMap, track_reads=False)()
@@ -99,11 +100,18 @@ class TrackingStateMap(StateMap):
         return [(k, VOID_NAMESPACE) for k in void] + list(other)
 
     def _compact(self) -> None:
+        """Called when the records outgrow their limit: de-duplicate them only when at least
+        half of them must be repeats (more records than twice the map's entries); else let the
+        limit grow (amortized O(1) per record either way)."""
+        n = len(self.void_keys) + len(self.pairs)
+        if n <= 2 * len(self):
+            self._limit = max(self._limit, 2 * len(self)) + 1
+            return
         void = dict(zip(self.void_keys, self.void_states, strict=True))
         other = dict(zip(self.pairs, self.pair_states, strict=True))
         self.void_keys, self.void_states = list(void), list(void.values())
         self.pairs, self.pair_states = list(other), list(other.values())
-        self._limit = max(_MIN_LIMIT, 4 * (len(void) + len(other)))
+        self._limit = max(_MIN_LIMIT, 4 * (len(void) + len(other)), 2 * len(self))
 
     def untracked_get(self, key: Any, namespace: Any) -> Any:
         """Read without recording (the checkpoint's own reads)."""
