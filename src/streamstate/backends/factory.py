@@ -55,9 +55,18 @@ class HeapStateBackend(StateBackend):
     table_kind: str = "copy_on_write"
     #: track changed entries so that checkpoints write deltas (SPEC §6.3)
     incremental: bool = False
+    #: install the copy-on-write map's GC policy (``gc.freeze()`` before full collections), which
+    #: removes multi-second collector pauses with millions of entries; trade-off: cyclic garbage
+    #: that reached the old generation is reclaimed only by an explicit
+    #: ``gc.unfreeze(); gc.collect()`` (see ``streamstate.backends.heap.copy_on_write``)
+    gc_freeze: bool = False
 
     def __post_init__(self) -> None:
         self.name = "heap"
+        if self.gc_freeze:
+            from streamstate.backends.heap.copy_on_write import install_gc_policy
+
+            install_gc_policy()
         if self.table_kind not in ("copy_on_write", "nested_maps"):
             raise ValueError(
                 f"HeapStateBackend.table_kind must be 'copy_on_write' or 'nested_maps', got "
