@@ -61,6 +61,9 @@ class Noop(KeyedProcessFunction):
         return None
 
 
+TABLE_KIND = "copy_on_write"
+
+
 def _operator(p: int, i: int, incremental: bool) -> KeyedProcessOperator:
     return KeyedProcessOperator(
         Noop(),
@@ -69,7 +72,11 @@ def _operator(p: int, i: int, incremental: bool) -> KeyedProcessOperator:
         subtask_index=i,
         parallelism=p,
         max_parallelism=MAX_P,
-        state_backend=HeapStateBackend(incremental=incremental),
+        state_backend=HeapStateBackend(
+            table_kind=TABLE_KIND,
+            incremental=incremental,
+            gc_freeze=TABLE_KIND == "copy_on_write",  # the map's documented GC configuration
+        ),
     )
 
 
@@ -142,6 +149,7 @@ def bench_full(n: int, repeat: int, root: str) -> dict[str, Any]:
     kgs = assign_key_groups(keys, MAX_P)
     op = _operator(1, 0, False)
     _populate([op], keys, kgs)
+    map_name = type(op.keyed_backend.state_table("v").maps[0]).__name__
     storage = FileSystemCheckpointStorage(root, f"full-{n}", retained_checkpoints=1)
     cp_ = SubtaskCheckpointer(storage, op)
     baseline_dict = {k: k * 3 for k in keys.tolist()}
@@ -173,7 +181,7 @@ def bench_full(n: int, repeat: int, root: str) -> dict[str, Any]:
     med = {k: _med(v) for k, v in runs.items()}
     return {
         "keys": n,
-        "map": type(op.keyed_backend).__name__,
+        "map": map_name,
         "file_bytes": size,
         "entries": entries,
         "median_s": med,
@@ -333,15 +341,21 @@ def main() -> None:
     parser.add_argument("--tracking-keys", type=int, default=1_000_000)
     parser.add_argument("--dir", default=None, help="local directory for checkpoints")
     parser.add_argument(
+        "--table", default="copy_on_write", choices=["copy_on_write", "nested_maps"]
+    )
+    parser.add_argument(
         "--out", default=os.path.join(os.path.dirname(__file__), "results", "checkpoint.json")
     )
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
+    global TABLE_KIND
+    TABLE_KIND = args.table
     root = args.dir or tempfile.mkdtemp(prefix="streamstate-bench-")
     results: dict[str, Any] = {
         "benchmark": "checkpoint",
         "command": "python " + " ".join(sys.argv),
         "repeat": args.repeat,
+        "table": args.table,
         "python": platform.python_version(),
         "machine": platform.machine(),
         "cpus": os.cpu_count(),
@@ -373,7 +387,7 @@ def main() -> None:
 
 
 def _print(r: dict[str, Any]) -> None:
-    print(f"\nmedians of {r['repeat']} runs")
+    print(f"\nmedians of {r['repeat']} runs, heap table {r['table']}")
     print(
         f"{'full checkpoint':<22}{'keys':>12}{'MB':>8}{'sync s':>9}{'async s':>9}{'total s':>9}"
         f"{'MB/s':>8}{'entries/s':>12}{'restore s':>11}{'pickle w/r s':>15}{'ratio w/r':>12}"

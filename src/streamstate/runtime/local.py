@@ -351,7 +351,9 @@ class LocalRunner:
             self._max_timestamp, cp.metadata.properties.get("max_timestamp", MIN_WATERMARK)
         )
         for op in self.subtasks:
-            op.timer_service.current_watermark = self.watermark
+            op._watermark = max(op._watermark, self.watermark)  # late services start there
+            for service in op.timer_services.values():
+                service.current_watermark = max(service.current_watermark, self.watermark)
             op.open()
         if not cp.is_savepoint and cp.storage is self.checkpoint_storage:
             by_index = {s.subtask_index: s for s in op_meta.subtasks}
