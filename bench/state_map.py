@@ -39,14 +39,14 @@ import msgspec
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from streamstate.backends.heap.copy_on_write import (  # noqa: E402
+from streamstate.backends.heap.copy_on_write import (
     CopyOnWriteStateMap,
     install_gc_policy,
     uninstall_gc_policy,
 )
-from streamstate.backends.heap.nested_maps import NestedStateMap  # noqa: E402
-from streamstate.namespace import VOID_NAMESPACE  # noqa: E402
-from streamstate.serializers import Int64Serializer, ListSerializer  # noqa: E402
+from streamstate.backends.heap.nested_maps import NestedStateMap
+from streamstate.namespace import VOID_NAMESPACE
+from streamstate.serializers import Int64Serializer, ListSerializer
 
 GROUPS = 128
 KEY_BASE = 1 << 40  # keys are real int objects (not the small-int cache), as in a job

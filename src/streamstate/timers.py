@@ -23,7 +23,12 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
 from streamstate.api.functions import TimerService
-from streamstate.backends.snapshot import TIMER_STATE_KIND, SnapshotSource, StateMetaInfo
+from streamstate.backends.snapshot import (
+    TIMER_STATE_KIND,
+    DeltaEntries,
+    SnapshotSource,
+    StateMetaInfo,
+)
 from streamstate.errors import KeyGroupOutOfRangeError, NoCurrentKeyError, StateAccessError
 from streamstate.namespace import VOID_NAMESPACE
 from streamstate.serializers import Int64Serializer, TypeSerializer, VoidNamespaceSerializer
@@ -50,7 +55,7 @@ class KeyGroupedTimerQueue:
     Timers with equal timestamps come out in the order they were added.
     """
 
-    __slots__ = ("_by_kg", "_heap", "_seq", "_size")
+    __slots__ = ("_by_kg", "_heap", "_seq", "_size", "changed")
 
     #: compact the heap once it holds this many more entries than twice the live timers
     COMPACT_SLACK = 64
@@ -61,6 +66,8 @@ class KeyGroupedTimerQueue:
         self._heap: list[tuple[int, int, int, Any, Any]] = []
         self._seq = itertools.count()
         self._size = 0
+        #: indices of key groups whose timers changed since the last take_changed()
+        self.changed: set[int] = set()
 
     def add(self, timestamp: int, key: Any, namespace: Any, kg_index: int) -> bool:
         """Add a timer; False if it was already there."""
@@ -72,6 +79,7 @@ class KeyGroupedTimerQueue:
         timers[ident] = seq
         self._size += 1
         heapq.heappush(self._heap, (timestamp, seq, kg_index, key, namespace))
+        self.changed.add(kg_index)
         return True
 
     def remove(self, timestamp: int, key: Any, namespace: Any, kg_index: int) -> bool:
@@ -83,12 +91,20 @@ class KeyGroupedTimerQueue:
         if self._by_kg[kg_index].pop((timestamp, key, namespace), None) is None:
             return False
         self._size -= 1
+        self.changed.add(kg_index)
         if len(self._heap) > 2 * self._size + self.COMPACT_SLACK:
             self.compact()
         return True
 
     def contains(self, timestamp: int, key: Any, namespace: Any, kg_index: int) -> bool:
         return (timestamp, key, namespace) in self._by_kg[kg_index]
+
+    def take_changed(self) -> set[int]:
+        """Indices of key groups whose timers changed since the last call (incremental
+        checkpoints write only those key groups' timers)."""
+        changed = self.changed
+        self.changed = set()
+        return changed
 
     def _drop_stale(self) -> None:
         heap = self._heap
@@ -112,6 +128,7 @@ class KeyGroupedTimerQueue:
         ts, _, kgi, key, ns = heapq.heappop(self._heap)
         del self._by_kg[kgi][(ts, key, ns)]
         self._size -= 1
+        self.changed.add(kgi)
         return ts, key, ns, kgi
 
     def __len__(self) -> int:
@@ -159,14 +176,15 @@ class _KeyContextBackend(Protocol):
 class _TimerSnapshotSource(SnapshotSource):
     """Timers of one queue as a keyed-snapshot source: entries ``(key, namespace, timestamp)``."""
 
-    def __init__(self, meta: StateMetaInfo, per_kg: list[list[tuple[int, Any, Any]]]) -> None:
+    def __init__(self, meta: StateMetaInfo, per_kg: list[Any]) -> None:
         self.meta = meta
-        self._per_kg: list[list[tuple[int, Any, Any]] | None] = list(per_kg)
+        #: per key group: [(timestamp, key, namespace)] (full) or DeltaEntries (delta)
+        self._per_kg: list[Any] = list(per_kg)
 
-    def entries(self, key_group_index: int) -> Iterable[tuple[Any, Any, Any]] | None:
+    def entries(self, key_group_index: int) -> Iterable[tuple[Any, Any, Any]] | DeltaEntries | None:
         timers = self._per_kg[key_group_index]
-        if not timers:
-            return None
+        if not timers or isinstance(timers, DeltaEntries):
+            return timers  # type: ignore[no-any-return]
         return [(key, ns, ts) for ts, key, ns in timers]
 
     def release_key_group(self, key_group_index: int) -> None:
@@ -327,6 +345,33 @@ class InternalTimerService:
             ]
             out.append(_TimerSnapshotSource(meta, per_kg))
         return out
+
+    def delta_snapshot_sources(self) -> list[SnapshotSource]:
+        """The timers of the key groups whose timers changed since the last delta, each key
+        group's complete set replacing the previous one (incremental checkpoints)."""
+        out: list[SnapshotSource] = []
+        n = len(self.backend.key_group_range)
+        for domain, queue in (
+            ("event", self.event_time_timers),
+            ("processing", self.processing_time_timers),
+        ):
+            meta = StateMetaInfo(
+                self.state_name(domain),
+                TIMER_STATE_KIND,
+                self.namespace_serializer,
+                Int64Serializer(),
+            )
+            per_kg: list[Any] = [None] * n
+            for kgi in queue.take_changed():
+                timers = queue.timers_of_key_group(kgi)
+                per_kg[kgi] = DeltaEntries([(key, ns, ts) for ts, key, ns in timers], None)
+            out.append(_TimerSnapshotSource(meta, per_kg))
+        return out
+
+    def reset_changes(self) -> None:
+        """Forget which key groups changed (a full snapshot became the new base)."""
+        self.event_time_timers.take_changed()
+        self.processing_time_timers.take_changed()
 
     def restore_timer(
         self, domain: str, key: Any, namespace: Any, timestamp: int, key_group: int

@@ -361,6 +361,11 @@ class KeyedStateBackend(ABC):
     def snapshot(self, checkpoint_id: int) -> Any:
         """The synchronous phase of a snapshot; returns what the asynchronous phase writes."""
 
+    def restore(self, files: list[Any]) -> None:
+        """Restore from snapshot files (:class:`~streamstate.backends.restore.KeyedStateRestore`,
+        full then deltas per old subtask), before any state is registered; all or nothing."""
+        raise NotImplementedError(f"the {self.backend_name} backend cannot restore snapshots")
+
     def dispose(self) -> None:
         """Release every resource; the backend cannot be used afterwards."""
         self._states.clear()

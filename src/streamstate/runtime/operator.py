@@ -389,10 +389,14 @@ class KeyedProcessOperator:
 
     # ---- checkpoints ---------------------------------------------------------------------------
 
-    def snapshot(self, checkpoint_id: int) -> OperatorSnapshot:
-        """The synchronous phase of a checkpoint of this subtask."""
+    def prepare_snapshot(self, checkpoint_id: int) -> None:
+        """Let a :class:`CheckpointedFunction` put its state into state handles first."""
         if isinstance(self.function, CheckpointedFunction):
             self.function.snapshot_state(_SnapshotContext(checkpoint_id, self.clock.now()))
+
+    def snapshot(self, checkpoint_id: int) -> OperatorSnapshot:
+        """The synchronous phase of a checkpoint of this subtask."""
+        self.prepare_snapshot(checkpoint_id)
         return OperatorSnapshot(
             checkpoint_id,
             self.keyed_backend.snapshot(checkpoint_id),

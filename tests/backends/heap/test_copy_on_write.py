@@ -933,3 +933,33 @@ def check_concurrent_snapshot_write() -> None:
             written[(k, ns)] = s
     assert written == expected
     assert all(m.highest_required_snapshot_version == 0 for m in maps)
+
+
+def test_bulk_load_equals_repeated_puts_and_keeps_working() -> None:
+    import random
+
+    rnd = random.Random(3)
+    keys = [rnd.randrange(3000) for _ in range(5000)]
+    nss = [rnd.choice(["a", "b"]) for _ in keys]
+    states = [[i] for i in range(len(keys))]
+    bulk = CopyOnWriteStateMap()
+    bulk.put_all(keys, nss, states)
+    oracle = {}
+    for k, ns, s in zip(keys, nss, states, strict=True):
+        oracle[(k, ns)] = s
+    assert len(bulk) == len(oracle)
+    assert {(k, ns): s for k, ns, s in bulk} == oracle
+    assert not bulk.is_rehashing and bulk.capacity >= len(oracle) * 4 // 3
+    # the loaded map behaves like any other: snapshots, copy-on-write, growth
+    snap = bulk.snapshot()
+    bulk.get(keys[0], nss[0]).append(-1)
+    for k in range(3000, 20000):
+        bulk.put(k, "c", [k])
+    assert {(k, ns): s for k, ns, s in snap} == oracle
+    snap.release()
+    assert len(bulk) == len(oracle) + 17000
+    # into a non-empty map (a delta over a full snapshot) it is plain puts
+    bulk.put_all([keys[0]] * 100, ["x"], list(range(100)))
+    assert bulk.get(keys[0], "x") == 99
+    with pytest.raises(ValueError):
+        CopyOnWriteStateMap().put_all(list(range(100)), [None], list(range(100)))

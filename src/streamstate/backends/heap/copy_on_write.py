@@ -122,6 +122,8 @@ _EMPTY_TABLE: tuple[None, ...] = (None,) * (MINIMUM_CAPACITY >> 1)
 #: Tables at least this long are pre-built in chunks instead of allocated in one call.
 _INCREMENTAL_ALLOC_MIN = 1 << 17
 _ALLOC_CHUNK = 1 << 16
+# below this many entries a bulk load is plain puts (sizing the table does not pay)
+_BULK_LOAD_MIN = 64
 _NONE_CHUNK: list[None] = [None] * _ALLOC_CHUNK
 _NEVER = sys.maxsize
 
@@ -569,6 +571,72 @@ class CopyOnWriteStateMap(StateMap):
         e.state_version = self._state_map_version
         e.state = state = cp(e.state)
         return state
+
+    def put_all(self, keys: list[Any], namespaces: list[Any], states: list[Any]) -> None:
+        """Bulk load (restore): ``put`` every ``(keys[i], namespaces[i], states[i])``.
+
+        Into an empty map with no open snapshot, the table is sized once for the final size and
+        entries are linked in directly: no incremental rehash, no per-entry method call. Equal
+        ``(key, namespace)`` pairs keep the last state, as repeated ``put`` would. Otherwise (or
+        for few entries) this is one ``put`` per entry. O(n) either way.
+
+        >>> m = CopyOnWriteStateMap()
+        >>> m.put_all(list(range(5000)), ["ns"], [k * 2 for k in range(5000)])
+        >>> len(m), m.get(4999, "ns"), m.capacity, m.is_rehashing
+        (5000, 9998, 8192, False)
+        """
+        n = len(keys)
+        if (
+            n < _BULK_LOAD_MIN
+            or self._primary_size
+            or self._rehash_size
+            or self._snapshot_versions
+            or self._shared
+            or self._rehash_table is not _EMPTY_TABLE
+        ):
+            super().put_all(keys, namespaces, states)
+            return
+        if len(namespaces) == 1 and n != 1:
+            ns = namespaces[0]
+            if ns is None:
+                raise _none_error(keys[0] if keys else None, ns)
+            pairs: Any = ((k, ns) for k in keys)
+        else:
+            if len(namespaces) != n or len(states) != n:
+                raise ValueError("put_all needs as many namespaces and states as keys")
+            pairs = zip(keys, namespaces, strict=True)
+        # de-duplicate (last wins) while computing each pair's hash once, via the dict
+        merged = dict(zip(pairs, states, strict=True))
+        size = len(merged)
+        capacity = len(self._primary)
+        while capacity < MAXIMUM_CAPACITY and size > (capacity >> 1) + (capacity >> 2):
+            capacity <<= 1
+        self._spare = None
+        self._spare_mark = _NEVER
+        tab = self._make_table(capacity) if capacity != len(self._primary) else self._primary
+        mask = capacity - 1
+        version = self._state_map_version
+        new = _new
+        cls = StateMapEntry
+        for pair, state in merged.items():
+            key, namespace = pair
+            if key is None or namespace is None:
+                raise _none_error(key, namespace)
+            h = hash(pair)
+            index = h & mask
+            e = new(cls)
+            e.key = key
+            e.namespace = namespace
+            e.state = state
+            e.hash = h
+            e.next = tab[index]
+            e.entry_version = version
+            e.state_version = version
+            tab[index] = e
+        self._primary = tab
+        self._mask = mask
+        self._primary_size = size
+        self._mod_count += size
 
     def _put_entry(self, key: Any, namespace: Any) -> StateMapEntry:
         """The entry of ``(key, namespace)``, private to the map's current version."""
