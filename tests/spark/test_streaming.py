@@ -90,10 +90,14 @@ def test_event_time_windows_fire_as_the_watermark_crosses_batches(
     for half in (0, 1):  # stop after 4 files and restart: the watermark resumes from the checkpoint
         for i in range(4 * half, 4 * half + 4):
             chunk = chunks[i]
+            path = os.path.join(directory, f"part-{i:04d}.parquet")
             pq.write_table(
                 pa.table({"app": [a for a, _ in chunk], "ts": pa.array([t for _, t in chunk])}),
-                os.path.join(directory, f"part-{i:04d}.parquet"),
+                path,
             )
+            # Spark's file source orders files by modification time: equal stamps would
+            # let a later file overtake an earlier one and close its hour too soon.
+            os.utime(path, (1_700_000_000 + i, 1_700_000_000 + i))
         src = (
             spark.readStream.schema("app string, ts long")
             .option("maxFilesPerTrigger", 1)
