@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import tempfile
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from streamstate.api.descriptors import StateDescriptor, StateKind
@@ -26,7 +26,7 @@ from streamstate.backends.rocksdb.instance import (
 from streamstate.backends.rocksdb.keys import KeyLayout, key_group_bound
 from streamstate.backends.rocksdb.states import STATE_FACTORIES, CurrentKeyBytes
 from streamstate.backends.snapshot import StateMetaInfo
-from streamstate.errors import InvalidStateNameError, StateMigrationException
+from streamstate.errors import InvalidStateNameError, StateBackendError, StateMigrationException
 from streamstate.keygroups import KeyGroupRange
 from streamstate.serializers import serializer_from_snapshot
 from streamstate.serializers.base import TypeSerializer
@@ -149,7 +149,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         cf = self.instance.column_family(name)
         restored = self._restored_states.pop(name, None)
         if restored is not None:
-            self._migrate_if_needed(name, restored, meta, cf)
+            self._migrate_if_needed(name, restored, meta, cf, layout)
         cache: ValueCache | MapCache
         if is_map:
             ks = descriptor.key_serializer  # type: ignore[attr-defined]
@@ -166,7 +166,12 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         )
 
     def _migrate_if_needed(
-        self, name: str, restored: dict[str, Any], meta: StateMetaInfo, cf: ColumnFamily
+        self,
+        name: str,
+        restored: dict[str, Any],
+        meta: StateMetaInfo,
+        cf: ColumnFamily,
+        layout: KeyLayout,
     ) -> None:
         """Rewrite a restored state whose serializer changed compatibly (Flink's migration)."""
         new = meta.state_serializer
@@ -184,7 +189,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             ) from exc
         from streamstate.backends.rocksdb.restore import migrate_column_family
 
-        migrate_column_family(self.instance, cf, meta.kind, old, new)
+        migrate_column_family(self.instance, cf, meta.kind, old, new, layout)
 
     def register_ttl_cleanup(self, hook: Any) -> None:
         """Called by the TTL decorator (``create_ttl_state``) for every TTL state."""
@@ -200,20 +205,37 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         self._check_open()
         return self.cache.flush()
 
+    def _column_family_and_layout(self, name: str) -> tuple[ColumnFamily, KeyLayout] | None:
+        """The column family and key layout of a registered or restored state, or None."""
+        reg = self._registered.get(name)
+        if reg is not None:
+            return reg.cf, reg.layout
+        restored = self._restored_states.get(name)
+        if restored is None:
+            return None
+        try:
+            ns_serializer = serializer_from_snapshot(restored["namespace_serializer"])
+        except Exception as exc:
+            raise StateBackendError(
+                f"state {name!r} was restored but is not registered yet, and its namespace "
+                f"serializer cannot be rebuilt from the checkpoint: {exc}"
+            ) from exc
+        layout = self._layout_for(ns_serializer, has_user_key=restored["kind"] == "map")
+        return self.instance.column_family(name), layout
+
     def get_keys(self, state_name: str, namespace: Any) -> Iterator[Any]:
-        reg = self._registered.get(state_name)
-        if reg is None:
+        found = self._column_family_and_layout(state_name)
+        if found is None:
             return iter(())
         self.flush()
-        return self._keys_in(reg, namespace)
+        return self._keys_in(*found, namespace)
 
-    def _keys_in(self, reg: RegisteredState, namespace: Any) -> Iterator[Any]:
-        layout = reg.layout
+    def _keys_in(self, cf: ColumnFamily, layout: KeyLayout, namespace: Any) -> Iterator[Any]:
         ns_part = layout.namespace_bytes(namespace)
         key_end, entry_end = layout.key_end, layout.entry_end
         decode_key = layout.decode_key
         previous = None
-        for raw, _ in reg.cf.scan(b"", None, keys_only=True):
+        for raw, _ in cf.scan(b"", None, keys_only=True):
             end = entry_end(raw)
             if raw[key_end(raw) : end] != ns_part:
                 continue
@@ -225,15 +247,19 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
 
     def num_entries(self, state_name: str | None = None) -> int:
         self.flush()
-        names = [state_name] if state_name is not None else list(self._registered)
+        if state_name is not None:
+            names = [state_name]
+        else:
+            names = [*self._registered, *self._restored_states]
         total = 0
         for name in names:
-            reg = self._registered.get(name)
-            if reg is None:
+            found = self._column_family_and_layout(name)
+            if found is None:
                 continue
-            entry_end = reg.layout.entry_end
+            cf, layout = found
+            entry_end = layout.entry_end
             previous = None
-            for raw, _ in reg.cf.scan(b"", None, keys_only=True):
+            for raw, _ in cf.scan(b"", None, keys_only=True):
                 entry = raw[: entry_end(raw)]
                 if entry != previous:
                     total += 1
@@ -270,6 +296,24 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         self._restored_timers.setdefault(state_name, []).extend(timers)
         for participant in list(self.snapshot_participants):
             self._restore_timers_into(participant)
+
+    # ---- restore -----------------------------------------------------------------------------
+
+    def restore_from_incremental(self, store: Any, handles: Sequence[Any]) -> dict[str, int]:
+        """Restore (before any state is registered) from the incremental snapshots of the old
+        subtasks: handles or manifest paths in ``store``. Rescales if the ranges differ."""
+        self._check_open()
+        from streamstate.backends.rocksdb.restore import restore_incremental
+
+        return restore_incremental(self, store, handles)
+
+    def restore_from_snapshots(self, snapshots: Iterable[Any]) -> int:
+        """Restore (before any state is registered) from canonical keyed snapshots (savepoints
+        of any backend, any parallelism)."""
+        self._check_open()
+        from streamstate.backends.rocksdb.restore import restore_canonical
+
+        return restore_canonical(self, snapshots)
 
     # ---- snapshots ---------------------------------------------------------------------------
 

@@ -322,8 +322,20 @@ class RocksDBInstance:
     def flush(self) -> None:
         self.db.flush()
 
+    def close_db(self) -> None:
+        """Close and delete the database but keep the directory locked (restore replaces
+        ``db/``)."""
+        self.close_db_keep_files()
+        shutil.rmtree(self.db_path, ignore_errors=True)
+
     def close(self) -> None:
         """Close the database and release the directory lock. Idempotent."""
+        try:
+            self.close_db_keep_files()
+        finally:
+            self._unlock()
+
+    def close_db_keep_files(self) -> None:
         for cf in self._column_families.values():
             cf.detach()
         self._column_families.clear()
@@ -333,7 +345,6 @@ class RocksDBInstance:
                 db.close()
             finally:
                 del db
-        self._unlock()
 
     @property
     def is_open(self) -> bool:
