@@ -1,12 +1,64 @@
-"""Helpers of the RocksDB backend tests (imported by the test modules)."""
+"""Helpers and fixtures of the RocksDB backend tests.
+
+Test modules import the fixtures (``make_rocks``, ``store``) from here: a second ``conftest.py``
+would clash with ``tests/conftest.py`` under ``--doctest-modules``.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from typing import Any
+
+import pytest
 
 from streamstate.backends.rocksdb.backend import RocksDBKeyedStateBackend
 from streamstate.backends.rocksdb.incremental import IncrementalStateHandle, SharedStateRegistry
+from streamstate.backends.rocksdb.instance import RocksDBConfig
 from streamstate.backends.rocksdb.storage import FsspecFileStore
+from streamstate.keygroups import KeyGroupRange, compute_key_group_range_for_operator_index
+from streamstate.serializers import serializer_for
+
+RocksFactory = Callable[..., RocksDBKeyedStateBackend]
+
+
+@pytest.fixture(name="make_rocks")
+def make_rocks_fixture(tmp_path: Any) -> Iterator[RocksFactory]:
+    """``make_rocks(subtask=0, parallelism=1, key_type=int, max_parallelism=128, **config)``."""
+    created: list[RocksDBKeyedStateBackend] = []
+
+    def factory(
+        subtask: int = 0,
+        parallelism: int = 1,
+        key_type: Any = int,
+        max_parallelism: int = 128,
+        key_group_range: KeyGroupRange | None = None,
+        clock: Any = None,
+        name: str | None = None,
+        **config: Any,
+    ) -> RocksDBKeyedStateBackend:
+        kgr = key_group_range or compute_key_group_range_for_operator_index(
+            max_parallelism, parallelism, subtask
+        )
+        path = tmp_path / "work" / (name or f"op-{parallelism}-{subtask}-{len(created)}")
+        backend = RocksDBKeyedStateBackend(
+            serializer_for(key_type),
+            max_parallelism,
+            kgr,
+            options=RocksDBConfig(**config),
+            path=str(path),
+            clock=clock,
+        )
+        created.append(backend)
+        return backend
+
+    yield factory
+    for b in created:
+        b.dispose()
+
+
+@pytest.fixture(name="store")
+def store_fixture(tmp_path: Any) -> FsspecFileStore:
+    return FsspecFileStore(str(tmp_path / "checkpoints" / "job"))
 
 
 def checkpoint(

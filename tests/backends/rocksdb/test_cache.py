@@ -11,7 +11,10 @@ import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
-from rocks_helpers import raw_content
+from rocks_helpers import (
+    make_rocks_fixture,  # noqa: F401 - fixtures
+    raw_content,
+)
 
 from streamstate import (
     ListStateDescriptor,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from rocks_helpers import checkpoint, raw_content
+from rocks_helpers import checkpoint, make_rocks_fixture, raw_content, store_fixture  # noqa: F401 - fixtures
 
 from streamstate import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
 from streamstate.backends.rocksdb.incremental import IncrementalManifest, SharedStateRegistry

@@ -5,7 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from rocks_helpers import canonical_content
+from rocks_helpers import (
+    canonical_content,
+    make_rocks_fixture,  # noqa: F401 - fixtures
+)
 
 from streamstate import (
     AggregateFunction,
