@@ -198,7 +198,8 @@ def test_timers_follow_their_key_groups(make_rocks: Any, store: Any) -> None:
         b.restore_from_incremental(store, handles)
         sink = Sink()
         service = InternalTimerService("user", b, sink)
-        b.snapshot_participants.append(service)  # restored timers are handed over on joining
+        b.snapshot_participants.append(service)
+        assert b.restore_pending_timers(service) > 0  # what the operator does for a new service
         service.advance_watermark(10_000)
         assert all(b.key_group_range.contains(assign_to_key_group(k, MAX_P)) for _, k in sink.fired)
         fired.extend(sink.fired)

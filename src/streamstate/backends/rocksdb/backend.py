@@ -53,20 +53,6 @@ class RegisteredState:
         self.ttl_hook: Any = None
 
 
-class _SnapshotParticipants(list):  # type: ignore[type-arg]
-    """``backend.snapshot_participants``: timer services join here; restored timers are handed
-    to a participant as soon as it joins (the operator creates its timer service after the
-    backend was restored)."""
-
-    def __init__(self, backend: RocksDBKeyedStateBackend) -> None:
-        super().__init__()
-        self._backend = backend
-
-    def append(self, participant: Any) -> None:
-        super().append(participant)
-        self._backend._restore_timers_into(participant)
-
-
 class RocksDBKeyedStateBackend(KeyedStateBackend):
     """Keyed state of one subtask in one RocksDB instance.
 
@@ -114,7 +100,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         self._restored_states: dict[str, dict[str, Any]] = {}
         #: timers restored from a checkpoint, waiting for their timer service to join
         self._restored_timers: dict[str, list[tuple[Any, Any, int, int]]] = {}
-        self.snapshot_participants: list[Any] = _SnapshotParticipants(self)
+        #: timer services whose (heap) timers are snapshotted with the keyed state
+        self.snapshot_participants: list[Any] = []
         #: identifies this backend's lineage of incremental checkpoints
         self.backend_uid = uuid.uuid4().hex
         #: local SST name -> shared file of the last *confirmed* checkpoint (reused, not uploaded)
@@ -273,18 +260,23 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
 
     # ---- timers ------------------------------------------------------------------------------
 
-    def _restore_timers_into(self, participant: Any) -> None:
-        restore = getattr(participant, "restore_timer", None)
-        state_name = getattr(participant, "state_name", None)
+    def restore_pending_timers(self, service: Any) -> int:
+        """Hand a timer service the checkpointed timers restored for it (by its name); a
+        service present during the restore gets them right away. Returns how many."""
+        restore = getattr(service, "restore_timer", None)
+        state_name = getattr(service, "state_name", None)
         if restore is None or state_name is None or not self._restored_timers:
-            return
+            return 0
+        ns_serializer = getattr(service, "namespace_serializer", None)
+        n = 0
         for domain in ("event", "processing"):
             timers = self._restored_timers.pop(state_name(domain), None)
             for key, namespace, timestamp, key_group in timers or ():
-                ns_serializer = getattr(participant, "namespace_serializer", None)
                 if isinstance(namespace, bytes) and ns_serializer is not None:
                     namespace = ns_serializer.deserialize(namespace)
                 restore(domain, key, namespace, timestamp, key_group)
+                n += 1
+        return n
 
     def add_restored_timers(
         self, state_name: str, timers: Iterable[tuple[Any, Any, int, int]]
@@ -294,8 +286,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         A namespace given as bytes is deserialized with the service's namespace serializer.
         """
         self._restored_timers.setdefault(state_name, []).extend(timers)
-        for participant in list(self.snapshot_participants):
-            self._restore_timers_into(participant)
+        for participant in self.snapshot_participants:
+            self.restore_pending_timers(participant)
 
     # ---- restore -----------------------------------------------------------------------------
 

@@ -121,8 +121,8 @@ class IncrementalStateHandle(msgspec.Struct, kw_only=True):
     crc32c: int
     checkpoint_id: int
     key_group_range: tuple[int, int]
-    #: every shared file the snapshot references (uploaded now or earlier)
-    shared_paths: list[str]
+    #: every shared SST file the snapshot references (uploaded now or earlier)
+    shared: list[SharedFile]
     #: bytes written to storage by this checkpoint (new SST files + manifest)
     uploaded_bytes: int
     #: bytes of SST files referenced from earlier checkpoints
@@ -130,9 +130,20 @@ class IncrementalStateHandle(msgspec.Struct, kw_only=True):
     kind: str = "rocksdb-incremental"
 
     @property
+    def shared_paths(self) -> list[str]:
+        return [f.path for f in self.shared]
+
+    @property
     def full_size(self) -> int:
         """Bytes a restore downloads (every referenced file)."""
         return self.uploaded_bytes + self.reused_bytes
+
+    def files(self) -> list[tuple[str, int, int, str]]:
+        """``(path, size, crc32c, kind)`` of every file the snapshot needs: the manifest
+        (``"rocksdb-manifest"``) and each SST (``"rocksdb-sst"``), for checkpoint metadata."""
+        return [(self.path, self.size, self.crc32c, "rocksdb-manifest")] + [
+            (f.path, f.size, f.crc32c, "rocksdb-sst") for f in self.shared
+        ]
 
 
 class SharedStateRegistry:
@@ -145,8 +156,8 @@ class SharedStateRegistry:
     >>> class NoStore:
     ...     def delete(self, path): print("delete", path)
     >>> h = lambda cid, paths: IncrementalStateHandle(path=f"chk-{cid}", size=0, crc32c=0,
-    ...     checkpoint_id=cid, key_group_range=(0, 1), shared_paths=paths, uploaded_bytes=0,
-    ...     reused_bytes=0)
+    ...     checkpoint_id=cid, key_group_range=(0, 1), uploaded_bytes=0, reused_bytes=0,
+    ...     shared=[SharedFile(p.rsplit("/", 1)[-1], p, 1, 0) for p in paths])
     >>> r = SharedStateRegistry(NoStore())
     >>> r.register(1, [h(1, ["shared/a", "shared/b"])]); r.register(2, [h(2, ["shared/b"])])
     >>> r.release(1)

@@ -23,6 +23,7 @@ checkpoint directory.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -49,6 +50,8 @@ if TYPE_CHECKING:
     from streamstate.backends.rocksdb.backend import RegisteredState, RocksDBKeyedStateBackend
 
 __all__ = ["RocksDBKeyedStateSnapshot", "decode_entries", "sweep_ttl", "take_snapshot"]
+
+_SUBTASK_FILE = re.compile(r"^(?:.*/)?chk-\d+/([^/]+)/(\d+)-(\d+)\.state$")
 
 
 # ---- synchronous phase -----------------------------------------------------------------------
@@ -364,7 +367,7 @@ class RocksDBKeyedStateSnapshot(KeyedStateSnapshot):
                         reused += previous.size
                         continue
                     size, crc = crc32c_of_file(local)
-                    remote = f"{shared_dir}/{name[:-4]}-{uuid.uuid4().hex}.sst"
+                    remote = self._shared_path(shared_dir, path)
                     store.put_file(local, remote)
                     shared.append(SharedFile(name, remote, size, crc))
                     uploaded += size
@@ -393,13 +396,28 @@ class RocksDBKeyedStateSnapshot(KeyedStateSnapshot):
                 crc32c=google_crc32c.value(data),
                 checkpoint_id=self.checkpoint_id,
                 key_group_range=self.key_group_range.to_tuple(),
-                shared_paths=[f.path for f in shared],
+                shared=shared,
                 uploaded_bytes=uploaded,
                 reused_bytes=reused,
             )
         finally:
             if release:
                 self.release()
+
+    def _shared_path(self, shared_dir: str, manifest_path: str) -> str:
+        """A new, unique path for an SST file in the shared area.
+
+        For a manifest at ``chk-<id>/<operator>/<subtask>-<attempt>.state`` this is
+        ``<shared_dir>/<operator>/<subtask>-<attempt>-<checkpoint id>-<token>.sst`` (the naming
+        of the checkpoint storage's other shared files: the checkpoint id in the name lets
+        retention tell files of checkpoints still in progress from orphans).
+        """
+        token = uuid.uuid4().hex[:16]
+        m = _SUBTASK_FILE.match(manifest_path)
+        if m is None:
+            return f"{shared_dir}/{self.checkpoint_id}-{token}.sst"
+        op, subtask, attempt = m.groups()
+        return f"{shared_dir}/{op}/{subtask}-{attempt}-{self.checkpoint_id}-{token}.sst"
 
     def _timer_blocks(self) -> list[TimerBlock]:
         blocks = []
