@@ -94,7 +94,9 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         self.cache = WriteBackCache(self.instance, self.config.cache_entries)
         #: layout of the key part, shared by every state
         self._key_layout = self._layout_for(_VOID, has_user_key=False)
-        self.current = CurrentKeyBytes(self.ctx, self._key_layout, self.cache, self._range_start)
+        self.current = CurrentKeyBytes(self.ctx, self._key_layout, self._range_start)
+        # every key change is a record boundary: the cache may flush and evict there
+        self.key_selected_listeners.append(self.cache.at_record_boundary)
         self._registered: dict[str, RegisteredState] = {}
         #: meta of restored states not registered yet (their data is in RocksDB already)
         self._restored_states: dict[str, dict[str, Any]] = {}
@@ -138,13 +140,16 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         if restored is not None:
             self._migrate_if_needed(name, restored, meta, cf, layout)
         cache: ValueCache | MapCache
+        start, n = self._range_start, self._num_key_groups
         if is_map:
             ks = descriptor.key_serializer  # type: ignore[attr-defined]
             vs = descriptor.value_serializer  # type: ignore[attr-defined]
-            cache = MapCache(cf, ks.serialize, ks.deserialize, vs.serialize, vs.deserialize)
+            cache = MapCache(
+                cf, layout, start, n, ks.serialize, ks.deserialize, vs.serialize, vs.deserialize
+            )
         else:
             s = descriptor.serializer
-            cache = ValueCache(cf, s.serialize, s.deserialize)
+            cache = ValueCache(cf, layout, start, n, s.serialize, s.deserialize)
         self.cache.register(cache)
         self._registered[name] = RegisteredState(meta, cf, layout, cache)
         factory = STATE_FACTORIES[kind]
@@ -338,9 +343,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
     def dispose(self) -> None:
         if self._disposed:
             return
-        self.current.dispose()
-        self.cache.clear()
-        self.cache.unregister_all()
+        self.cache.dispose()
         self._registered.clear()
         self.snapshot_participants.clear()
         self.instance.close()

@@ -1,19 +1,24 @@
 """The write-back cache in front of RocksDB.
 
-A call into RocksDB from Python costs a microsecond or two, and list, reducing and aggregating
-state are read-modify-write (rocksdict has no merge operator). The cache keeps recently used
-entries as Python objects owned by the cache, and the entries written since the last flush as
-*dirty*. A flush writes every dirty entry of every state in **one** ``WriteBatch``, so it is
-atomic across column families.
+A call into RocksDB from Python costs microseconds, and list, reducing and aggregating state are
+read-modify-write (rocksdict has no merge operator). The cache keeps recently used entries as
+Python objects owned by the cache, and the entries written since the last flush as *dirty*.
 
-When the cache flushes:
+Layout, like the heap backend's state tables: one dict per key group of the backend's range,
+keyed by the key itself (states in the void namespace) or by ``(key, namespace)``. A cache hit
+therefore serializes nothing and builds no composite key; composite keys are built on a miss
+(to read RocksDB) and when a dirty entry is flushed. Past the last key group sits a guard whose
+lookups raise :class:`~streamstate.errors.NoCurrentKeyError` (and, once the backend is disposed,
+every dict is replaced by a guard raising :class:`~streamstate.errors.StateBackendError`).
 
-* at every checkpoint (synchronous phase, before the native RocksDB checkpoint);
-* before every scan of RocksDB (``get_keys``, ``num_entries``, map iteration is merged instead);
-* at a *record boundary* when it holds more than ``capacity`` entries. The boundary is the first
-  state access after the current key changed; every write of the previous records is complete
-  then, so a flush never contains part of a record. Afterwards the older half of the entries is
-  evicted.
+A flush writes every dirty entry of every state in **one** ``WriteBatch``, so it is atomic
+across column families. The cache flushes
+
+* at every checkpoint (synchronous phase, before the native RocksDB checkpoint) and before every
+  scan of RocksDB (``get_keys``, ``num_entries``); map iteration merges RocksDB and the cache;
+* at a *record boundary* (the backend's current key changes) when it holds more than
+  ``capacity`` entries: every write of the previous records is complete then, so a flush never
+  contains part of a record. Afterwards the older half of the entries is evicted.
 
 Crash semantics: the local database is never a recovery source (state is restored from the last
 complete checkpoint), so a crash loses exactly the work since that checkpoint, cached or not.
@@ -31,7 +36,8 @@ from typing import Any
 from rocksdict import WriteBatch
 
 from streamstate.backends.rocksdb.instance import ColumnFamily, RocksDBInstance
-from streamstate.errors import StateBackendError
+from streamstate.backends.rocksdb.keys import KeyLayout
+from streamstate.errors import NoCurrentKeyError, StateBackendError
 
 __all__ = ["ABSENT", "MISS", "MapCache", "MapView", "ValueCache", "WriteBackCache"]
 
@@ -53,67 +59,162 @@ ABSENT: Any = _Marker("ABSENT")
 """A cached entry that does not exist in RocksDB (a dirty ABSENT is a pending delete)."""
 
 
-class ValueCache:
-    """Cached entries of one state stored as one RocksDB value per composite key.
+class _Guard(dict):  # type: ignore[type-arg]
+    """Stands in for a key group's dict: every lookup raises."""
 
-    ``entries``: composite key -> owned object or :data:`ABSENT`; ``dirty``: keys to write.
-    """
+    __slots__ = ("_error",)
 
-    __slots__ = ("cf", "deserialize", "dirty", "entries", "name", "serialize")
+    def __init__(self, error: Exception) -> None:
+        super().__init__()
+        self._error = error
 
-    def __init__(self, cf: ColumnFamily, serialize: Any, deserialize: Any) -> None:
+    def _fail(self, *_: Any) -> Any:
+        raise self._error
+
+    get = __getitem__ = __setitem__ = __contains__ = pop = setdefault = _fail  # type: ignore[assignment]
+
+
+def _no_key_guard(name: str) -> _Guard:
+    return _Guard(
+        NoCurrentKeyError(
+            f"state {name!r} was accessed with no current key set; keyed state can only be used "
+            "while processing a record or timer of a key (or after set_current_key)"
+        )
+    )
+
+
+def _disposed_guard(name: str) -> _Guard:
+    return _Guard(
+        StateBackendError(f"state {name!r}: this rocksdb keyed state backend was disposed")
+    )
+
+
+class _StateCache:
+    """Shared parts: the column family, the layout, per-key-group dicts, the dirty set."""
+
+    __slots__ = (
+        "_start",
+        "cf",
+        "count",
+        "dirty",
+        "entries",
+        "layout",
+        "name",
+        "raw_get",
+        "void",
+    )
+
+    def __init__(self, cf: ColumnFamily, layout: KeyLayout, start: int, num_key_groups: int):
         self.cf = cf
         self.name = cf.name
-        self.serialize = serialize
-        self.deserialize = deserialize
-        self.entries: dict[bytes, Any] = {}
-        self.dirty: set[bytes] = set()
+        #: RocksDB point read of the column family (the miss path; detached on dispose)
+        self.raw_get = cf.get_function()
+        self.layout = layout
+        self.void = layout.ns_void
+        self._start = start
+        #: per key group index: cache key -> owned object / ABSENT (ValueCache) or MapView
+        self.entries: list[dict[Any, Any]] = [{} for _ in range(num_key_groups)]
+        self.entries.append(_no_key_guard(self.name))
+        #: (key group index, cache key) of the entries to write at the next flush
+        self.dirty: set[tuple[int, Any]] = set()
+        #: cached entries (approximate between evictions; the budget unit)
+        self.count = 0
 
-    def load(self, ck: bytes) -> Any:
-        """The miss path: read ``ck`` from RocksDB and cache what was found."""
-        raw = self.cf.get(ck)
-        v = ABSENT if raw is None else self.deserialize(raw)
-        self.entries[ck] = v
-        return v
+    def composite(self, kg_index: int, cache_key: Any) -> bytes:
+        """The RocksDB key (without user key) of a cache key."""
+        layout = self.layout
+        if self.void:
+            return layout.key_prefix(kg_index + self._start, cache_key)
+        key, namespace = cache_key
+        return layout.key_prefix(kg_index + self._start, key) + layout.namespace_bytes(namespace)
 
     def size(self) -> int:
-        return len(self.entries)
+        return self.count
+
+    def _groups(self) -> list[dict[Any, Any]]:
+        return self.entries[:-1]
+
+    def recount(self) -> int:
+        """The exact number of cached entries (O(entries of the state's cache))."""
+        self.count = sum(len(d) for d in self._groups())
+        return self.count
+
+    def evict(self, keep: int) -> None:
+        """Drop the oldest clean entries of every key group until about ``keep`` remain."""
+        total = self.recount()
+        if total <= keep:
+            return
+        dirty = self.dirty
+        fraction = 1 - keep / total
+        for kgi, d in enumerate(self._groups()):
+            drop = int(len(d) * fraction + 0.5)
+            if drop:
+                for ck in [k for k in islice(d, drop) if (kgi, k) not in dirty]:
+                    del d[ck]
+        self.recount()
+
+    def clear(self) -> None:
+        for d in self._groups():
+            d.clear()
+        self.dirty.clear()
+        self.count = 0
+
+    def dispose(self) -> None:
+        """Make every later access fail (state handles may outlive the backend)."""
+        self.clear()
+        guard = _disposed_guard(self.name)
+        self.entries[:] = [guard] * len(self.entries)
+        self.raw_get = guard._fail
+        self.cf.detach()
+
+
+class ValueCache(_StateCache):
+    """Cached entries of one state stored as one RocksDB value per (key, namespace)."""
+
+    __slots__ = ("deserialize", "serialize")
+
+    def __init__(
+        self,
+        cf: ColumnFamily,
+        layout: KeyLayout,
+        start: int,
+        num_key_groups: int,
+        serialize: Any,
+        deserialize: Any,
+    ) -> None:
+        super().__init__(cf, layout, start, num_key_groups)
+        self.serialize = serialize
+        self.deserialize = deserialize
+
+    def load(self, kg_index: int, cache_key: Any, raw_key: bytes) -> Any:
+        """The miss path: read ``raw_key`` from RocksDB and cache what was found."""
+        raw = self.raw_get(raw_key)
+        v = ABSENT if raw is None else self.deserialize(raw)
+        self.entries[kg_index][cache_key] = v
+        self.count += 1
+        return v
 
     def write_dirty(self, batch: WriteBatch) -> int:
         entries = self.entries
         handle = self.cf.handle
         serialize = self.serialize
-        n = 0
-        for ck in self.dirty:
-            v = entries[ck]
+        composite = self.composite
+        for kgi, ck in self.dirty:
+            v = entries[kgi][ck]
+            raw_key = composite(kgi, ck)
             if v is ABSENT:
-                batch.delete(ck, handle)
-            else:
-                try:
-                    raw = serialize(v)
-                except Exception as exc:
-                    raise StateBackendError(
-                        f"state {self.name!r}: cannot serialize {v!r} for RocksDB: {exc}"
-                    ) from exc
-                batch.put(ck, raw, handle)
-            n += 1
-        return n
+                batch.delete(raw_key, handle)
+                continue
+            try:
+                raw = serialize(v)
+            except Exception as exc:
+                raise StateBackendError(
+                    f"state {self.name!r}: cannot serialize {v!r} for RocksDB: {exc}"
+                ) from exc
+            batch.put(raw_key, raw, handle)
+        return len(self.dirty)
 
     def mark_clean(self) -> None:
-        self.dirty.clear()
-
-    def evict(self, keep: int) -> None:
-        """Drop the oldest clean entries until at most ``keep`` remain."""
-        entries = self.entries
-        drop = len(entries) - keep
-        if drop <= 0:
-            return
-        dirty = self.dirty
-        for ck in [k for k in islice(entries, drop) if k not in dirty]:
-            del entries[ck]
-
-    def clear(self) -> None:
-        self.entries.clear()
         self.dirty.clear()
 
 
@@ -121,74 +222,72 @@ class MapView:
     """What the cache knows about the map of one (key, namespace).
 
     ``items``: user key -> owned value or :data:`ABSENT`; ``complete``: every mapping stored in
-    RocksDB is also in ``items`` (so a miss means absent); ``dirty``: user keys to write.
+    RocksDB is also in ``items`` (so a miss means absent); ``dirty``: user keys to write;
+    ``prefix``: the composite key of the map (computed on first need).
     """
 
-    __slots__ = ("complete", "dirty", "items")
+    __slots__ = ("complete", "dirty", "items", "prefix")
 
     def __init__(self) -> None:
         self.items: dict[Any, Any] = {}
         self.dirty: set[Any] = set()
         self.complete = False
+        self.prefix: bytes | None = None
 
 
-class MapCache:
-    """Cached map entries of one MapState: entry prefix (kg, key, ns) -> :class:`MapView`.
+class MapCache(_StateCache):
+    """Cached maps of one MapState: per key group, cache key -> :class:`MapView`.
 
-    RocksDB stores one key per user key: ``prefix + serialized user key``.
+    RocksDB stores one key per mapping: ``prefix + serialized user key``.
     """
 
-    __slots__ = (
-        "cf",
-        "count",
-        "deserialize_key",
-        "deserialize_value",
-        "name",
-        "serialize_key",
-        "serialize_value",
-        "views",
-    )
+    __slots__ = ("deserialize_key", "deserialize_value", "serialize_key", "serialize_value")
 
     def __init__(
         self,
         cf: ColumnFamily,
+        layout: KeyLayout,
+        start: int,
+        num_key_groups: int,
         serialize_key: Any,
         deserialize_key: Any,
         serialize_value: Any,
         deserialize_value: Any,
     ) -> None:
-        self.cf = cf
-        self.name = cf.name
+        super().__init__(cf, layout, start, num_key_groups)
         self.serialize_key = serialize_key
         self.deserialize_key = deserialize_key
         self.serialize_value = serialize_value
         self.deserialize_value = deserialize_value
-        self.views: dict[bytes, MapView] = {}
-        #: cached user keys over all views plus one per view (the budget unit)
-        self.count = 0
 
-    def view(self, prefix: bytes) -> MapView:
-        v = self.views.get(prefix)
-        if v is None:
-            v = self.views[prefix] = MapView()
-            self.count += 1
+    def new_view(self, kg_index: int, cache_key: Any) -> MapView:
+        v = self.entries[kg_index][cache_key] = MapView()
+        self.count += 1
         return v
 
-    def load(self, view: MapView, prefix: bytes, user_key: Any) -> Any:
+    def prefix(self, kg_index: int, cache_key: Any, view: MapView) -> bytes:
+        p = view.prefix
+        if p is None:
+            p = view.prefix = self.composite(kg_index, cache_key)
+        return p
+
+    def load(self, kg_index: int, cache_key: Any, view: MapView, user_key: Any) -> Any:
         """The miss path of one user key."""
         if view.complete:
             v = ABSENT
         else:
-            raw = self.cf.get(prefix + self.serialize_key(user_key))
+            prefix = self.prefix(kg_index, cache_key, view)
+            raw = self.raw_get(prefix + self.serialize_key(user_key))
             v = ABSENT if raw is None else self.deserialize_value(raw)
         view.items[user_key] = v
         self.count += 1
         return v
 
-    def load_all(self, view: MapView, prefix: bytes) -> None:
+    def load_all(self, kg_index: int, cache_key: Any, view: MapView) -> None:
         """Make ``view`` complete: read every stored mapping not already known."""
         if view.complete:
             return
+        prefix = self.prefix(kg_index, cache_key, view)
         items = view.items
         before = len(items)
         n = len(prefix)
@@ -200,37 +299,34 @@ class MapCache:
         view.complete = True
         self.count += len(items) - before
 
-    def first_stored_key(self, view: MapView, prefix: bytes) -> bool:
-        """Whether RocksDB holds a mapping of ``prefix`` that ``view`` has not removed."""
+    def has_stored_mapping(self, kg_index: int, cache_key: Any, view: MapView) -> bool:
+        """Whether RocksDB holds a mapping of the view that the view has not removed."""
+        prefix = self.prefix(kg_index, cache_key, view)
         n = len(prefix)
         items = view.items
         dk = self.deserialize_key
-        for raw_key, _ in self.cf.scan(prefix, _successor(prefix), keys_only=True):
+        for raw_key, _ in self.cf.scan_prefix(prefix, keys_only=True):
             if items.get(dk(raw_key[n:]), MISS) is not ABSENT:
                 return True
         return False
 
-    def size(self) -> int:
-        return self.count
-
     def write_dirty(self, batch: WriteBatch) -> int:
+        entries = self.entries
         handle = self.cf.handle
         sk, sv = self.serialize_key, self.serialize_value
         n = 0
-        for prefix, view in self.views.items():
-            if not view.dirty:
-                continue
+        for kgi, ck in self.dirty:
+            view = entries[kgi][ck]
+            prefix = self.prefix(kgi, ck, view)
             items = view.items
             for uk in view.dirty:
                 v = items[uk]
                 try:
-                    ck = prefix + sk(uk)
+                    raw_key = prefix + sk(uk)
                     if v is ABSENT:
-                        batch.delete(ck, handle)
+                        batch.delete(raw_key, handle)
                     else:
-                        batch.put(ck, sv(v), handle)
-                except StateBackendError:
-                    raise
+                        batch.put(raw_key, sv(v), handle)
                 except Exception as exc:
                     raise StateBackendError(
                         f"map state {self.name!r}: cannot serialize mapping {uk!r} -> {v!r} for "
@@ -240,36 +336,14 @@ class MapCache:
         return n
 
     def mark_clean(self) -> None:
-        for view in self.views.values():
-            if view.dirty:
-                view.dirty.clear()
+        entries = self.entries
+        for kgi, ck in self.dirty:
+            entries[kgi][ck].dirty.clear()
+        self.dirty.clear()
 
-    def evict(self, keep: int) -> None:
-        """Drop the oldest clean views until at most ``keep`` entries remain."""
-        views = self.views
-        excess = self.count - keep
-        if excess <= 0:
-            return
-        victims = []
-        for prefix, view in views.items():
-            if excess <= 0:
-                break
-            if view.dirty:
-                continue
-            victims.append(prefix)
-            excess -= len(view.items) + 1
-        for prefix in victims:
-            self.count -= len(views.pop(prefix).items) + 1
-
-    def clear(self) -> None:
-        self.views.clear()
-        self.count = 0
-
-
-def _successor(prefix: bytes) -> bytes | None:
-    from streamstate.backends.rocksdb.keys import prefix_successor
-
-    return prefix_successor(prefix)
+    def recount(self) -> int:
+        self.count = sum(len(v.items) + 1 for d in self._groups() for v in d.values())
+        return self.count
 
 
 class WriteBackCache:
@@ -302,23 +376,14 @@ class WriteBackCache:
     def register(self, cache: ValueCache | MapCache) -> None:
         self._caches.append(cache)
 
-    def unregister_all(self) -> None:
-        self._caches.clear()
-
     def size(self) -> int:
-        return sum(c.size() for c in self._caches)
+        return sum(c.count for c in self._caches)
 
     def dirty_count(self) -> int:
-        n = 0
-        for c in self._caches:
-            if isinstance(c, ValueCache):
-                n += len(c.dirty)
-            else:
-                n += sum(len(v.dirty) for v in c.views.values())
-        return n
+        return sum(len(c.dirty) for c in self._caches)
 
-    def at_record_boundary(self) -> None:
-        """Called on the first state access after a key change."""
+    def at_record_boundary(self, _key: Any = None) -> None:
+        """Called before every key change (a ``key_selected_listener`` of the backend)."""
         self._countdown -= 1
         if self._countdown > 0:
             return
@@ -332,12 +397,14 @@ class WriteBackCache:
         batch = self.instance.new_batch()
         n = 0
         for c in self._caches:
-            n += c.write_dirty(batch)
+            if c.dirty:
+                n += c.write_dirty(batch)
         if n:
             self.instance.write(batch)
-            for c in self._caches:
-                c.mark_clean()
             self.flushes += 1
+        for c in self._caches:
+            if c.dirty:
+                c.mark_clean()
         return n
 
     def evict(self) -> None:
@@ -350,10 +417,15 @@ class WriteBackCache:
             return
         target = self.capacity // 2
         for c in self._caches:
-            c.evict(c.size() * target // total)
+            c.evict(c.count * target // total)
         self.evictions += 1
 
     def clear(self) -> None:
-        """Forget every cached entry, dirty ones included (dispose, restore)."""
+        """Forget every cached entry, dirty ones included."""
         for c in self._caches:
             c.clear()
+
+    def dispose(self) -> None:
+        for c in self._caches:
+            c.dispose()
+        self._caches.clear()

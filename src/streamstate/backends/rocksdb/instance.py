@@ -117,15 +117,15 @@ class RocksDBConfig:
         opts.create_if_missing(True)
         opts.create_missing_column_families(True)
         table = BlockBasedOptions()
-        if cache is not None:
-            table.set_block_cache(cache)
-        else:
-            table.disable_cache()
         if self.bloom_bits_per_key > 0:
             table.set_bloom_filter(self.bloom_bits_per_key, False)
-        # index and filter blocks live in the block cache, so memory stays bounded with the data
-        table.set_cache_index_and_filter_blocks(True)
-        table.set_pin_l0_filter_and_index_blocks_in_cache(True)
+        if cache is not None:
+            table.set_block_cache(cache)
+            # index and filter blocks live in the block cache: memory stays bounded with the data
+            table.set_cache_index_and_filter_blocks(True)
+            table.set_pin_l0_filter_and_index_blocks_in_cache(True)
+        else:
+            table.disable_cache()
         opts.set_block_based_table_factory(table)
         opts.set_compression_type(_COMPRESSION[self.compression]())
         opts.set_write_buffer_size(self.write_buffer_size)
@@ -158,6 +158,10 @@ class ColumnFamily:
     def get(self, key: bytes) -> bytes | None:
         return self._db().get(key)  # type: ignore[no-any-return]
 
+    def get_function(self) -> Any:
+        """The column family's bound point read (for hot paths; drop it when detached)."""
+        return self._db().get
+
     def scan(
         self, start: bytes, end: bytes | None = None, *, keys_only: bool = False
     ) -> Iterator[tuple[bytes, bytes | None]]:
@@ -176,11 +180,13 @@ class ColumnFamily:
         finally:
             del it
 
-    def scan_prefix(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+    def scan_prefix(
+        self, prefix: bytes, *, keys_only: bool = False
+    ) -> Iterator[tuple[bytes, bytes]]:
         """Entries whose key starts with ``prefix``."""
         from streamstate.backends.rocksdb.keys import prefix_successor
 
-        return self.scan(prefix, prefix_successor(prefix))  # type: ignore[return-value]
+        return self.scan(prefix, prefix_successor(prefix), keys_only=keys_only)  # type: ignore[return-value]
 
     def detach(self) -> None:
         self.cf = None

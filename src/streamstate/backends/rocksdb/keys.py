@@ -35,10 +35,11 @@ b'\\x01,\\x00\\x00\\x00\\x00\\x00\\x00\\x00\\x07'
 
 from __future__ import annotations
 
+import struct
 from typing import Any
 
 from streamstate.namespace import VOID_NAMESPACE
-from streamstate.serializers import TypeSerializer, VoidNamespaceSerializer
+from streamstate.serializers import Int64Serializer, TypeSerializer, VoidNamespaceSerializer
 
 __all__ = [
     "KeyLayout",
@@ -48,6 +49,9 @@ __all__ = [
     "key_group_prefix_bytes",
     "prefix_successor",
 ]
+
+
+_INT64 = struct.Struct(">q")
 
 
 def key_group_prefix_bytes(max_parallelism: int) -> int:
@@ -130,6 +134,7 @@ class KeyLayout:
     """
 
     __slots__ = (
+        "_key_bytes",
         "has_user_key",
         "key_fixed",
         "key_serializer",
@@ -155,6 +160,10 @@ class KeyLayout:
         #: the prefix of every key group, indexed by key group (one allocation per backend)
         self.kg_prefixes = [key_group_bound(kg, self.kg_bytes) for kg in range(max_parallelism)]
         self.key_serializer = key_serializer
+        # the hot path of misses and flushes: skip the serializer's method layers for int keys
+        self._key_bytes = (
+            _INT64.pack if type(key_serializer) is Int64Serializer else key_serializer.serialize
+        )
         self.namespace_serializer = namespace_serializer
         self.has_user_key = has_user_key
         self.key_fixed = key_serializer.fixed_length
@@ -166,7 +175,13 @@ class KeyLayout:
 
     def key_prefix(self, key_group: int, key: Any) -> bytes:
         """``[key group][key]``: shared by every state of a backend for the current key."""
-        kb = self.key_serializer.serialize(key)
+        try:
+            kb = self._key_bytes(key)
+        except (struct.error, TypeError) as exc:
+            raise TypeError(
+                f"key {key!r} cannot be written by the key serializer {self.key_serializer!r}: "
+                f"{exc}"
+            ) from None
         if self.key_fixed < 0:
             return self.kg_prefixes[key_group] + encode_varint(len(kb)) + kb
         return self.kg_prefixes[key_group] + kb

@@ -1,8 +1,9 @@
 """RocksDB implementations of the five keyed state kinds (SPEC §10).
 
-Each state is a thin handle, as in Flink: the backend hands it its column family, its cache, the
-key layout and the shared :class:`CurrentKeyBytes`; the state turns the state interface into
-cache and RocksDB operations on the composite key ``[key group][key][namespace]``.
+Each state is a thin handle, as in Flink: the backend hands it its cache (which owns the column
+family and the key layout) and the shared :class:`CurrentKeyBytes`; the state turns the state
+interface into cache operations on the current key group, key and namespace, and into RocksDB
+reads of the composite key ``[key group][key][namespace]`` on a cache miss.
 
 Encodings (one column family per state):
 
@@ -10,15 +11,15 @@ Encodings (one column family per state):
 value          ``ck -> serializer(value)``
 list           ``ck -> ListSerializer(elements)``: one value per list, appended in the cache
                (read-modify-write on a miss). Measured against one RocksDB key per element in
-               ``bench/rocksdb.py``; see ``docs/architecture.md`` for the choice.
+               ``bench/rocksdb.py``; ``docs/architecture.md`` explains the choice.
 map            ``ck + serializer(user key) -> serializer(value)``: one RocksDB key per mapping,
                iterated with ``seek`` to the prefix ``ck`` (prefix-free, see ``keys.py``)
 reducing       ``ck -> serializer(reduced value)``
 aggregating    ``ck -> serializer(accumulator)``
 =============  =================================================================================
 
-The hot path binds what it needs to locals, checks the current key by identity and rebuilds the
-composite key only when the key or namespace changed.
+The hot path is a list index and a dict lookup keyed by the key (or ``(key, namespace)``), like
+the heap backend's; nothing is serialized on a cache hit.
 """
 
 from __future__ import annotations
@@ -35,16 +36,9 @@ from streamstate.api.state import (
     InternalValueState,
 )
 from streamstate.backends.base import KeyContext
-from streamstate.backends.rocksdb.cache import (
-    ABSENT,
-    MISS,
-    MapCache,
-    MapView,
-    ValueCache,
-    WriteBackCache,
-)
+from streamstate.backends.rocksdb.cache import ABSENT, MISS, MapCache, MapView, ValueCache
 from streamstate.backends.rocksdb.keys import KeyLayout
-from streamstate.errors import NoCurrentKeyError, StateAccessError, StateBackendError
+from streamstate.errors import NoCurrentKeyError, StateAccessError
 from streamstate.namespace import VOID_NAMESPACE
 from streamstate.serializers.base import TypeSerializer
 
@@ -62,50 +56,37 @@ _NO_KEY: Any = object()
 
 
 class CurrentKeyBytes:
-    """``[key group][key]`` of the backend's current key, computed once per key change.
+    """``[key group][key]`` of the backend's current key, serialized on the first cache miss of
+    a record and shared by every state of the backend."""
 
-    States compare ``ctx.key`` with :attr:`key` by identity; on a change the first state to notice
-    calls :meth:`refresh`, which is also the record boundary of the write-back cache.
-    """
+    __slots__ = ("_ctx", "_layout", "_prefix", "_start", "key")
 
-    __slots__ = ("_cache", "_ctx", "_layout", "_start", "disposed", "key", "prefix")
+    # ``_prefix`` is read directly by the states' hot paths when ``key`` is the current key
 
-    def __init__(self, ctx: KeyContext, layout: KeyLayout, cache: WriteBackCache, start: int):
+    def __init__(self, ctx: KeyContext, layout: KeyLayout, start: int) -> None:
         self._ctx = ctx
         self._layout = layout
-        self._cache = cache
         self._start = start
         self.key: Any = _NO_KEY
-        self.prefix = b""
-        self.disposed = False
+        self._prefix = b""
 
-    def refresh(self, state_name: str) -> None:
-        if self.disposed:
-            raise StateBackendError(
-                f"state {state_name!r}: this rocksdb keyed state backend was disposed"
-            )
+    def prefix(self, state_name: str) -> bytes:
         ctx = self._ctx
         key = ctx.key
-        if key is None:
-            raise NoCurrentKeyError(
-                f"state {state_name!r} was accessed with no current key set; keyed state can only "
-                "be used while processing a record or timer of a key (or after set_current_key)"
-            )
-        self._cache.at_record_boundary()
-        self.prefix = self._layout.key_prefix(ctx.kg_index + self._start, key)
-        self.key = key
-
-    def dispose(self) -> None:
-        self.disposed = True
-        self.key = _NO_KEY
+        if key is not self.key:
+            if key is None:
+                raise NoCurrentKeyError(
+                    f"state {state_name!r} was accessed with no current key set"
+                )
+            self._prefix = self._layout.key_prefix(ctx.kg_index + self._start, key)
+            self.key = key
+        return self._prefix
 
 
 class _RocksDBState:
-    """Shared fields and the composite-key logic of every RocksDB state handle."""
+    """Shared fields of every RocksDB state handle: namespace, layout, current key."""
 
     __slots__ = (
-        "_ck",
-        "_ck_prefix",
         "_ctx",
         "_current",
         "_descriptor",
@@ -113,6 +94,7 @@ class _RocksDBState:
         "_name",
         "_ns",
         "_ns_bytes",
+        "_void",
         "namespace_serializer",
     )
 
@@ -130,11 +112,10 @@ class _RocksDBState:
         self._layout = layout
         self._current = current
         self._ctx = ctx
+        self._void = layout.ns_void
         self._ns: Any = VOID_NAMESPACE
         # serialized lazily: a state whose namespaces are windows is created in VOID_NAMESPACE
-        self._ns_bytes: bytes | None = b"" if layout.ns_void else None
-        self._ck = b""
-        self._ck_prefix: bytes | None = None
+        self._ns_bytes: bytes | None = b"" if self._void else None
 
     @property
     def descriptor(self) -> StateDescriptor:
@@ -145,11 +126,8 @@ class _RocksDBState:
             return
         if namespace is None:
             raise StateAccessError(f"state {self._name!r}: the namespace must not be None")
-        if namespace == self._ns and type(namespace) is type(self._ns):
-            return
         self._ns = namespace
-        self._ns_bytes = b"" if self._layout.ns_void else None
-        self._ck_prefix = None
+        self._ns_bytes = b"" if self._void else None
 
     def get_current_namespace(self) -> Any:
         return self._ns
@@ -163,31 +141,15 @@ class _RocksDBState:
                 f"{self.namespace_serializer!r}: {exc}"
             ) from exc
 
-    def _rebuild(self, prefix: bytes) -> bytes:
-        """The composite key for a new key prefix or namespace (the slow part of ``_key``)."""
+    def _raw_key(self) -> bytes:
+        """The composite key of the current key and namespace (for a RocksDB read)."""
         nsb = self._ns_bytes
         if nsb is None:
             nsb = self._ns_bytes = self._namespace_bytes(self._ns)
-        self._ck = ck = prefix + nsb
-        self._ck_prefix = prefix
-        return ck
+        return self._current.prefix(self._name) + nsb
 
-    def _key(self) -> bytes:
-        """The composite key of the current key and namespace."""
-        current = self._current
-        if self._ctx.key is not current.key:
-            current.refresh(self._name)
-        prefix = current.prefix
-        if self._ck_prefix is not prefix:
-            return self._rebuild(prefix)
-        return self._ck
-
-    def _key_in(self, namespace: Any) -> bytes:
-        """The composite key of the current key in another namespace."""
-        current = self._current
-        if self._ctx.key is not current.key:
-            current.refresh(self._name)
-        return current.prefix + self._namespace_bytes(namespace)
+    def _cache_key(self, namespace: Any) -> Any:
+        return self._ctx.key if self._void else (self._ctx.key, namespace)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._name!r})"
@@ -215,30 +177,49 @@ class _SingleValueState(_RocksDBState):
         self._immutable = serializer.immutable
         self._copy = serializer.copy
 
-    def _load(self, ck: bytes) -> Any:
-        v = self._entries.get(ck, MISS)
+    def _load(self) -> tuple[int, Any, Any]:
+        """``(key group index, cache key, stored object or ABSENT)`` of the current entry."""
+        ctx = self._ctx
+        kgi = ctx.kg_index
+        ck = ctx.key if self._void else (ctx.key, self._ns)
+        v = self._entries[kgi].get(ck, MISS)
         if v is MISS:
-            v = self._cache.load(ck)
-        return v
+            v = self._cache.load(kgi, ck, self._raw_key())
+        return kgi, ck, v
 
-    def _store(self, ck: bytes, value: Any) -> None:
+    def _load_in(self, namespace: Any) -> tuple[int, Any, Any]:
+        """As :meth:`_load`, in another namespace of the current key."""
+        kgi = self._ctx.kg_index
+        ck = self._cache_key(namespace)
+        v = self._entries[kgi].get(ck, MISS)
+        if v is MISS:
+            raw_key = self._current.prefix(self._name) + self._namespace_bytes(namespace)
+            v = self._cache.load(kgi, ck, raw_key)
+        return kgi, ck, v
+
+    def _store(self, kgi: int, ck: Any, value: Any) -> None:
         """Store an object the cache owns (or ABSENT to delete)."""
-        self._entries[ck] = value
-        self._dirty.add(ck)
+        d = self._entries[kgi]
+        n = len(d)
+        d[ck] = value
+        if len(d) != n:
+            self._cache.count += 1
+        self._dirty.add((kgi, ck))
 
     def clear(self) -> None:
-        ck = self._key()
-        self._entries[ck] = ABSENT
-        self._dirty.add(ck)
+        ctx = self._ctx
+        self._store(ctx.kg_index, ctx.key if self._void else (ctx.key, self._ns), ABSENT)
 
     def get_internal(self) -> Any:
         """The stored object (read-only!) or None."""
-        v = self._load(self._key())
+        v = self._load()[2]
         return None if v is ABSENT else v
 
     def update_internal(self, value: Any) -> None:
         """Replace the stored object (None deletes); the object is handed over to the state."""
-        self._store(self._key(), ABSENT if value is None else value)
+        ctx = self._ctx
+        ck = ctx.key if self._void else (ctx.key, self._ns)
+        self._store(ctx.kg_index, ck, ABSENT if value is None else value)
 
     def _merge(self, a: Any, b: Any) -> Any:  # pragma: no cover - overridden
         raise NotImplementedError
@@ -246,18 +227,16 @@ class _SingleValueState(_RocksDBState):
     def merge_namespaces(self, target: Any, sources: Iterable[Any]) -> None:
         merged: Any = None
         for src in sources:
-            ck = self._key_in(src)
-            part = self._load(ck)
+            kgi, ck, part = self._load_in(src)
             if part is ABSENT:
                 continue
-            self._store(ck, ABSENT)
+            self._store(kgi, ck, ABSENT)
             merged = part if merged is None else self._merge(merged, part)
         if merged is None:
             return
-        tck = self._key_in(target)
-        current = self._load(tck)
+        kgi, ck, current = self._load_in(target)
         result = merged if current is ABSENT else self._merge(current, merged)
-        self._store(tck, ABSENT if result is None else result)
+        self._store(kgi, ck, ABSENT if result is None else result)
 
 
 class RocksDBValueState(_SingleValueState, InternalValueState[Any]):
@@ -272,14 +251,18 @@ class RocksDBValueState(_SingleValueState, InternalValueState[Any]):
         self._copy_default = self._default is not None and not descriptor.serializer.immutable
 
     def value(self) -> Any:
-        current = self._current
-        if self._ctx.key is not current.key:
-            current.refresh(self._name)
-        prefix = current.prefix
-        ck = self._ck if self._ck_prefix is prefix else self._rebuild(prefix)
-        v = self._entries.get(ck, MISS)
-        if v is MISS:
-            v = self._cache.load(ck)
+        ctx = self._ctx
+        kgi = ctx.kg_index
+        key = ctx.key
+        ck = key if self._void else (key, self._ns)
+        v = self._entries[kgi].get(ck, MISS)
+        if v is MISS:  # inlined _raw_key(): the miss path is hot when state exceeds the cache
+            current = self._current
+            prefix = current._prefix if key is current.key else current.prefix(self._name)
+            nsb = self._ns_bytes
+            if nsb is None:
+                nsb = self._ns_bytes = self._namespace_bytes(self._ns)
+            v = self._cache.load(kgi, ck, prefix + nsb)
         if v is ABSENT:
             if self._copy_default:
                 return self._copy(self._default)
@@ -287,18 +270,20 @@ class RocksDBValueState(_SingleValueState, InternalValueState[Any]):
         return v if self._immutable else self._copy(v)
 
     def update(self, value: Any) -> None:
-        current = self._current
-        if self._ctx.key is not current.key:
-            current.refresh(self._name)
-        prefix = current.prefix
-        ck = self._ck if self._ck_prefix is prefix else self._rebuild(prefix)
+        ctx = self._ctx
+        kgi = ctx.kg_index
+        ck = ctx.key if self._void else (ctx.key, self._ns)
+        d = self._entries[kgi]
+        n = len(d)
         if value is None:
-            self._entries[ck] = ABSENT
+            d[ck] = ABSENT
         elif self._immutable:
-            self._entries[ck] = value
+            d[ck] = value
         else:
-            self._entries[ck] = self._copy(value)
-        self._dirty.add(ck)
+            d[ck] = self._copy(value)
+        if len(d) != n:
+            self._cache.count += 1
+        self._dirty.add((kgi, ck))
 
 
 def _refuse_none(name: str, values: Iterable[Any] | None) -> list[Any]:
@@ -322,7 +307,7 @@ class RocksDBListState(_SingleValueState, InternalListState[Any]):
         self._copy_element = None if element.immutable else element.copy
 
     def get(self) -> list[Any]:
-        v = self._load(self._key())
+        v = self._load()[2]
         if v is ABSENT:
             return []
         return self._copy(v)  # type: ignore[no-any-return]
@@ -332,17 +317,14 @@ class RocksDBListState(_SingleValueState, InternalListState[Any]):
             raise StateAccessError(
                 f"list state {self._name!r}: None cannot be added to a list state"
             )
-        ck = self._key()
-        lst = self._entries.get(ck, MISS)
-        if lst is MISS:
-            lst = self._cache.load(ck)
+        kgi, ck, lst = self._load()
         if self._copy_element is not None:
             value = self._copy_element(value)
         if lst is ABSENT:
-            self._entries[ck] = [value]
+            self._entries[kgi][ck] = [value]
         else:
             lst.append(value)
-        self._dirty.add(ck)
+        self._dirty.add((kgi, ck))
 
     def add_all(self, values: Iterable[Any]) -> None:
         new = _refuse_none(self._name, values)
@@ -350,22 +332,21 @@ class RocksDBListState(_SingleValueState, InternalListState[Any]):
             return
         if self._copy_element is not None:
             new = [self._copy_element(v) for v in new]
-        ck = self._key()
-        lst = self._load(ck)
+        kgi, ck, lst = self._load()
         if lst is ABSENT:
-            self._entries[ck] = new
+            self._entries[kgi][ck] = new
         else:
             lst.extend(new)
-        self._dirty.add(ck)
+        self._dirty.add((kgi, ck))
 
     def update(self, values: Iterable[Any] | None) -> None:
         new = _refuse_none(self._name, values)
         if self._copy_element is not None:
             new = [self._copy_element(v) for v in new]
-        self._store(self._key(), new or ABSENT)
+        self.update_internal(new or None)
 
     def update_internal(self, value: Any) -> None:
-        self._store(self._key(), value or ABSENT)
+        super().update_internal(value or None)
 
     def _merge(self, a: list[Any], b: list[Any]) -> list[Any]:
         a.extend(b)
@@ -382,19 +363,18 @@ class RocksDBReducingState(_SingleValueState, InternalReducingState[Any]):
         self._reduce = self._descriptor.reduce_function.reduce  # type: ignore[attr-defined]
 
     def get(self) -> Any:
-        v = self._load(self._key())
+        v = self._load()[2]
         if v is ABSENT:
             return None
         return v if self._immutable else self._copy(v)
 
     def add(self, value: Any) -> None:
-        ck = self._key()
         if value is None:
-            self._store(ck, ABSENT)
+            self.clear()
             return
-        current = self._load(ck)
+        kgi, ck, current = self._load()
         result = value if current is ABSENT else self._reduce(current, value)
-        self._store(ck, ABSENT if result is None else result)
+        self._store(kgi, ck, ABSENT if result is None else result)
 
     def _merge(self, a: Any, b: Any) -> Any:
         return self._reduce(a, b)
@@ -410,17 +390,16 @@ class RocksDBAggregatingState(_SingleValueState, InternalAggregatingState[Any, A
         self._agg = self._descriptor.aggregate_function  # type: ignore[attr-defined]
 
     def get(self) -> Any:
-        acc = self._load(self._key())
+        acc = self._load()[2]
         return None if acc is ABSENT else self._agg.get_result(acc)
 
     def add(self, value: Any) -> None:
-        ck = self._key()
-        acc = self._load(ck)
+        kgi, ck, acc = self._load()
         agg = self._agg
         if acc is ABSENT:
             acc = agg.create_accumulator()
         result = agg.add(value, acc)
-        self._store(ck, ABSENT if result is None else result)
+        self._store(kgi, ck, ABSENT if result is None else result)
 
     def _merge(self, a: Any, b: Any) -> Any:
         return self._agg.merge(a, b)
@@ -433,7 +412,7 @@ class RocksDBMapState(_RocksDBState, InternalMapState[Any, Any]):
     Iteration returns a list taken at call time, so mappings may be removed while iterating.
     """
 
-    __slots__ = ("_cache", "_copy_value", "_views")
+    __slots__ = ("_cache", "_copy_value", "_dirty", "_entries")
 
     def __init__(
         self,
@@ -446,22 +425,27 @@ class RocksDBMapState(_RocksDBState, InternalMapState[Any, Any]):
     ) -> None:
         super().__init__(descriptor, namespace_serializer, layout, current, ctx)
         self._cache = cache
-        self._views = cache.views
+        self._entries = cache.entries
+        self._dirty = cache.dirty
         value_serializer = descriptor.value_serializer  # type: ignore[attr-defined]
         self._copy_value = None if value_serializer.immutable else value_serializer.copy
 
-    def _view(self) -> tuple[bytes, MapView]:
-        ck = self._key()
-        view = self._views.get(ck)
+    def _view(self) -> tuple[int, Any, MapView]:
+        ctx = self._ctx
+        kgi = ctx.kg_index
+        ck = ctx.key if self._void else (ctx.key, self._ns)
+        view = self._entries[kgi].get(ck)
         if view is None:
-            view = self._cache.view(ck)
-        return ck, view
+            if ctx.key is None:  # pragma: no cover - the guard raised already
+                raise NoCurrentKeyError(f"state {self._name!r}: no current key")
+            view = self._cache.new_view(kgi, ck)
+        return kgi, ck, view
 
     def _lookup(self, user_key: Any) -> Any:
-        ck, view = self._view()
+        kgi, ck, view = self._view()
         v = view.items.get(user_key, MISS)
         if v is MISS:
-            v = self._cache.load(view, ck, user_key)
+            v = self._cache.load(kgi, ck, view, user_key)
         return v
 
     def get(self, key: Any) -> Any:
@@ -473,37 +457,39 @@ class RocksDBMapState(_RocksDBState, InternalMapState[Any, Any]):
     def contains(self, key: Any) -> bool:
         return self._lookup(key) is not ABSENT
 
+    def _write(self, kgi: int, ck: Any, view: MapView, mapping: dict[Any, Any]) -> None:
+        items = view.items
+        n = len(items)
+        items.update(mapping)
+        view.dirty.update(mapping)
+        self._cache.count += len(items) - n
+        self._dirty.add((kgi, ck))
+
     def put(self, key: Any, value: Any) -> None:
-        _, view = self._view()
+        kgi, ck, view = self._view()
         items = view.items
         n = len(items)
         items[key] = value if self._copy_value is None else self._copy_value(value)
         view.dirty.add(key)
         self._cache.count += len(items) - n
+        self._dirty.add((kgi, ck))
 
     def put_all(self, mapping: dict[Any, Any]) -> None:
         if not mapping:
             return
-        _, view = self._view()
-        items = view.items
-        n = len(items)
         cp = self._copy_value
-        for k, v in mapping.items():
-            items[k] = v if cp is None else cp(v)
-            view.dirty.add(k)
-        self._cache.count += len(items) - n
+        kgi, ck, view = self._view()
+        self._write(
+            kgi, ck, view, mapping if cp is None else {k: cp(v) for k, v in mapping.items()}
+        )
 
     def remove(self, key: Any) -> None:
-        _, view = self._view()
-        items = view.items
-        n = len(items)
-        items[key] = ABSENT
-        view.dirty.add(key)
-        self._cache.count += len(items) - n
+        kgi, ck, view = self._view()
+        self._write(kgi, ck, view, {key: ABSENT})
 
     def _all_items(self) -> list[tuple[Any, Any]]:
-        ck, view = self._view()
-        self._cache.load_all(view, ck)
+        kgi, ck, view = self._view()
+        self._cache.load_all(kgi, ck, view)
         cp = self._copy_value
         if cp is None:
             return [(k, v) for k, v in view.items.items() if v is not ABSENT]
@@ -519,21 +505,20 @@ class RocksDBMapState(_RocksDBState, InternalMapState[Any, Any]):
         return iter(self._all_items())
 
     def is_empty(self) -> bool:
-        ck, view = self._view()
+        kgi, ck, view = self._view()
         for v in view.items.values():
             if v is not ABSENT:
                 return False
         if view.complete:
             return True
-        return not self._cache.first_stored_key(view, ck)
+        return not self._cache.has_stored_mapping(kgi, ck, view)
 
     def clear(self) -> None:
-        ck, view = self._view()
-        self._cache.load_all(view, ck)
-        for uk, v in view.items.items():
-            if v is not ABSENT:
-                view.items[uk] = ABSENT
-                view.dirty.add(uk)
+        kgi, ck, view = self._view()
+        self._cache.load_all(kgi, ck, view)
+        present = {uk: ABSENT for uk, v in view.items.items() if v is not ABSENT}
+        if present:
+            self._write(kgi, ck, view, present)
 
     def get_internal(self) -> dict[Any, Any] | None:
         """The whole map as a dict (None when empty)."""
