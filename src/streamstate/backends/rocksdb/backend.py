@@ -102,6 +102,10 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         self._restored_states: dict[str, dict[str, Any]] = {}
         #: timers restored from a checkpoint, waiting for their timer service to join
         self._restored_timers: dict[str, list[tuple[Any, Any, int, int]]] = {}
+        #: timer blocks restored from snapshot files (still encoded): name -> key group -> block
+        self._restored_timer_blocks: dict[str, dict[int, Any]] = {}
+        #: states restored from snapshot files, decoded when registered: name -> files
+        self._deferred_files: dict[str, list[Any]] = {}
         #: timer services whose (heap) timers are snapshotted with the keyed state
         self.snapshot_participants: list[Any] = []
         #: identifies this backend's lineage of incremental checkpoints
@@ -137,7 +141,13 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         layout = self._layout_for(namespace_serializer, has_user_key=is_map)
         cf = self.instance.column_family(name)
         restored = self._restored_states.pop(name, None)
-        if restored is not None:
+        if name in self._deferred_files:
+            from streamstate.backends.rocksdb.restore_files import restore_deferred_state
+
+            restore_deferred_state(
+                self, name, kind.value, namespace_serializer, meta.state_serializer
+            )
+        elif restored is not None:
             self._migrate_if_needed(name, restored, meta, cf, layout)
         cache: ValueCache | MapCache
         start, n = self._range_start, self._num_key_groups
@@ -270,10 +280,16 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         service present during the restore gets them right away. Returns how many."""
         restore = getattr(service, "restore_timer", None)
         state_name = getattr(service, "state_name", None)
-        if restore is None or state_name is None or not self._restored_timers:
+        if restore is None or state_name is None:
             return 0
-        ns_serializer = getattr(service, "namespace_serializer", None)
         n = 0
+        if self._restored_timer_blocks:
+            from streamstate.backends.rocksdb.restore_files import restore_file_timers
+
+            n += restore_file_timers(self, service)
+        if not self._restored_timers:
+            return n
+        ns_serializer = getattr(service, "namespace_serializer", None)
         for domain in ("event", "processing"):
             timers = self._restored_timers.pop(state_name(domain), None)
             for key, namespace, timestamp, key_group in timers or ():
@@ -303,6 +319,14 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         from streamstate.backends.rocksdb.restore import restore_incremental
 
         return restore_incremental(self, store, handles)
+
+    def restore(self, files: Sequence[Any]) -> int:
+        """Restore (before any state is registered) from the checkpoint storage's keyed snapshot
+        files (``KeyedStateRestore``, full then deltas per old subtask), like the heap backend."""
+        self._check_open()
+        from streamstate.backends.rocksdb.restore_files import restore_files
+
+        return restore_files(self, files)
 
     def restore_from_snapshots(self, snapshots: Iterable[Any]) -> int:
         """Restore (before any state is registered) from canonical keyed snapshots (savepoints

@@ -61,6 +61,12 @@ def take_snapshot(
     backend: RocksDBKeyedStateBackend, checkpoint_id: int
 ) -> RocksDBKeyedStateSnapshot:
     """The synchronous phase of a snapshot of ``backend`` (see the module docstring)."""
+    if backend._deferred_files:
+        raise CheckpointError(
+            f"states {sorted(backend._deferred_files)} were restored from snapshot files but are "
+            "not registered yet (their serializers are not built in, so they are decoded with the "
+            "program's serializers on registration); register them before the next checkpoint"
+        )
     backend.cache.flush()
     for reg in list(backend._registered.values()):
         hook = reg.ttl_hook
