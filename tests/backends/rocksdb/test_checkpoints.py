@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -10,7 +13,9 @@ from rocks_helpers import checkpoint, make_rocks_fixture, raw_content, store_fix
 from streamstate import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
 from streamstate.backends.rocksdb.incremental import IncrementalManifest, SharedStateRegistry
 from streamstate.backends.rocksdb.restore import load_manifest
+from streamstate.backends.rocksdb.storage import CheckpointStorageFileStore
 from streamstate.errors import (
+    CheckpointError,
     CorruptCheckpointError,
     MaxParallelismMismatchError,
     StateBackendError,
@@ -296,3 +301,45 @@ def test_compatible_serializer_change_migrates(make_rocks: Any, store: Any) -> N
     for k in range(20):
         r.set_current_key(k)
         assert s2.value() == k
+
+
+class DictCheckpointStorage:
+    """The file operations of ``streamstate.checkpoint.storage.CheckpointStorage`` over a dict."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, bytes] = {}
+
+    @contextlib.contextmanager
+    def open_write(self, path: str) -> Iterator[io.BytesIO]:
+        buf = io.BytesIO()
+        yield buf
+        self.files[path] = buf.getvalue()
+
+    def open_read(self, path: str) -> io.BytesIO:
+        if path not in self.files:
+            raise CheckpointError(f"checkpoint file {path} is missing")
+        return io.BytesIO(self.files[path])
+
+    def put_atomic(self, path: str, data: bytes) -> None:
+        self.files[path] = bytes(data)
+
+    def size(self, path: str) -> int | None:
+        data = self.files.get(path)
+        return None if data is None else len(data)
+
+    def delete(self, path: str) -> None:
+        self.files.pop(path, None)
+
+
+def test_checkpoint_storage_adapter(make_rocks: Any) -> None:
+    storage = DictCheckpointStorage()
+    store = CheckpointStorageFileStore(storage)
+    old = [make_rocks(i, 2) for i in range(2)]
+    _fill(old, range(500), p=2)
+    handles = checkpoint(old, store, 3)
+    assert {p for h in handles for p, *_ in h.files()} == set(storage.files)
+    assert all(p.startswith("shared/op/") for h in handles for p in h.shared_paths)
+    new = [make_rocks(i, 3) for i in range(3)]
+    for b in new:
+        b.restore_from_incremental(store, handles)
+    _check(new, range(500))

@@ -6,24 +6,29 @@ files go to ``shared/``, the per-subtask manifest to
 
 :class:`SnapshotFileStore` is the minimal interface this backend writes against;
 :class:`FsspecFileStore` implements it for any fsspec URL (a local path, ``file://``, ``memory://``,
-``s3://``...). Integration note: once ``streamstate.checkpoint.storage.CheckpointStorage`` is
-merged, an adapter from it to this protocol (or the protocol's methods on it) replaces
-:class:`FsspecFileStore` in the checkpoint writer.
+``s3://``...) and :class:`CheckpointStorageFileStore` adapts the checkpoint package's
+``CheckpointStorage`` (``open_write``, ``open_read``, ``put_atomic``, ``size``, ``delete``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import uuid
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import fsspec
 import google_crc32c
 
 from streamstate.errors import CheckpointError
 
-__all__ = ["FsspecFileStore", "SnapshotFileStore", "crc32c_of_file"]
+__all__ = [
+    "CheckpointStorageFileStore",
+    "FsspecFileStore",
+    "SnapshotFileStore",
+    "crc32c_of_file",
+]
 
 _CHUNK = 1 << 20
 
@@ -133,6 +138,41 @@ class FsspecFileStore:
 
     def __repr__(self) -> str:
         return f"FsspecFileStore({self.url!r})"
+
+
+class CheckpointStorageFileStore:
+    """A :class:`SnapshotFileStore` over ``streamstate.checkpoint.storage.CheckpointStorage``.
+
+    Paths are relative to the storage's job directory. Uploads stream through ``open_write``
+    (which removes a partial file on failure); small files use ``put_atomic``.
+    """
+
+    def __init__(self, storage: Any) -> None:
+        self.storage = storage
+
+    def put_file(self, local_path: str, path: str) -> None:
+        with open(local_path, "rb") as src, self.storage.open_write(path) as dst:
+            shutil.copyfileobj(src, dst, _CHUNK)
+
+    def put_bytes(self, data: bytes, path: str) -> None:
+        self.storage.put_atomic(path, data)
+
+    def get_file(self, path: str, local_path: str) -> None:
+        with self.storage.open_read(path) as src, open(local_path, "wb") as dst:
+            shutil.copyfileobj(src, dst, _CHUNK)
+
+    def get_bytes(self, path: str) -> bytes:
+        with self.storage.open_read(path) as f:
+            return bytes(f.read())
+
+    def exists(self, path: str) -> bool:
+        return self.storage.size(path) is not None
+
+    def delete(self, path: str) -> None:
+        self.storage.delete(path)
+
+    def __repr__(self) -> str:
+        return f"CheckpointStorageFileStore({self.storage!r})"
 
 
 def _quiet_rm(fs: fsspec.AbstractFileSystem, path: str) -> None:
