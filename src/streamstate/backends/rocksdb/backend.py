@@ -117,7 +117,9 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
 
     # ---- states ------------------------------------------------------------------------------
 
-    def _layout_for(self, namespace_serializer: TypeSerializer[Any], *, has_user_key: bool):
+    def _layout_for(
+        self, namespace_serializer: TypeSerializer[Any], *, has_user_key: bool
+    ) -> KeyLayout:
         return KeyLayout(
             self.max_parallelism,
             self.key_serializer,
@@ -237,7 +239,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         key_end, entry_end = layout.key_end, layout.entry_end
         decode_key = layout.decode_key
         previous = None
-        for raw, _ in cf.scan(b"", None, keys_only=True):
+        for raw in cf.scan_keys(b""):
             end = entry_end(raw)
             if raw[key_end(raw) : end] != ns_part:
                 continue
@@ -261,7 +263,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             cf, layout = found
             entry_end = layout.entry_end
             previous = None
-            for raw, _ in cf.scan(b"", None, keys_only=True):
+            for raw in cf.scan_keys(b""):
                 entry = raw[: entry_end(raw)]
                 if entry != previous:
                     total += 1

@@ -169,7 +169,11 @@ class _StateCache:
 
 
 class ValueCache(_StateCache):
-    """Cached entries of one state stored as one RocksDB value per (key, namespace)."""
+    """Cached entries of one state stored as one RocksDB value per (key, namespace).
+
+    Complexity: a hit is one list index and one dict lookup; a miss adds one RocksDB point read
+    and one deserialization; a flush costs one serialization and one batch put per dirty entry.
+    """
 
     __slots__ = ("deserialize", "serialize")
 
@@ -238,7 +242,9 @@ class MapView:
 class MapCache(_StateCache):
     """Cached maps of one MapState: per key group, cache key -> :class:`MapView`.
 
-    RocksDB stores one key per mapping: ``prefix + serialized user key``.
+    RocksDB stores one key per mapping: ``prefix + serialized user key``. Complexity: a point
+    operation on a cached mapping is O(1); a miss reads one RocksDB key; iterating a map that is
+    not complete yet scans its prefix once (O(mappings)), after which it is served from memory.
     """
 
     __slots__ = ("deserialize_key", "deserialize_value", "serialize_key", "serialize_value")
@@ -305,7 +311,7 @@ class MapCache(_StateCache):
         n = len(prefix)
         items = view.items
         dk = self.deserialize_key
-        for raw_key, _ in self.cf.scan_prefix(prefix, keys_only=True):
+        for raw_key in self.cf.scan_prefix_keys(prefix):
             if items.get(dk(raw_key[n:]), MISS) is not ABSENT:
                 return True
         return False

@@ -39,6 +39,7 @@ from rocksdict import (
     WriteOptions,
 )
 
+from streamstate.backends.rocksdb.keys import prefix_successor
 from streamstate.errors import InvalidStateNameError, StateBackendError
 
 __all__ = ["ColumnFamily", "RocksDBConfig", "RocksDBInstance", "open_read_only"]
@@ -162,31 +163,43 @@ class ColumnFamily:
         """The column family's bound point read (for hot paths; drop it when detached)."""
         return self._db().get
 
-    def scan(
-        self, start: bytes, end: bytes | None = None, *, keys_only: bool = False
-    ) -> Iterator[tuple[bytes, bytes | None]]:
-        """``(key, value)`` pairs with ``start <= key < end`` in key order (a consistent view:
-        a RocksDB iterator pins the data it iterates)."""
+    def _iterator(self, start: bytes, end: bytes | None) -> Any:
         ro = ReadOptions()
         if end is not None:
             ro.set_iterate_upper_bound(end)
         it = self._db().iter(ro)
         # iterate_lower_bound is ignored by rocksdict when iterating from the start: seek instead
         it.seek(start)
+        return it
+
+    def scan(self, start: bytes, end: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        """``(key, value)`` pairs with ``start <= key < end`` in key order (a consistent view:
+        a RocksDB iterator pins the data it iterates)."""
+        it = self._iterator(start, end)
         try:
             while it.valid():
-                yield it.key(), (None if keys_only else it.value())
+                yield it.key(), it.value()
                 it.next()
         finally:
             del it
 
-    def scan_prefix(
-        self, prefix: bytes, *, keys_only: bool = False
-    ) -> Iterator[tuple[bytes, bytes]]:
-        """Entries whose key starts with ``prefix``."""
-        from streamstate.backends.rocksdb.keys import prefix_successor
+    def scan_keys(self, start: bytes, end: bytes | None = None) -> Iterator[bytes]:
+        """The keys of :meth:`scan` (values are not copied to Python)."""
+        it = self._iterator(start, end)
+        try:
+            while it.valid():
+                yield it.key()
+                it.next()
+        finally:
+            del it
 
-        return self.scan(prefix, prefix_successor(prefix), keys_only=keys_only)  # type: ignore[return-value]
+    def scan_prefix(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """Entries whose key starts with ``prefix``."""
+        return self.scan(prefix, prefix_successor(prefix))
+
+    def scan_prefix_keys(self, prefix: bytes) -> Iterator[bytes]:
+        """Keys that start with ``prefix``."""
+        return self.scan_keys(prefix, prefix_successor(prefix))
 
     def detach(self) -> None:
         self.cf = None
@@ -208,7 +221,8 @@ class RocksDBInstance:
         self._cache = Cache(config.block_cache_size) if config.block_cache_size > 0 else None
         self._options = config.db_options(self._cache)
         self._write_options = WriteOptions()
-        self._write_options.disable_wal = config.disable_wal
+        # a property at runtime; rocksdict's type stub declares it as a method
+        self._write_options.disable_wal = config.disable_wal  # type: ignore[method-assign,assignment]
         self._lock_and_wipe()
 
     # ---- directory ---------------------------------------------------------------------------

@@ -51,6 +51,9 @@ if TYPE_CHECKING:
 
 __all__ = ["RocksDBKeyedStateSnapshot", "decode_entries", "sweep_ttl", "take_snapshot"]
 
+#: uploads of unconfirmed checkpoints kept for a later notify_checkpoint_complete
+_MAX_PENDING = 16
+
 _SUBTASK_FILE = re.compile(r"^(?:.*/)?chk-\d+/([^/]+)/(\d+)-(\d+)\.state$")
 
 
@@ -395,7 +398,10 @@ class RocksDBKeyedStateSnapshot(KeyedStateSnapshot):
             data = manifest.encode()
             store.put_bytes(data, path)
             uploaded += len(data)
-            self._pending_uploads[self.checkpoint_id] = {f.name: f for f in shared}
+            pending = self._pending_uploads
+            pending[self.checkpoint_id] = {f.name: f for f in shared}
+            for old in [c for c in pending if c < self.checkpoint_id - _MAX_PENDING]:
+                del pending[old]  # never confirmed (a runtime that does not notify)
             return IncrementalStateHandle(
                 path=path,
                 size=len(data),
