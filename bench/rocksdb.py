@@ -275,9 +275,37 @@ def bench_ops(args: argparse.Namespace, wd: Workdir) -> dict[str, Any]:
             f"  {name:<26}{hw:>9.0f}{rw:>12.0f}{rw / hw:>6.1f}x{hc:>10.0f}{rc:>13.0f}"
             f"{rc / hc:>6.1f}x"
         )
-    out["rocksdb_cache"] = {"flushes": r.cache.flushes, "evictions": r.cache.evictions}
-    h.dispose()
+    out["rocksdb_cache"] = {
+        "entries": r.config.cache_entries,
+        "flushes": r.cache.flushes,
+        "evictions": r.cache.evictions,
+    }
     r.dispose()
+    # the same operation with a cache that holds every key: what the cache buys when it fits
+    big = rocks(wd, cache_entries=4 * n)
+    _populate(big, pairs)
+    samples: dict[str, list[tuple[float, float]]] = {"heap": [], "rocksdb": []}
+    for _ in range(args.repeat):
+        samples["heap"].append(_timed(_op_runner(h, "value_get_update", pairs)))
+        samples["rocksdb"].append(_timed(_op_runner(big, "value_get_update", pairs)))
+    hw, hc = _medians(samples["heap"], n)
+    rw, rc = _medians(samples["rocksdb"], n)
+    out["value_get_update_cache_holds_all"] = {
+        "cache_entries": 4 * n,
+        "heap_ns": hw,
+        "rocksdb_ns": rw,
+        "ratio": rw / hw,
+        "heap_cpu_ns": hc,
+        "rocksdb_cpu_ns": rc,
+        "cpu_ratio": rc / hc,
+        "runs_wall_cpu_s": samples,
+    }
+    name = "value_get_update_cache_all"
+    print(
+        f"  {name:<26}{hw:>9.0f}{rw:>12.0f}{rw / hw:>6.1f}x{hc:>10.0f}{rc:>13.0f}{rc / hc:>6.1f}x"
+    )
+    big.dispose()
+    h.dispose()
     return out
 
 
