@@ -14,7 +14,7 @@ from streamstate import ValueStateDescriptor
 from streamstate.backends.factory import RocksDBStateBackend
 from streamstate.backends.rocksdb.backend import RocksDBKeyedStateBackend
 from streamstate.backends.rocksdb.instance import RocksDBConfig
-from streamstate.errors import InvalidStateNameError, StateBackendError
+from streamstate.errors import InvalidStateNameError, StateAccessError, StateBackendError
 from streamstate.keygroups import KeyGroupRange
 from streamstate.namespace import VOID_NAMESPACE
 from streamstate.serializers import Int64Serializer, VoidNamespaceSerializer
@@ -144,3 +144,13 @@ def test_factory_creates_one_directory_per_subtask(tmp_path: Any) -> None:
     assert backends[0].config.cache_entries == 10
     for b in backends:
         b.dispose()
+
+
+def test_namespace_needs_a_namespace_serializer(tmp_path: Any) -> None:
+    """The void namespace serializer writes nothing: another namespace would share its entry."""
+    b = _backend(str(tmp_path / "op-0"))
+    s = b.get_partitioned_state(VOID_NAMESPACE, None, ValueStateDescriptor("v", int))
+    b.set_current_key(1)
+    with pytest.raises(StateAccessError, match="'v'.*void namespace serializer.*'window-1'"):
+        s.set_current_namespace("window-1")
+    b.dispose()

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from rocks_helpers import make_rocks_fixture  # noqa: F401 - fixtures
+import pytest
+from rocks_helpers import canonical_content, make_rocks_fixture  # noqa: F401 - fixtures
 
 from streamstate import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
 from streamstate.keygroups import assign_to_key_group
@@ -88,3 +89,36 @@ def test_sweep_disabled_with_zero_budget(make_rocks: Any) -> None:
     s.update(-1)
     b.snapshot(1).release()
     assert b.num_entries("v") == 1
+
+
+def test_sweep_with_the_ttl_decorator(make_rocks: Any) -> None:
+    """With the real TTL decorator (skipped until it is merged): expired values are swept at
+    checkpoints and filtered out of full snapshots."""
+    pytest.importorskip("streamstate.backends.decorators.ttl")
+    from streamstate.api.ttl import StateTtlConfig
+
+    class Clock:
+        time = 1_000
+
+        def now(self) -> int:
+            return self.time
+
+    clock = Clock()
+    b = make_rocks(clock=clock)
+    config = StateTtlConfig(ttl=100, cleanup_size=0, rocksdb_sweep_per_checkpoint=1000)
+    d = ValueStateDescriptor("t", int).enable_time_to_live(config)
+    s = b.get_partitioned_state(VOID_NAMESPACE, None, d)
+    for k in range(50):
+        b.set_current_key(k)
+        s.update(k)
+    clock.time += 60
+    for k in range(25):  # rewritten: alive for 100 ms more
+        b.set_current_key(k)
+        s.update(k)
+    clock.time += 60  # keys 25..49 expired
+    with b.snapshot(1) as snap:
+        content = canonical_content(snap)
+    assert sorted(k for (_, k, _) in content) == list(range(25))
+    assert b.num_entries("t") == 25  # the sweep deleted the expired entries in RocksDB
+    b.set_current_key(3)
+    assert s.value() == 3

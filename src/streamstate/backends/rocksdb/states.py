@@ -126,6 +126,14 @@ class _RocksDBState:
             return
         if namespace is None:
             raise StateAccessError(f"state {self._name!r}: the namespace must not be None")
+        if self._void and namespace != VOID_NAMESPACE:
+            # RocksDB stores the namespace serialized: the void serializer writes nothing, so
+            # every namespace would share one entry
+            raise StateAccessError(
+                f"state {self._name!r} was registered with the void namespace serializer and "
+                f"cannot be used in namespace {namespace!r}; pass a namespace serializer when the "
+                "state is first requested"
+            )
         self._ns = namespace
         self._ns_bytes = b"" if self._void else None
 
