@@ -226,15 +226,16 @@ class MapView:
     """What the cache knows about the map of one (key, namespace).
 
     ``items``: user key -> owned value or :data:`ABSENT`; ``complete``: every mapping stored in
-    RocksDB is also in ``items`` (so a miss means absent); ``dirty``: user keys to write;
-    ``prefix``: the composite key of the map (computed on first need).
+    RocksDB is also in ``items`` (so a miss means absent); ``dirty``: user keys to write (None
+    while clean: one container less per cached map); ``prefix``: the composite key of the map
+    (computed on first need).
     """
 
     __slots__ = ("complete", "dirty", "items", "prefix")
 
     def __init__(self) -> None:
         self.items: dict[Any, Any] = {}
-        self.dirty: set[Any] = set()
+        self.dirty: set[Any] | None = None
         self.complete = False
         self.prefix: bytes | None = None
 
@@ -325,7 +326,7 @@ class MapCache(_StateCache):
             view = entries[kgi][ck]
             prefix = self.prefix(kgi, ck, view)
             items = view.items
-            for uk in view.dirty:
+            for uk in view.dirty or ():
                 v = items[uk]
                 try:
                     raw_key = prefix + sk(uk)
@@ -344,7 +345,7 @@ class MapCache(_StateCache):
     def mark_clean(self) -> None:
         entries = self.entries
         for kgi, ck in self.dirty:
-            entries[kgi][ck].dirty.clear()
+            entries[kgi][ck].dirty = None
         self.dirty.clear()
 
     def recount(self) -> int:

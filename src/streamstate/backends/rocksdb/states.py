@@ -469,7 +469,10 @@ class RocksDBMapState(_RocksDBState, InternalMapState[Any, Any]):
         items = view.items
         n = len(items)
         items.update(mapping)
-        view.dirty.update(mapping)
+        if view.dirty is None:
+            view.dirty = set(mapping)
+        else:
+            view.dirty.update(mapping)
         self._cache.count += len(items) - n
         self._dirty.add((kgi, ck))
 
@@ -478,7 +481,10 @@ class RocksDBMapState(_RocksDBState, InternalMapState[Any, Any]):
         items = view.items
         n = len(items)
         items[key] = value if self._copy_value is None else self._copy_value(value)
-        view.dirty.add(key)
+        if view.dirty is None:
+            view.dirty = {key}
+        else:
+            view.dirty.add(key)
         self._cache.count += len(items) - n
         self._dirty.add((kgi, ck))
 
