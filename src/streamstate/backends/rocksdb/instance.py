@@ -28,6 +28,7 @@ from typing import Any
 
 from rocksdict import (
     AccessType,
+    BlockBasedIndexType,
     BlockBasedOptions,
     Cache,
     Checkpoint,
@@ -122,8 +123,14 @@ class RocksDBConfig:
             table.set_bloom_filter(self.bloom_bits_per_key, False)
         if cache is not None:
             table.set_block_cache(cache)
-            # index and filter blocks live in the block cache: memory stays bounded with the data
+            # index and filter blocks live in the block cache: memory stays bounded with the data.
+            # They are partitioned (as Flink's bounded-memory setup), so a lookup loads small
+            # partitions instead of a file's whole multi-megabyte index and filter.
             table.set_cache_index_and_filter_blocks(True)
+            table.set_index_type(BlockBasedIndexType.two_level_index_search())
+            table.set_partition_filters(True)
+            table.set_metadata_block_size(4096)
+            table.set_pin_top_level_index_and_filter(True)
             table.set_pin_l0_filter_and_index_blocks_in_cache(True)
         else:
             table.disable_cache()
