@@ -8,6 +8,7 @@ Spark moves the data; streamstate keeps the state. The public API:
   ``CheckpointedFunction``;
 * serializers (``Types``, ``serializer_for``, ``PickleSerializer`` as an explicit opt-in);
 * state backends (``HeapStateBackend``, ``RocksDBStateBackend``) and the ``LocalRunner``;
+* windows: ``window(assigner)`` with PyFlink's assigners, triggers and window functions;
 * ``streamstate.spark`` for pipelines on PySpark.
 """
 
@@ -40,6 +41,27 @@ from streamstate.serializers import (
     TypeSerializer,
     serializer_for,
 )
+from streamstate.windows import (
+    CountTrigger,
+    EventTimeSessionWindows,
+    EventTimeTrigger,
+    GlobalWindow,
+    GlobalWindows,
+    ProcessingTimeSessionWindows,
+    ProcessingTimeTrigger,
+    ProcessWindowFunction,
+    PurgingTrigger,
+    SlidingEventTimeWindows,
+    SlidingProcessingTimeWindows,
+    TimeWindow,
+    Trigger,
+    TriggerResult,
+    TumblingEventTimeWindows,
+    TumblingProcessingTimeWindows,
+    WindowedStream,
+    WindowFunction,
+    window,
+)
 
 __version__ = "0.1.0"
 
@@ -49,6 +71,11 @@ __all__ = [
     "CheckpointError",
     "CheckpointNotFoundError",
     "CorruptCheckpointError",
+    "CountTrigger",
+    "EventTimeSessionWindows",
+    "EventTimeTrigger",
+    "GlobalWindow",
+    "GlobalWindows",
     "HeapStateBackend",
     "InvalidStateNameError",
     "KeyGroupRange",
@@ -60,14 +87,28 @@ __all__ = [
     "OutputSchemaError",
     "PickleNotAllowedError",
     "PickleSerializer",
+    "ProcessWindowFunction",
+    "ProcessingTimeSessionWindows",
+    "ProcessingTimeTrigger",
+    "PurgingTrigger",
     "RocksDBStateBackend",
+    "SlidingEventTimeWindows",
+    "SlidingProcessingTimeWindows",
     "StateAccessError",
     "StateBackend",
     "StateBackendError",
     "StateMigrationException",
     "StreamStateError",
+    "TimeWindow",
+    "Trigger",
+    "TriggerResult",
+    "TumblingEventTimeWindows",
+    "TumblingProcessingTimeWindows",
     "TypeSerializer",
     "Types",
     "UnsupportedKeyTypeError",
+    "WindowFunction",
+    "WindowedStream",
     "serializer_for",
+    "window",
 ]

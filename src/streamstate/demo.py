@@ -1,9 +1,9 @@
 """The main job: page views per app per hour (the seeds' example).
 
 A generated stream of page-view events ``(app, timestamp_ms)`` is keyed by app; each app keeps
-one counter per hour of event time in the hour's namespace, and an event-time timer at the end
-of each hour emits ``(app, hour, views)`` once the watermark passes it and clears that hour's
-state. Run it with ``python -m streamstate.demo`` (``make demo``).
+one counter per hour of event time, with the hour's window as the state's namespace; when the
+watermark passes the end of an hour, ``(app, hour, views)`` is emitted and that hour's state and
+timers are cleared. Run it with ``python -m streamstate.demo`` (``make demo``).
 """
 
 from __future__ import annotations
@@ -12,12 +12,11 @@ import random
 from collections.abc import Iterator
 from typing import Any
 
-from streamstate.api.descriptors import ReducingStateDescriptor
-from streamstate.api.functions import KeyedProcessFunction, RuntimeContext
+from streamstate.api.functions import AggregateFunction
 from streamstate.runtime.local import LocalRunner
-from streamstate.serializers import Int64Serializer
+from streamstate.windows import ProcessWindowFunction, TumblingEventTimeWindows, window
 
-__all__ = ["PageViewsPerHour", "generate_events", "main"]
+__all__ = ["CountViews", "EmitHour", "generate_events", "main", "page_views_per_hour"]
 
 HOUR_MS = 3_600_000
 
@@ -33,26 +32,36 @@ def generate_events(
         yield (f"app-{rnd.randrange(apps)}", max(0, ts))
 
 
-class PageViewsPerHour(KeyedProcessFunction):
-    """Counts views per app per hour; the hour (its start in ms) is the state's namespace."""
+class CountViews(AggregateFunction):
+    """Counts the views of one app in one hour."""
 
-    def open(self, runtime_context: RuntimeContext) -> None:
-        self.views = ReducingStateDescriptor("views", lambda a, b: a + b, int)
-        self.backend: Any = runtime_context._backend  # type: ignore[attr-defined]
+    def create_accumulator(self) -> int:
+        return 0
 
-    def _hour_state(self, hour: int) -> Any:
-        return self.backend.get_partitioned_state(hour, Int64Serializer(), self.views)
+    def add(self, value: Any, accumulator: int) -> int:
+        return accumulator + 1
 
-    def process_element(self, value: tuple[str, int], ctx: Any) -> None:
-        hour = value[1] // HOUR_MS * HOUR_MS
-        self._hour_state(hour).add(1)
-        ctx.timer_service().register_event_time_timer(hour + HOUR_MS - 1)
+    def get_result(self, accumulator: int) -> int:
+        return accumulator
 
-    def on_timer(self, timestamp: int, ctx: Any) -> Iterator[tuple[str, int, int]]:
-        hour = timestamp + 1 - HOUR_MS
-        state = self._hour_state(hour)
-        yield (ctx.get_current_key(), hour // HOUR_MS, state.get())
-        state.clear()
+    def merge(self, acc_a: int, acc_b: int) -> int:
+        return acc_a + acc_b
+
+
+class EmitHour(ProcessWindowFunction):
+    """Emits ``(app, hour number, views)`` when an hour's window fires."""
+
+    def process(self, key: str, context: Any, counts: Any) -> Iterator[tuple[str, int, int]]:
+        yield key, context.window().start // HOUR_MS, counts[0]
+
+
+def page_views_per_hour() -> Any:
+    """The keyed function of the job: hourly tumbling event-time windows per app.
+
+    Each window (the hour) is the namespace of the app's counter state; when the watermark
+    passes the end of the hour the window fires and its state and timers are removed.
+    """
+    return window(TumblingEventTimeWindows.of(HOUR_MS)).aggregate(CountViews(), EmitHour())
 
 
 def main(events: int = 200_000, parallelism: int = 2) -> list[tuple[str, int, int]]:
@@ -61,7 +70,7 @@ def main(events: int = 200_000, parallelism: int = 2) -> list[tuple[str, int, in
 
     console = Console()
     runner = LocalRunner(
-        PageViewsPerHour(),
+        page_views_per_hour(),
         key_selector=lambda e: e[0],
         parallelism=parallelism,
         timestamp_assigner=lambda e: e[1],

@@ -14,9 +14,12 @@ size tracking (SPEC §8) report into histograms of the operator's group.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["Counter", "Gauge", "Histogram", "MetricGroup"]
+if TYPE_CHECKING:
+    from rich.table import Table
+
+__all__ = ["Counter", "Gauge", "Histogram", "MetricGroup", "format_report", "report_rows"]
 
 
 class Counter:
@@ -143,3 +146,79 @@ class MetricGroup:
     def snapshot(self) -> dict[str, Any]:
         """Current values of every metric, by dotted name."""
         return {name: m.value() for name, m in self.metrics().items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# Reports (``streamstate metrics`` prints these)
+
+_HISTOGRAM_COLUMNS = ("count", "min", "p50", "p95", "p99", "max", "mean")
+
+
+def report_rows(group: MetricGroup, prefix: str | None = None) -> list[dict[str, Any]]:
+    """One JSON-able row per metric of ``group`` (and its sub-groups), sorted by name.
+
+    Histograms give ``count`` (all updates) and statistics over their retained samples; counters
+    and gauges give ``value``.
+
+    >>> g = MetricGroup("op")
+    >>> g.counter("n").inc(2)
+    >>> g.add_group("state").histogram("value_state_get_latency").update(1500)
+    >>> [(r["name"], r["type"], r.get("value", r.get("p50"))) for r in report_rows(g)]
+    [('op.n', 'counter', 2), ('op.state.value_state_get_latency', 'histogram', 1500)]
+    """
+    rows: list[dict[str, Any]] = []
+    for name, metric in sorted(group.metrics(prefix).items()):
+        if isinstance(metric, Histogram):
+            stats = metric.statistics()
+            rows.append(
+                {"name": name, "type": "histogram", **{c: stats[c] for c in _HISTOGRAM_COLUMNS}}
+            )
+        elif isinstance(metric, Counter):
+            rows.append({"name": name, "type": "counter", "value": metric.value()})
+        else:
+            rows.append({"name": name, "type": "gauge", "value": metric.value()})
+    return rows
+
+
+def _fmt(value: Any, unit: str) -> str:
+    if isinstance(value, float) and not value.is_integer():
+        text = f"{value:,.1f}"
+    elif isinstance(value, (int, float)):
+        text = f"{int(value):,}"
+    else:
+        return str(value)
+    return f"{text} {unit}" if unit else text
+
+
+def format_report(group: MetricGroup, title: str | None = None) -> Table:
+    """A ``rich`` table of every metric of ``group``: histograms with count and percentiles
+    (latencies in ns, sizes in bytes), counters and gauges with their value.
+
+    >>> from rich.console import Console
+    >>> g = MetricGroup("op")
+    >>> g.histogram("value_state_get_latency").update(2000)
+    >>> console = Console(width=120, record=True)
+    >>> with console.capture() as cap:
+    ...     console.print(format_report(g))
+    >>> "op.value_state_get_latency" in cap.get() and "2,000 ns" in cap.get()
+    True
+    """
+    from rich.table import Table
+
+    table = Table(title=title or f"metrics of {group.name or 'job'}", show_lines=False)
+    table.add_column("metric", style="bold", no_wrap=True)
+    table.add_column("type")
+    for column in _HISTOGRAM_COLUMNS:
+        table.add_column(column, justify="right")
+    table.add_column("value", justify="right")
+    for row in report_rows(group):
+        if row["type"] == "histogram":
+            name = row["name"]
+            unit = "ns" if name.endswith("_latency") else "B" if name.endswith("_size") else ""
+            cells = [_fmt(row[c], "" if c == "count" else unit) for c in _HISTOGRAM_COLUMNS]
+            table.add_row(name, "histogram", *cells, "")
+        else:
+            table.add_row(
+                row["name"], row["type"], *([""] * len(_HISTOGRAM_COLUMNS)), _fmt(row["value"], "")
+            )
+    return table

@@ -23,7 +23,13 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
 from streamstate.api.functions import TimerService
-from streamstate.backends.snapshot import TIMER_STATE_KIND, SnapshotSource, StateMetaInfo
+from streamstate.backends.snapshot import (
+    TIMER_STATE_KIND,
+    DeltaEntries,
+    SnapshotSource,
+    StateMetaInfo,
+)
+from streamstate.errors import KeyGroupOutOfRangeError, NoCurrentKeyError, StateAccessError
 from streamstate.namespace import VOID_NAMESPACE
 from streamstate.serializers import Int64Serializer, TypeSerializer, VoidNamespaceSerializer
 
@@ -44,15 +50,24 @@ InternalTimer = tuple[int, Any, Any]
 
 
 class KeyGroupedTimerQueue:
-    """A priority queue of timers with set semantics, partitioned by key group."""
+    """A priority queue of timers with set semantics, partitioned by key group.
 
-    __slots__ = ("_by_kg", "_heap", "_seq")
+    Timers with equal timestamps come out in the order they were added.
+    """
+
+    __slots__ = ("_by_kg", "_heap", "_seq", "_size", "changed")
+
+    #: compact the heap once it holds this many more entries than twice the live timers
+    COMPACT_SLACK = 64
 
     def __init__(self, num_key_groups: int) -> None:
         # per key group: (timestamp, key, namespace) -> sequence number of its live heap entry
         self._by_kg: list[dict[tuple[int, Any, Any], int]] = [{} for _ in range(num_key_groups)]
         self._heap: list[tuple[int, int, int, Any, Any]] = []
         self._seq = itertools.count()
+        self._size = 0
+        #: indices of key groups whose timers changed since the last take_changed()
+        self.changed: set[int] = set()
 
     def add(self, timestamp: int, key: Any, namespace: Any, kg_index: int) -> bool:
         """Add a timer; False if it was already there."""
@@ -62,12 +77,34 @@ class KeyGroupedTimerQueue:
             return False
         seq = next(self._seq)
         timers[ident] = seq
+        self._size += 1
         heapq.heappush(self._heap, (timestamp, seq, kg_index, key, namespace))
+        self.changed.add(kg_index)
         return True
 
     def remove(self, timestamp: int, key: Any, namespace: Any, kg_index: int) -> bool:
-        """Remove a timer; False if it was not there."""
-        return self._by_kg[kg_index].pop((timestamp, key, namespace), None) is not None
+        """Remove a timer; False if it was not there.
+
+        The heap entry is dropped lazily (when it surfaces, or by a compaction once removed
+        entries outnumber live ones), so removal is O(1) amortized.
+        """
+        if self._by_kg[kg_index].pop((timestamp, key, namespace), None) is None:
+            return False
+        self._size -= 1
+        self.changed.add(kg_index)
+        if len(self._heap) > 2 * self._size + self.COMPACT_SLACK:
+            self.compact()
+        return True
+
+    def contains(self, timestamp: int, key: Any, namespace: Any, kg_index: int) -> bool:
+        return (timestamp, key, namespace) in self._by_kg[kg_index]
+
+    def take_changed(self) -> set[int]:
+        """Indices of key groups whose timers changed since the last call (incremental
+        checkpoints write only those key groups' timers)."""
+        changed = self.changed
+        self.changed = set()
+        return changed
 
     def _drop_stale(self) -> None:
         heap = self._heap
@@ -90,12 +127,19 @@ class KeyGroupedTimerQueue:
             return None
         ts, _, kgi, key, ns = heapq.heappop(self._heap)
         del self._by_kg[kgi][(ts, key, ns)]
+        self._size -= 1
+        self.changed.add(kgi)
         return ts, key, ns, kgi
 
     def __len__(self) -> int:
-        return sum(len(t) for t in self._by_kg)
+        return self._size
+
+    def heap_size(self) -> int:
+        """Entries in the heap, removed timers not yet dropped included (for tests)."""
+        return len(self._heap)
 
     def timers_of_key_group(self, kg_index: int) -> list[tuple[int, Any, Any]]:
+        """``(timestamp, key, namespace)`` of one key group, in the order they were added."""
         return list(self._by_kg[kg_index])
 
     def __iter__(self) -> Iterator[tuple[int, Any, Any, int]]:
@@ -132,14 +176,15 @@ class _KeyContextBackend(Protocol):
 class _TimerSnapshotSource(SnapshotSource):
     """Timers of one queue as a keyed-snapshot source: entries ``(key, namespace, timestamp)``."""
 
-    def __init__(self, meta: StateMetaInfo, per_kg: list[list[tuple[int, Any, Any]]]) -> None:
+    def __init__(self, meta: StateMetaInfo, per_kg: list[Any]) -> None:
         self.meta = meta
-        self._per_kg: list[list[tuple[int, Any, Any]] | None] = list(per_kg)
+        #: per key group: [(timestamp, key, namespace)] (full) or DeltaEntries (delta)
+        self._per_kg: list[Any] = list(per_kg)
 
-    def entries(self, key_group_index: int) -> Iterable[tuple[Any, Any, Any]] | None:
+    def entries(self, key_group_index: int) -> Iterable[tuple[Any, Any, Any]] | DeltaEntries | None:
         timers = self._per_kg[key_group_index]
-        if not timers:
-            return None
+        if not timers or isinstance(timers, DeltaEntries):
+            return timers  # type: ignore[no-any-return]
         return [(key, ns, ts) for ts, key, ns in timers]
 
     def release_key_group(self, key_group_index: int) -> None:
@@ -190,49 +235,62 @@ class InternalTimerService:
     # ---- registration (current key) ------------------------------------------------------------
 
     def register_event_time_timer(self, namespace: Any, timestamp: int) -> None:
+        """A timer firing once the watermark reaches ``timestamp`` (set semantics: registering
+        the same ``(timestamp, key, namespace)`` twice keeps one timer)."""
         ctx = self.backend.ctx
-        self._check_key(ctx)
+        self._check(ctx, namespace)
         self.event_time_timers.add(int(timestamp), ctx.key, namespace, ctx.kg_index)
 
     def delete_event_time_timer(self, namespace: Any, timestamp: int) -> None:
         ctx = self.backend.ctx
-        self._check_key(ctx)
+        self._check(ctx, namespace)
         self.event_time_timers.remove(int(timestamp), ctx.key, namespace, ctx.kg_index)
 
     def register_processing_time_timer(self, namespace: Any, timestamp: int) -> None:
         ctx = self.backend.ctx
-        self._check_key(ctx)
+        self._check(ctx, namespace)
         self.processing_time_timers.add(int(timestamp), ctx.key, namespace, ctx.kg_index)
 
     def delete_processing_time_timer(self, namespace: Any, timestamp: int) -> None:
         ctx = self.backend.ctx
-        self._check_key(ctx)
+        self._check(ctx, namespace)
         self.processing_time_timers.remove(int(timestamp), ctx.key, namespace, ctx.kg_index)
 
-    def _check_key(self, ctx: Any) -> None:
+    def _check(self, ctx: Any, namespace: Any) -> None:
         if ctx.key is None:
-            from streamstate.errors import NoCurrentKeyError
-
             raise NoCurrentKeyError(
                 f"timer service {self.name!r}: timers can only be registered or deleted while a "
                 "current key is set"
+            )
+        if namespace is None:
+            raise StateAccessError(
+                f"timer service {self.name!r}: a timer's namespace must not be None "
+                "(use VOID_NAMESPACE)"
             )
 
     # ---- firing --------------------------------------------------------------------------------
 
     def advance_watermark(self, watermark: int) -> int:
-        """Fire every event-time timer with ``timestamp <= watermark``; returns how many fired."""
+        """Fire every event-time timer with ``timestamp <= watermark`` in timestamp order;
+        returns how many fired.
+
+        The watermark never goes back: a lower ``watermark`` leaves it as it is (and fires only
+        timers registered meanwhile at or below it). Timers registered while firing that are
+        already due fire in the same call.
+        """
         self.current_watermark = max(self.current_watermark, int(watermark))
         return self._fire(
             self.event_time_timers, self.current_watermark, self.triggerable.on_event_time
         )
 
     def advance_processing_time(self, time: int) -> int:
-        """Set processing time (manual clock) and fire due processing-time timers."""
-        self._manual_processing_time = int(time)
-        return self._fire(
-            self.processing_time_timers, int(time), self.triggerable.on_processing_time
-        )
+        """Set processing time (manual clock, never going back) and fire due processing-time
+        timers."""
+        now = int(time)
+        if self._manual_processing_time is not None and now < self._manual_processing_time:
+            now = self._manual_processing_time
+        self._manual_processing_time = now
+        return self._fire(self.processing_time_timers, now, self.triggerable.on_processing_time)
 
     def fire_due_processing_time_timers(self) -> int:
         """Fire processing-time timers that are due by the current processing time."""
@@ -288,12 +346,56 @@ class InternalTimerService:
             out.append(_TimerSnapshotSource(meta, per_kg))
         return out
 
+    def delta_snapshot_sources(self) -> list[SnapshotSource]:
+        """The timers of the key groups whose timers changed since the last delta, each key
+        group's complete set replacing the previous one (incremental checkpoints)."""
+        out: list[SnapshotSource] = []
+        n = len(self.backend.key_group_range)
+        for domain, queue in (
+            ("event", self.event_time_timers),
+            ("processing", self.processing_time_timers),
+        ):
+            meta = StateMetaInfo(
+                self.state_name(domain),
+                TIMER_STATE_KIND,
+                self.namespace_serializer,
+                Int64Serializer(),
+            )
+            per_kg: list[Any] = [None] * n
+            for kgi in queue.take_changed():
+                timers = queue.timers_of_key_group(kgi)
+                per_kg[kgi] = DeltaEntries([(key, ns, ts) for ts, key, ns in timers], None)
+            out.append(_TimerSnapshotSource(meta, per_kg))
+        return out
+
+    def reset_changes(self) -> None:
+        """Forget which key groups changed (a full snapshot became the new base)."""
+        self.event_time_timers.take_changed()
+        self.processing_time_timers.take_changed()
+
     def restore_timer(
         self, domain: str, key: Any, namespace: Any, timestamp: int, key_group: int
     ) -> None:
-        """Re-register one checkpointed timer (its key group must be in this backend's range)."""
-        queue = self.event_time_timers if domain == "event" else self.processing_time_timers
-        queue.add(int(timestamp), key, namespace, key_group - self.backend.key_group_range.start)
+        """Re-register one checkpointed timer (its key group must be in this backend's range).
+
+        ``domain`` is ``"event"`` or ``"processing"`` (the suffix of :meth:`state_name`).
+        """
+        if domain == "event":
+            queue = self.event_time_timers
+        elif domain == "processing":
+            queue = self.processing_time_timers
+        else:
+            raise ValueError(
+                f"timer service {self.name!r}: unknown timer domain {domain!r}; "
+                "expected 'event' or 'processing'"
+            )
+        kg_range = self.backend.key_group_range
+        if not kg_range.contains(key_group):
+            raise KeyGroupOutOfRangeError(
+                f"timer service {self.name!r}: a checkpointed timer of key {key!r} belongs to key "
+                f"group {key_group}, outside this backend's range {kg_range}"
+            )
+        queue.add(int(timestamp), key, namespace, key_group - kg_range.start)
 
 
 class UserTimerService(TimerService):

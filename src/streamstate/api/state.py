@@ -216,6 +216,16 @@ class InternalMergingState(InternalKvState):
     def merge_namespaces(self, target: Any, sources: Iterable[Any]) -> None:
         """Merge the states of ``sources`` into ``target`` (for the current key) and remove them."""
 
+    @abstractmethod
+    def get_internal(self) -> Any:
+        """The stored state of the current key and namespace as it is (the list, the reduced
+        value, the accumulator), or None. Decorators (TTL) read through this."""
+
+    @abstractmethod
+    def update_internal(self, value: Any) -> None:
+        """Replace the stored state of the current key and namespace; None (or an empty list for
+        list state) removes it."""
+
 
 class InternalListState(InternalMergingState, ListState[T]):
     __slots__ = ()

@@ -284,7 +284,19 @@ class KeyedStateBackend(ABC):
                 f"state {name!r}: the namespace serializer {namespace_serializer!r} is not "
                 f"compatible as is with the checkpointed one {meta.namespace_serializer}"
             )
-        compat = descriptor.serializer.resolve_compatibility(meta.state_serializer)
+        serializer = descriptor.serializer
+        if (meta.ttl is None) != (descriptor.ttl_config is None):
+            raise StateMigrationException(
+                f"state {name!r} was checkpointed "
+                f"{'without' if meta.ttl is None else 'with'} time-to-live but is now declared "
+                f"{'with' if meta.ttl is None else 'without'} it; enabling or disabling TTL on an "
+                "existing state is not supported"
+            )
+        if descriptor.ttl_config is not None:
+            from streamstate.backends.decorators.ttl import ttl_state_serializer
+
+            serializer = ttl_state_serializer(descriptor)  # what the TTL state stores
+        compat = serializer.resolve_compatibility(meta.state_serializer)
         if compat.is_incompatible:
             hint = ""
             if _mentions_pickle(meta.state_serializer) and not _uses_pickle(descriptor.serializer):
@@ -293,7 +305,7 @@ class KeyedStateBackend(ABC):
                     "from the checkpoint, so pass PickleSerializer() to enable it)"
                 )
             raise StateMigrationException(
-                f"state {name!r}: the new serializer {descriptor.serializer!r} cannot read the "
+                f"state {name!r}: the new serializer {serializer!r} cannot read the "
                 f"checkpointed state written by {meta.state_serializer}{hint}"
             )
         return compat
@@ -348,6 +360,11 @@ class KeyedStateBackend(ABC):
     @abstractmethod
     def snapshot(self, checkpoint_id: int) -> Any:
         """The synchronous phase of a snapshot; returns what the asynchronous phase writes."""
+
+    def restore(self, files: list[Any]) -> None:
+        """Restore from snapshot files (:class:`~streamstate.backends.restore.KeyedStateRestore`,
+        full then deltas per old subtask), before any state is registered; all or nothing."""
+        raise NotImplementedError(f"the {self.backend_name} backend cannot restore snapshots")
 
     def dispose(self) -> None:
         """Release every resource; the backend cannot be used afterwards."""

@@ -53,9 +53,20 @@ class HeapStateBackend(StateBackend):
 
     #: "copy_on_write" (asynchronous snapshots) or "nested_maps" (synchronous snapshots)
     table_kind: str = "copy_on_write"
+    #: track changed entries so that checkpoints write deltas (SPEC §6.3)
+    incremental: bool = False
+    #: install the copy-on-write map's GC policy (``gc.freeze()`` before full collections), which
+    #: removes multi-second collector pauses with millions of entries; trade-off: cyclic garbage
+    #: that reached the old generation is reclaimed only by an explicit
+    #: ``gc.unfreeze(); gc.collect()`` (see ``streamstate.backends.heap.copy_on_write``)
+    gc_freeze: bool = False
 
     def __post_init__(self) -> None:
         self.name = "heap"
+        if self.gc_freeze:
+            from streamstate.backends.heap.copy_on_write import install_gc_policy
+
+            install_gc_policy()
         if self.table_kind not in ("copy_on_write", "nested_maps"):
             raise ValueError(
                 f"HeapStateBackend.table_kind must be 'copy_on_write' or 'nested_maps', got "
@@ -80,6 +91,7 @@ class HeapStateBackend(StateBackend):
             max_parallelism,
             key_group_range,
             table_kind=self.table_kind,  # type: ignore[arg-type]
+            incremental=self.incremental,
             clock=clock,
             latency_tracking=self.latency_tracking,
             size_tracking=self.size_tracking,

@@ -219,7 +219,9 @@ class OperatorStateBackend(OperatorStateStore):
                     f"{descriptor.element_serializer!r} cannot read the checkpointed elements "
                     f"written by {restored.element_serializer!r}"
                 )
-            state._list = list(restored.elements)
+            state._list = _decoded(
+                restored.element_serializer, list(restored.elements), descriptor.element_serializer
+            )
         self._lists[name] = state
         return state
 
@@ -246,7 +248,15 @@ class OperatorStateBackend(OperatorStateStore):
                         f"broadcast state {name!r}: the new {what} serializer {new!r} cannot read "
                         f"the checkpointed state written by {old!r}"
                     )
-            state._map = dict(restored.entries)
+            keys = _decoded(
+                restored.key_serializer, list(restored.entries), descriptor.key_serializer
+            )
+            values = _decoded(
+                restored.value_serializer,
+                list(restored.entries.values()),
+                descriptor.value_serializer,
+            )
+            state._map = dict(zip(keys, values, strict=True))
         self._broadcasts[name] = state
         return state
 
@@ -284,3 +294,21 @@ class OperatorStateBackend(OperatorStateStore):
     @property
     def is_restored(self) -> bool:
         return self._restored is not None
+
+
+def _decoded(
+    restored: TypeSerializer[Any], values: list[Any], declared: TypeSerializer[Any]
+) -> list[Any]:
+    """Values of a restored operator state, decoded with the declared serializer when the
+    checkpoint left them encoded (types not rebuilt from the checkpoint, e.g. pickle)."""
+    from streamstate.backends.restore import RestoredSerializer
+
+    if isinstance(restored, RestoredSerializer):
+        try:
+            return restored.decode_with(values, declared)
+        except Exception as exc:
+            raise StateMigrationException(
+                f"operator state values written by {restored!r} cannot be read with "
+                f"{declared!r}: {exc}"
+            ) from None
+    return values

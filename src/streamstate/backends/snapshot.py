@@ -17,7 +17,12 @@ from streamstate.keygroups import KeyGroupRange
 from streamstate.serializers.base import TypeSerializer
 
 __all__ = [
+    "DELTA_SNAPSHOT",
+    "FULL_SNAPSHOT",
     "TIMER_STATE_KIND",
+    "DeltaEntries",
+    "EncodedEntries",
+    "EntryColumns",
     "KeyedStateSnapshot",
     "SnapshotSource",
     "SourcesKeyedStateSnapshot",
@@ -26,6 +31,69 @@ __all__ = [
 
 TIMER_STATE_KIND = "timer"
 """Kind of the pseudo-states holding timers; entries are ``(key, namespace, timestamp)``."""
+
+FULL_SNAPSHOT = "full"
+"""A snapshot holding every entry of its key groups."""
+DELTA_SNAPSHOT = "delta"
+"""A snapshot holding only what changed since the previous checkpoint (SPEC §6.3)."""
+
+
+class EncodedEntries:
+    """Entries of one state in one key group, still in the snapshot file's encoding.
+
+    A backend hands these out for state it restored but never decoded (a state the program has
+    not registered yet); the writer copies ``data`` into the new file as it is.
+    """
+
+    __slots__ = ("count", "data")
+
+    def __init__(self, data: bytes, count: int) -> None:
+        #: one entries section (see docs/formats.md)
+        self.data = data
+        self.count = count
+
+
+class EntryColumns:
+    """Entries as columns: ``keys``, ``namespaces`` (one per key, or a single one shared by all)
+    and ``states`` (None for removed entries). Saves building a tuple per entry."""
+
+    __slots__ = ("keys", "namespaces", "states")
+
+    def __init__(self, keys: list[Any], namespaces: list[Any], states: list[Any] | None) -> None:
+        self.keys = keys
+        self.namespaces = namespaces
+        self.states = states
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __iter__(self) -> Iterator[tuple[Any, ...]]:
+        """``(key, namespace, state)`` (``(key, namespace)`` without states), like a list."""
+        ns = self.namespaces
+        if len(ns) != len(self.keys):
+            ns = ns * len(self.keys)
+        if self.states is None:
+            return zip(self.keys, ns, strict=True)
+        return zip(self.keys, ns, self.states, strict=True)
+
+
+class DeltaEntries:
+    """What changed in one state and key group since the previous checkpoint.
+
+    ``upserts`` are ``(key, namespace, state)`` to write; ``removed`` are ``(key, namespace)``
+    whose entries are gone. ``removed=None`` means *replace*: ``upserts`` is the complete content
+    of the key group for this state (timers use this).
+    """
+
+    __slots__ = ("removed", "upserts")
+
+    def __init__(
+        self,
+        upserts: list[tuple[Any, Any, Any]] | EntryColumns,
+        removed: list[tuple[Any, Any]] | EntryColumns | None,
+    ) -> None:
+        self.upserts = upserts
+        self.removed = removed
 
 
 @dataclasses.dataclass
@@ -58,14 +126,18 @@ class KeyedStateSnapshot(ABC):
     max_parallelism: int
     key_group_range: KeyGroupRange
     states: list[StateMetaInfo]
+    #: FULL_SNAPSHOT, or DELTA_SNAPSHOT for the changes since the previous checkpoint
+    kind: str = FULL_SNAPSHOT
 
     @abstractmethod
     def key_group_entries(
         self, key_group: int
-    ) -> Iterator[tuple[int, Iterable[tuple[Any, Any, Any]]]]:
+    ) -> Iterator[tuple[int, Iterable[tuple[Any, Any, Any]] | EncodedEntries | DeltaEntries]]:
         """For one key group: ``(state index, entries)`` per state that has entries there.
 
         Entries are ``(key, namespace, state)``; snapshot transformers (TTL) are already applied.
+        A source may instead give :class:`EncodedEntries` (restored, never decoded) and, in a
+        delta snapshot, :class:`DeltaEntries`.
         """
 
     @abstractmethod
@@ -89,7 +161,9 @@ class SnapshotSource(ABC):
     meta: StateMetaInfo
 
     @abstractmethod
-    def entries(self, key_group_index: int) -> Iterable[tuple[Any, Any, Any]] | None:
+    def entries(
+        self, key_group_index: int
+    ) -> Iterable[tuple[Any, Any, Any]] | EncodedEntries | DeltaEntries | None:
         """``(key, namespace, state)`` of one key group (index from the range start), or None."""
 
     def release_key_group(self, key_group_index: int) -> None:  # noqa: B027 - optional
@@ -109,7 +183,9 @@ class SourcesKeyedStateSnapshot(KeyedStateSnapshot):
         key_group_range: KeyGroupRange,
         sources: list[SnapshotSource],
         checkpoint_id: int = 0,
+        kind: str = FULL_SNAPSHOT,
     ) -> None:
+        self.kind = kind
         self.key_serializer = key_serializer
         self.max_parallelism = max_parallelism
         self.key_group_range = key_group_range
@@ -120,7 +196,7 @@ class SourcesKeyedStateSnapshot(KeyedStateSnapshot):
 
     def key_group_entries(
         self, key_group: int
-    ) -> Iterator[tuple[int, Iterable[tuple[Any, Any, Any]]]]:
+    ) -> Iterator[tuple[int, Iterable[tuple[Any, Any, Any]] | EncodedEntries | DeltaEntries]]:
         index = key_group - self.key_group_range.start
         for state_index, source in enumerate(self._sources):
             entries = source.entries(index)

@@ -13,17 +13,30 @@ bench and the quickest way to try a function:
 ...         yield (ctx.get_current_key(), self.n.value())
 >>> LocalRunner(Count(), key_selector=lambda r: r, parallelism=2).run(["a", "b", "a"])
 [('a', 1), ('b', 1), ('a', 2)]
+
+Checkpoints, restore and rescale (SPEC §6, §7):
+
+>>> runner = LocalRunner(Count(), key_selector=lambda r: r, parallelism=2)
+>>> _ = runner.run(["a", "b", "a"])
+>>> cp = runner.rescale(3)                 # checkpoint, rebuild 3 subtasks, restore
+>>> runner.run(["a"])
+[('a', 3)]
+>>> runner.restore(cp.checkpoint_id)       # back to the checkpoint (at parallelism 3)
+>>> runner.run(["a"])
+[('a', 3)]
 """
 
 from __future__ import annotations
 
 import copy as _copy
+import dataclasses
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from streamstate.api.functions import KeyedProcessFunction, OutputTag
 from streamstate.backends.base import Clock
-from streamstate.backends.factory import StateBackend, state_backend_from
+from streamstate.backends.factory import HeapStateBackend, StateBackend, state_backend_from
+from streamstate.errors import CheckpointError, MaxParallelismMismatchError
 from streamstate.keygroups import (
     assign_to_key_group,
     compute_default_max_parallelism,
@@ -53,6 +66,11 @@ class LocalRunner:
             ``max_timestamp - watermark_delay - 1`` (Flink's bounded-out-of-orderness rule).
         clock: processing-time source (tests inject one).
         operator_name: names the operator in checkpoints.
+        checkpoint_storage: where :meth:`checkpoint` writes (a ``CheckpointStorage``, a path or
+            URL; default: a new in-memory storage).
+        incremental_checkpoints: write deltas after the first checkpoint (heap backend; True
+            or an ``IncrementalPolicy``).
+        checkpoint_compression: block codec of keyed snapshot files ("none", "lz4", "zstd").
     """
 
     def __init__(
@@ -68,18 +86,31 @@ class LocalRunner:
         watermark_delay: int | None = None,
         clock: Clock | None = None,
         operator_name: str = "keyed-process",
+        checkpoint_storage: Any = None,
+        incremental_checkpoints: Any = False,
+        checkpoint_compression: str = "lz4",
     ) -> None:
         if parallelism < 1:
             raise ValueError(f"parallelism must be >= 1, got {parallelism}")
         self.function = function
         self.key_selector = key_selector
         self.parallelism = parallelism
+        self._explicit_max_parallelism = max_parallelism is not None
         self.max_parallelism = max_parallelism or compute_default_max_parallelism(parallelism)
         if parallelism > self.max_parallelism:
             raise ValueError(
                 f"parallelism {parallelism} exceeds max_parallelism {self.max_parallelism}"
             )
         self.state_backend = state_backend_from(state_backend)
+        if incremental_checkpoints and isinstance(self.state_backend, HeapStateBackend):
+            self.state_backend = dataclasses.replace(self.state_backend, incremental=True)
+        self.incremental_checkpoints = incremental_checkpoints
+        self.checkpoint_compression = checkpoint_compression
+        self._storage_ref = checkpoint_storage
+        self._storage: Any = None
+        self._checkpointers: list[Any] = []
+        self._writer: Any = None
+        self._coordinator: Any = None
         self.key_serializer: TypeSerializer[Any] | None = (
             serializer_for(key_type) if key_type is not None else None
         )
@@ -102,7 +133,13 @@ class LocalRunner:
         self._start(self.parallelism)
 
     def _start(self, parallelism: int) -> None:
+        self._create_subtasks(parallelism)
+        for op in self.subtasks:
+            op.open()
+
+    def _create_subtasks(self, parallelism: int) -> None:
         assert self.key_serializer is not None
+        self._close_checkpointers()
         self.parallelism = parallelism
         self.subtasks = [
             KeyedProcessOperator(
@@ -117,8 +154,6 @@ class LocalRunner:
             )
             for i in range(parallelism)
         ]
-        for op in self.subtasks:
-            op.open()
 
     def subtask_for_key(self, key: Any) -> int:
         kg = assign_to_key_group(key, self.max_parallelism)
@@ -186,7 +221,171 @@ class LocalRunner:
         """Everything emitted to ``tag`` so far (and forget it)."""
         return self._side_outputs.pop(tag, [])
 
+    # ---- checkpoints ---------------------------------------------------------------------------
+
+    @property
+    def checkpoint_storage(self) -> Any:
+        """The storage :meth:`checkpoint` writes to (created on first use)."""
+        if self._storage is None:
+            from streamstate.checkpoint.storage import checkpoint_storage_from
+
+            self._storage = checkpoint_storage_from(self._storage_ref)
+        return self._storage
+
+    def _use_storage(self, storage_or_url: Any) -> Any:
+        if storage_or_url is not None:
+            from streamstate.checkpoint.storage import checkpoint_storage_from
+
+            storage = checkpoint_storage_from(storage_or_url)
+            if storage is not self._storage:
+                self._close_checkpointers()
+                self._close_coordinator()
+                self._storage = storage
+        return self.checkpoint_storage
+
+    @property
+    def checkpoint_coordinator(self) -> Any:
+        """Commits this runner's checkpoints (retention runs in its background thread)."""
+        if self._coordinator is None:
+            from streamstate.checkpoint.coordinator import CheckpointCoordinator
+
+            self._coordinator = CheckpointCoordinator(self.checkpoint_storage)
+        return self._coordinator
+
+    def _close_coordinator(self) -> None:
+        if self._coordinator is not None:
+            self._coordinator.close()
+            self._coordinator = None
+
+    def _subtask_checkpointers(self) -> list[Any]:
+        from streamstate.checkpoint.writer import AsyncSnapshotWriter, SubtaskCheckpointer
+
+        if not self.subtasks:
+            if self.key_serializer is None:
+                raise CheckpointError(
+                    "nothing to checkpoint yet: no record was processed and no key_type was "
+                    "given, so the subtasks do not exist"
+                )
+            self._start(self.parallelism)
+        if not self._checkpointers:
+            if self._writer is None:
+                self._writer = AsyncSnapshotWriter()
+            self._checkpointers = [
+                SubtaskCheckpointer(
+                    self.checkpoint_storage,
+                    op,
+                    compression=self.checkpoint_compression,
+                    incremental=self.incremental_checkpoints,
+                    writer=self._writer,
+                )
+                for op in self.subtasks
+            ]
+        return self._checkpointers
+
+    def _properties(self) -> dict[str, Any]:
+        return {"watermark": self.watermark, "max_timestamp": self._max_timestamp}
+
+    def checkpoint(self, storage_or_url: Any = None) -> Any:
+        """Checkpoint every subtask and commit; returns the ``CompletedCheckpoint``.
+
+        The synchronous phase runs here; the files are written by a background thread, and
+        ``_metadata`` is committed once every subtask's files are written.
+        """
+        storage = self._use_storage(storage_or_url)
+        checkpointers = self._subtask_checkpointers()
+        checkpoint_id = storage.next_checkpoint_id()
+        futures = [c.checkpoint(checkpoint_id) for c in checkpointers]
+        handles = [f.result() for f in futures]
+        return self.checkpoint_coordinator.commit(
+            checkpoint_id,
+            handles,
+            expected={self.operator_name: self.parallelism},
+            properties=self._properties(),
+        )
+
+    def savepoint(self, storage_or_url: Any = None) -> Any:
+        """A self-contained savepoint under ``<job>/savepoints/sp-<id>``; returns it."""
+        storage = self._use_storage(storage_or_url)
+        checkpointers = self._subtask_checkpointers()
+        savepoint_id = storage.next_savepoint_id()
+        directory = storage.savepoint_directory(savepoint_id)
+        futures = [c.savepoint(directory, savepoint_id) for c in checkpointers]
+        handles = [f.result() for f in futures]
+        return self.checkpoint_coordinator.commit(
+            savepoint_id,
+            handles,
+            expected={self.operator_name: self.parallelism},
+            properties=self._properties(),
+            savepoint_directory=directory,
+        )
+
+    def restore(self, checkpoint: Any = None) -> None:
+        """Replace all state with a checkpoint's or savepoint's, at this runner's parallelism.
+
+        ``checkpoint``: None (the latest complete checkpoint of the runner's storage), an id, a
+        ``CompletedCheckpoint``, or the path/URL of a checkpoint or savepoint directory.
+        """
+        from streamstate.checkpoint.restore import operator_metadata, restore_subtask
+        from streamstate.checkpoint.storage import resolve_checkpoint
+        from streamstate.serializers import serializer_from_snapshot
+
+        cp = resolve_checkpoint(checkpoint, self.checkpoint_storage)
+        op_meta = operator_metadata(cp, self.operator_name)
+        if op_meta.max_parallelism != self.max_parallelism:
+            if self._explicit_max_parallelism:
+                raise MaxParallelismMismatchError(
+                    f"{cp.url} was written with max_parallelism={op_meta.max_parallelism}; this "
+                    f"runner has max_parallelism={self.max_parallelism}"
+                )
+            self.max_parallelism = op_meta.max_parallelism
+        if self.key_serializer is None and op_meta.key_serializer is not None:
+            self.key_serializer = serializer_from_snapshot(op_meta.key_serializer)
+        for op in self.subtasks:
+            op.dispose()
+        self._create_subtasks(self.parallelism)
+        for op in self.subtasks:
+            restore_subtask(op, cp)
+        watermark = cp.metadata.properties.get("watermark", MIN_WATERMARK)
+        self.watermark = max(self.watermark, watermark)
+        self._max_timestamp = max(
+            self._max_timestamp, cp.metadata.properties.get("max_timestamp", MIN_WATERMARK)
+        )
+        for op in self.subtasks:
+            op._watermark = max(op._watermark, self.watermark)  # late services start there
+            for service in op.timer_services.values():
+                service.current_watermark = max(service.current_watermark, self.watermark)
+            op.open()
+        if not cp.is_savepoint and cp.storage is self.checkpoint_storage:
+            by_index = {s.subtask_index: s for s in op_meta.subtasks}
+            for c, op in zip(self._subtask_checkpointers(), self.subtasks, strict=True):
+                handle = by_index.get(op.subtask_index)
+                if handle is not None:
+                    c.resume(handle)
+
+    def rescale(self, new_parallelism: int) -> Any:
+        """Checkpoint, rebuild the subtasks at ``new_parallelism`` and restore them; returns
+        the checkpoint used."""
+        if not 1 <= new_parallelism <= self.max_parallelism:
+            raise ValueError(
+                f"new parallelism must be between 1 and max_parallelism={self.max_parallelism}, "
+                f"got {new_parallelism}"
+            )
+        cp = self.checkpoint()
+        self.parallelism = new_parallelism
+        self.restore(cp)
+        return cp
+
+    def _close_checkpointers(self) -> None:
+        for c in self._checkpointers:
+            c.close()
+        self._checkpointers = []
+
     def close(self) -> None:
+        self._close_checkpointers()
+        self._close_coordinator()
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
         for op in self.subtasks:
             op.dispose()
         self.subtasks = []

@@ -38,9 +38,9 @@ from streamstate.keygroups import compute_key_group_range_for_operator_index
 from streamstate.metrics import MetricGroup
 from streamstate.namespace import VOID_NAMESPACE
 from streamstate.serializers import TypeSerializer, VoidNamespaceSerializer
-from streamstate.timers import InternalTimerService, UserTimerService
+from streamstate.timers import MIN_WATERMARK, InternalTimerService, UserTimerService
 
-__all__ = ["KeyedProcessOperator", "OperatorSnapshot"]
+__all__ = ["InternalOperatorContext", "KeyedProcessOperator", "OperatorSnapshot"]
 
 _VOID_SERIALIZER = VoidNamespaceSerializer()
 
@@ -131,6 +131,47 @@ class _ProcessContext(KeyedProcessFunction.OnTimerContext):
         return self._domain
 
 
+class InternalOperatorContext:
+    """Internal access to the hosting operator, for built-in functions (windows, SPEC §9).
+
+    A :class:`KeyedProcessFunction` that defines ``bind_operator(context)`` gets it called once
+    per subtask with this context, before ``initialize_state`` and ``open``. Through it the
+    function reaches what user functions do not see: the keyed backend (states in any namespace),
+    timer services with their own namespace serializer and their own callbacks, and the
+    operator's main and side outputs for results produced outside ``process_element`` (timers).
+    It is not part of the public API.
+    """
+
+    __slots__ = ("_op",)
+
+    def __init__(self, op: KeyedProcessOperator) -> None:
+        self._op = op
+
+    @property
+    def keyed_backend(self) -> KeyedStateBackend:
+        return self._op.keyed_backend
+
+    @property
+    def metric_group(self) -> MetricGroup:
+        return self._op.metric_group
+
+    def get_internal_timer_service(
+        self, name: str, namespace_serializer: TypeSerializer[Any], triggerable: Any
+    ) -> InternalTimerService:
+        """The operator's timer service ``name`` calling ``triggerable.on_event_time`` /
+        ``on_processing_time(timestamp, key, namespace)``; see
+        :meth:`KeyedProcessOperator.get_internal_timer_service`."""
+        return self._op.get_internal_timer_service(name, namespace_serializer, triggerable)
+
+    def emit(self, value: Any) -> None:
+        """Append ``value`` to the operator's main output."""
+        self._op.output.append(value)
+
+    def output(self, tag: OutputTag, value: Any) -> None:
+        """Append ``value`` to the side output ``tag``."""
+        self._op.side_outputs.setdefault(tag, []).append(value)
+
+
 class _InitContext(FunctionInitializationContext):
     def __init__(self, op: KeyedProcessOperator) -> None:
         self._op = op
@@ -215,12 +256,11 @@ class KeyedProcessOperator:
             metric_group=self.metric_group.add_group("state"),
         )
         self.operator_backend: OperatorStateBackend = self.state_backend.create_operator_backend()
-        self.timer_service = InternalTimerService(
-            "user", self.keyed_backend, self, processing_time=self.clock.now
-        )
-        participants = getattr(self.keyed_backend, "snapshot_participants", None)
-        if participants is not None:
-            participants.append(self.timer_service)
+        #: timer services by name; "user" is the one the function's TimerService uses
+        self.timer_services: dict[str, InternalTimerService] = {}
+        self._watermark = MIN_WATERMARK
+        self._manual_processing_time: int | None = None
+        self.timer_service = self.get_internal_timer_service("user", _VOID_SERIALIZER, self)
         self.runtime_context = _RuntimeContext(self)
         self._ctx = _ProcessContext(self)
         self.output: list[Any] = []
@@ -233,6 +273,9 @@ class KeyedProcessOperator:
     def open(self) -> None:
         if self._opened:
             return
+        bind = getattr(self.function, "bind_operator", None)
+        if bind is not None:
+            bind(InternalOperatorContext(self))
         if isinstance(self.function, CheckpointedFunction):
             self.function.initialize_state(_InitContext(self))
         self.function.open(self.runtime_context)
@@ -271,12 +314,71 @@ class KeyedProcessOperator:
         _collect(self.output, self.function.on_timer(timestamp, ctx), "on_timer")
         ctx._domain = TimeDomain.EVENT_TIME
 
+    def get_internal_timer_service(
+        self, name: str, namespace_serializer: TypeSerializer[Any], triggerable: Any
+    ) -> InternalTimerService:
+        """The timer service ``name``, created on first use (as Flink's
+        ``getInternalTimerService``).
+
+        Each service has its own namespace serializer and callbacks, is advanced with the
+        operator's watermark and processing time, and takes part in keyed snapshots (its timers
+        are written as the pseudo-states ``_timers.<name>.event`` / ``.processing``).
+        """
+        service = self.timer_services.get(name)
+        if service is not None:
+            if service.triggerable is not triggerable:
+                raise StateAccessError(
+                    f"operator {self.operator_name!r}: timer service {name!r} is already "
+                    "registered with another callback"
+                )
+            return service
+        validate_name(name, "timer service")
+        service = InternalTimerService(
+            name,
+            self.keyed_backend,
+            triggerable,
+            namespace_serializer,
+            processing_time=self.clock.now,
+        )
+        # a service created late (in open(), after a restore) starts at the operator's time
+        watermark = self._watermark
+        for other in self.timer_services.values():
+            watermark = max(watermark, other.current_watermark)
+        service.current_watermark = watermark
+        if self._manual_processing_time is not None:
+            service.advance_processing_time(self._manual_processing_time)
+        self.timer_services[name] = service
+        participants = getattr(self.keyed_backend, "snapshot_participants", None)
+        if participants is not None:
+            participants.append(service)
+        # timers of this service restored before it existed (backends that keep them pending)
+        restore_pending = getattr(self.keyed_backend, "restore_pending_timers", None)
+        if restore_pending is not None:
+            restore_pending(service)
+        return service
+
     def advance_watermark(self, watermark: int) -> int:
-        """Fire event-time timers up to ``watermark``; returns how many fired."""
-        return self.timer_service.advance_watermark(watermark)
+        """Fire event-time timers of every timer service up to ``watermark``; returns how many
+        fired."""
+        self._watermark = max(self._watermark, int(watermark))
+        return sum(s.advance_watermark(watermark) for s in list(self.timer_services.values()))
 
     def advance_processing_time(self, time: int) -> int:
-        return self.timer_service.advance_processing_time(time)
+        """Set processing time on every timer service and fire due processing-time timers."""
+        if self._manual_processing_time is None or time > self._manual_processing_time:
+            self._manual_processing_time = int(time)
+        return sum(s.advance_processing_time(time) for s in list(self.timer_services.values()))
+
+    @property
+    def current_watermark(self) -> int:
+        return self._watermark
+
+    def num_timers(self) -> int:
+        """Event-time plus processing-time timers of every timer service."""
+        return sum(
+            s.num_event_time_timers() + s.num_processing_time_timers()
+            for s in self.timer_services.values()
+        )
 
     def drain_output(self) -> list[Any]:
         out, self.output = self.output, []
@@ -287,10 +389,14 @@ class KeyedProcessOperator:
 
     # ---- checkpoints ---------------------------------------------------------------------------
 
-    def snapshot(self, checkpoint_id: int) -> OperatorSnapshot:
-        """The synchronous phase of a checkpoint of this subtask."""
+    def prepare_snapshot(self, checkpoint_id: int) -> None:
+        """Let a :class:`CheckpointedFunction` put its state into state handles first."""
         if isinstance(self.function, CheckpointedFunction):
             self.function.snapshot_state(_SnapshotContext(checkpoint_id, self.clock.now()))
+
+    def snapshot(self, checkpoint_id: int) -> OperatorSnapshot:
+        """The synchronous phase of a checkpoint of this subtask."""
+        self.prepare_snapshot(checkpoint_id)
         return OperatorSnapshot(
             checkpoint_id,
             self.keyed_backend.snapshot(checkpoint_id),

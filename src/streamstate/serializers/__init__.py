@@ -20,6 +20,7 @@ from streamstate.serializers.inference import (
 )
 from streamstate.serializers.pickle import PickleSerializer
 from streamstate.serializers.structs import StructSerializer
+from streamstate.serializers.ttl import TtlValueSerializer
 
 __all__ = [
     "BoolSerializer",
@@ -34,6 +35,7 @@ __all__ = [
     "SerializerSnapshot",
     "StrSerializer",
     "StructSerializer",
+    "TtlValueSerializer",
     "TupleSerializer",
     "TypeSerializer",
     "Types",

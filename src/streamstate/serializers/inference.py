@@ -136,6 +136,10 @@ def serializer_from_snapshot(
         )
     if t == "tuple":
         return TupleSerializer(*(serializer_from_snapshot(f, allow_pickle) for f in snap["fields"]))
+    if t == "ttl_value":
+        from streamstate.serializers.ttl import TtlValueSerializer
+
+        return TtlValueSerializer(serializer_from_snapshot(snap["inner"], allow_pickle))
     if t == "pickle":
         if not allow_pickle:
             raise PickleNotAllowedError(

@@ -8,12 +8,20 @@ from typing import Any, Literal
 from streamstate.api.descriptors import StateDescriptor
 from streamstate.api.state import InternalKvState
 from streamstate.backends.base import Clock, KeyedStateBackend
+from streamstate.backends.heap.incremental import (
+    DeltaSnapshotSource,
+    ReplaceDeltaSource,
+    TrackingStateMap,
+    capture_table_changes,
+    tracking_map_class,
+)
 from streamstate.backends.heap.nested_maps import NestedStateMap
 from streamstate.backends.heap.snapshot import HeapKeyedStateSnapshot, StateTableSnapshotSource
 from streamstate.backends.heap.state_map import StateMap
 from streamstate.backends.heap.state_table import StateTable
 from streamstate.backends.heap.states import STATE_FACTORIES
-from streamstate.backends.snapshot import SnapshotSource, StateMetaInfo
+from streamstate.backends.restore import KeyedStateRestore
+from streamstate.backends.snapshot import DELTA_SNAPSHOT, SnapshotSource, StateMetaInfo
 from streamstate.errors import StateBackendError
 from streamstate.keygroups import KeyGroupRange
 from streamstate.serializers.base import TypeSerializer
@@ -23,23 +31,33 @@ __all__ = ["HeapKeyedStateBackend", "TableKind"]
 TableKind = Literal["copy_on_write", "nested_maps"]
 
 
-def _map_factory(kind: str, serializer: TypeSerializer[Any]) -> Callable[[], StateMap]:
+def _map_class(kind: str) -> type[StateMap]:
     if kind == "nested_maps":
-        return lambda: NestedStateMap(serializer)
+        return NestedStateMap
     if kind == "copy_on_write":
         try:
             from streamstate.backends.heap.copy_on_write import CopyOnWriteStateMap
         except ImportError:  # pragma: no cover - the copy-on-write map ships with the package
-            return lambda: NestedStateMap(serializer)
-        return lambda: CopyOnWriteStateMap(serializer)
+            return NestedStateMap
+        return CopyOnWriteStateMap  # type: ignore[no-any-return]
     raise ValueError(f"unknown heap table kind {kind!r}; use 'copy_on_write' or 'nested_maps'")
+
+
+def _map_factory(
+    kind: str, serializer: TypeSerializer[Any], incremental: bool = False
+) -> Callable[[], StateMap]:
+    cls: Any = _map_class(kind)
+    if incremental:
+        cls = tracking_map_class(cls, track_reads=not serializer.immutable)
+    return lambda: cls(serializer)
 
 
 class HeapKeyedStateBackend(KeyedStateBackend):
     """Keyed state of one subtask held in memory.
 
     ``table_kind="copy_on_write"`` (default) gives asynchronous snapshots; ``"nested_maps"`` is the
-    simple dict-of-dicts table whose snapshots copy everything synchronously.
+    simple dict-of-dicts table whose snapshots copy everything synchronously. ``incremental=True``
+    tracks changed entries so that :meth:`snapshot_delta` costs O(changes) (SPEC §6.3).
     """
 
     backend_name = "heap"
@@ -51,6 +69,7 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         key_group_range: KeyGroupRange,
         *,
         table_kind: TableKind = "copy_on_write",
+        incremental: bool = False,
         clock: Clock | None = None,
         latency_tracking: bool = False,
         size_tracking: bool = False,
@@ -67,7 +86,10 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         )
         _map_factory(table_kind, key_serializer)  # validate early
         self.table_kind = table_kind
+        self.incremental = incremental
         self._tables: dict[str, StateTable] = {}
+        #: restored state still encoded until registered (see heap/restore.py)
+        self._pending_restore: Any = None
         #: other participants of keyed snapshots (timer services): objects with snapshot_sources()
         self.snapshot_participants: list[Any] = []
 
@@ -85,13 +107,13 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         table = self._tables.get(name)
         meta = StateMetaInfo(name, kind, namespace_serializer, state_serializer, ttl)
         if table is None:
-            table = StateTable(
-                self.ctx,
-                self.key_group_range,
-                meta,
-                _map_factory(self.table_kind, state_serializer),
-            )
+            factory = _map_factory(self.table_kind, state_serializer, self.incremental)
+            table = StateTable(self.ctx, self.key_group_range, meta, factory)
             self._tables[name] = table
+            if self._pending_restore is not None and self._pending_restore.fill(
+                table, self.key_serializer
+            ):
+                _take_changes(table)  # restored entries are already in the checkpoint chain
         else:
             table.meta = meta
         return table
@@ -150,7 +172,78 @@ class HeapKeyedStateBackend(KeyedStateBackend):
             checkpoint_id,
         )
 
+    def snapshot_delta(self, checkpoint_id: int = 0) -> HeapKeyedStateSnapshot:
+        """The synchronous phase of an incremental checkpoint: the entries changed since the
+        previous :meth:`snapshot_delta` (or :meth:`reset_change_tracking`), values copied.
+
+        O(changed entries + key groups). Needs ``incremental=True``.
+        """
+        self._check_open()
+        if not self.incremental:
+            raise StateBackendError(
+                "snapshot_delta needs a heap backend created with incremental=True"
+            )
+        sources: list[SnapshotSource] = []
+        for t in self._tables.values():
+            serializer = t.meta.state_serializer
+            copy = None if serializer.immutable else serializer.copy
+            per_kg = capture_table_changes(t.key_group_maps(), copy, t.snapshot_transformer)
+            sources.append(DeltaSnapshotSource(t.meta, per_kg))
+        for participant in self.snapshot_participants:
+            delta = getattr(participant, "delta_snapshot_sources", None)
+            if delta is not None:
+                sources.extend(delta())
+            else:
+                sources.extend(ReplaceDeltaSource(s) for s in participant.snapshot_sources())
+        return HeapKeyedStateSnapshot(
+            self.key_serializer,
+            self.max_parallelism,
+            self.key_group_range,
+            sources,
+            checkpoint_id,
+            kind=DELTA_SNAPSHOT,
+        )
+
+    def reset_change_tracking(self) -> None:
+        """Forget recorded changes: the current state is the base of the next delta."""
+        for t in self._tables.values():
+            _take_changes(t)
+        for participant in self.snapshot_participants:
+            reset = getattr(participant, "reset_changes", None)
+            if reset is not None:
+                reset()
+
+    # ---- restore -------------------------------------------------------------------------------
+
+    def restore(self, files: list[KeyedStateRestore]) -> None:
+        """Restore from snapshot files (full then deltas, per old subtask); all or nothing.
+
+        Must run before any state is registered; timers go to the snapshot participants (timer
+        services) present now.
+        """
+        from streamstate.backends.heap.restore import HeapRestoreOperation
+
+        self._check_open()
+        HeapRestoreOperation(self).run(files)
+
+    def _install_pending_restore(self, pending: Any) -> None:
+        self._pending_restore = pending
+        self.snapshot_participants.append(pending)
+
+    def restore_pending_timers(self, service: Any) -> int:
+        """Hand a timer service created after the restore its checkpointed timers."""
+        if self._pending_restore is None:
+            return 0
+        return int(self._pending_restore.restore_timers(service, self.key_serializer))
+
     def dispose(self) -> None:
         self._tables.clear()
+        self._pending_restore = None
         self.snapshot_participants.clear()
         super().dispose()
+
+
+def _take_changes(table: StateTable) -> None:
+    for m in table.key_group_maps():
+        if isinstance(m, TrackingStateMap):
+            m.take_changes()

@@ -22,23 +22,46 @@ def _identity(x: Any) -> Any:
 
 
 class NestedStateMapSnapshot(StateMapSnapshot):
-    """A deep copy of a :class:`NestedStateMap` taken synchronously."""
+    """A deep copy of a :class:`NestedStateMap` taken synchronously: one dict copy per namespace
+    (C-speed copies; values copied one by one only when they are mutable)."""
 
-    __slots__ = ("_entries",)
+    __slots__ = ("_maps", "_size")
 
-    def __init__(self, entries: list[tuple[Any, Any, Any]]) -> None:
-        self._entries: list[tuple[Any, Any, Any]] | None = entries
+    def __init__(self, maps: dict[Any, dict[Any, Any]], size: int) -> None:
+        self._maps: dict[Any, dict[Any, Any]] | None = maps
+        self._size = size
+
+    def _check(self) -> dict[Any, dict[Any, Any]]:
+        if self._maps is None:
+            raise RuntimeError("this state map snapshot was already released")
+        return self._maps
 
     def __iter__(self) -> Iterator[tuple[Any, Any, Any]]:
-        if self._entries is None:
-            raise RuntimeError("this state map snapshot was already released")
-        return iter(self._entries)
+        for ns, m in self._check().items():
+            for k, s in m.items():
+                yield k, ns, s
+
+    def columns(self) -> tuple[list[Any], list[Any], list[Any]]:
+        """``(keys, namespaces, states)``; ``namespaces`` has one element when all entries
+        share it."""
+        maps = self._check()
+        if len(maps) == 1:
+            ((ns, m),) = maps.items()
+            return list(m), [ns], list(m.values())
+        keys: list[Any] = []
+        namespaces: list[Any] = []
+        states: list[Any] = []
+        for ns, m in maps.items():
+            keys.extend(m)
+            namespaces.extend([ns] * len(m))
+            states.extend(m.values())
+        return keys, namespaces, states
 
     def __len__(self) -> int:
-        return len(self._entries or ())
+        return self._size if self._maps is not None else 0
 
     def release(self) -> None:
-        self._entries = None
+        self._maps = None
 
 
 class NestedStateMap(StateMap):
@@ -112,6 +135,18 @@ class NestedStateMap(StateMap):
             m[key] = fn(None, value)
             self._size += 1
 
+    def put_all(self, keys: list[Any], namespaces: list[Any], states: list[Any]) -> None:
+        """Bulk load: one ``dict.update`` per namespace (C speed)."""
+        if len(namespaces) == 1 and len(keys) != 1:
+            m = self._maps.get(namespaces[0])
+            if m is None:
+                m = self._maps[namespaces[0]] = {}
+            before = len(m)
+            m.update(zip(keys, states, strict=True))
+            self._size += len(m) - before
+            return
+        super().put_all(keys, namespaces, states)
+
     def __len__(self) -> int:
         return self._size
 
@@ -129,9 +164,11 @@ class NestedStateMap(StateMap):
 
     def snapshot(self) -> NestedStateMapSnapshot:
         cp = self._copy
-        return NestedStateMapSnapshot(
-            [(k, ns, cp(s)) for ns, m in self._maps.items() for k, s in m.items()]
-        )
+        if cp is _identity:
+            maps = {ns: dict(m) for ns, m in self._maps.items()}
+        else:
+            maps = {ns: {k: cp(s) for k, s in m.items()} for ns, m in self._maps.items()}
+        return NestedStateMapSnapshot(maps, self._size)
 
 
 def _deepcopy(x: Any) -> Any:

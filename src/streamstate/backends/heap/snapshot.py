@@ -12,7 +12,12 @@ from collections.abc import Iterable
 from typing import Any
 
 from streamstate.backends.heap.state_map import StateMapSnapshot, StateSnapshotTransformer
-from streamstate.backends.snapshot import SnapshotSource, SourcesKeyedStateSnapshot, StateMetaInfo
+from streamstate.backends.snapshot import (
+    EntryColumns,
+    SnapshotSource,
+    SourcesKeyedStateSnapshot,
+    StateMetaInfo,
+)
 
 __all__ = ["HeapKeyedStateSnapshot", "StateTableSnapshotSource"]
 
@@ -36,6 +41,13 @@ class StateTableSnapshotSource(SnapshotSource):
         snap = self._snapshots[key_group_index]
         if snap is None or len(snap) == 0:
             return None
+        if self._transformer is None:
+            columns = getattr(snap, "columns", None)
+            if columns is not None:
+                return EntryColumns(*columns())  # no tuple per entry
+            heads = getattr(snap, "bucket_heads", None)
+            if heads is not None:
+                return _chain_columns(heads())
         return snap.iter_transformed(self._transformer)
 
     def release_key_group(self, key_group_index: int) -> None:
@@ -51,3 +63,18 @@ class StateTableSnapshotSource(SnapshotSource):
 
 class HeapKeyedStateSnapshot(SourcesKeyedStateSnapshot):
     """The result of the heap backend's synchronous snapshot phase."""
+
+
+def _chain_columns(heads: list[Any]) -> EntryColumns:
+    """Columns of a copy-on-write snapshot, walking its bucket chains (no tuple per entry)."""
+    keys: list[Any] = []
+    namespaces: list[Any] = []
+    states: list[Any] = []
+    add_key, add_ns, add_state = keys.append, namespaces.append, states.append
+    for e in heads:
+        while e is not None:
+            add_key(e.key)
+            add_ns(e.namespace)
+            add_state(e.state)
+            e = e.next
+    return EntryColumns(keys, namespaces, states)

@@ -96,6 +96,19 @@ class StateMap(ABC):
         """Keys that have an entry under ``namespace``."""
         return (k for k, ns, _ in self if ns == namespace)
 
+    def put_all(self, keys: list[Any], namespaces: list[Any], states: list[Any]) -> None:
+        """Bulk load (restore): ``put`` every ``(keys[i], namespaces[i], states[i])``;
+        ``namespaces`` may hold a single namespace shared by all keys. Implementations may do
+        it faster than one ``put`` per entry."""
+        put = self.put
+        if len(namespaces) == 1 and len(keys) != 1:
+            ns = namespaces[0]
+            for k, s in zip(keys, states, strict=True):
+                put(k, ns, s)
+        else:
+            for k, ns, s in zip(keys, namespaces, states, strict=True):
+                put(k, ns, s)
+
     @abstractmethod
     def snapshot(self) -> StateMapSnapshot:
         """A consistent view of the current content; must be released when written."""

@@ -287,6 +287,15 @@ class HeapReducingState(_HeapState, InternalReducingState[Any]):
         ctx = self._ctx
         return self._maps[ctx.kg_index].get(ctx.key, self._ns)
 
+    get_internal = get
+
+    def update_internal(self, value: Any) -> None:
+        ctx = self._ctx
+        if value is None:
+            self._maps[ctx.kg_index].remove(ctx.key, self._ns)
+        else:
+            self._maps[ctx.kg_index].put(ctx.key, self._ns, value)
+
     def add(self, value: Any) -> None:
         ctx = self._ctx
         if value is None:
@@ -340,6 +349,13 @@ class HeapAggregatingState(_HeapState, InternalAggregatingState[Any, Any]):
     def get_internal(self) -> Any:
         ctx = self._ctx
         return self._maps[ctx.kg_index].get(ctx.key, self._ns)
+
+    def update_internal(self, value: Any) -> None:
+        ctx = self._ctx
+        if value is None:
+            self._maps[ctx.kg_index].remove(ctx.key, self._ns)
+        else:
+            self._maps[ctx.kg_index].put(ctx.key, self._ns, value)
 
     def add(self, value: Any) -> None:
         ctx = self._ctx

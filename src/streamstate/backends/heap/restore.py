@@ -1,0 +1,403 @@
+"""Restore of the heap backend from snapshot files (SPEC §7).
+
+:class:`HeapRestoreOperation` applies the files handed over by checkpoint restore, in order (for
+each old subtask: its full snapshot, then its deltas), to a fresh heap backend:
+
+* states whose serializers are built-in (:func:`~streamstate.backends.restore.is_builtin_snapshot`)
+  are decoded at once into state tables, with serializers rebuilt from the checkpoint;
+* timers go back into the timer service that owns them;
+* every other state (records, TTL-wrapped values, pickle) stays encoded in
+  :class:`RestoredRawStates` until the program registers it: it is then decoded with the
+  program's serializers (after the compatibility check of
+  :meth:`~streamstate.backends.base.KeyedStateBackend._check_restored`, which is where pickle
+  is refused unless declared). Until then it is written into every checkpoint unchanged.
+
+Nothing is installed unless every block of every file was read and verified: on any error the
+backend is left as it was before the restore.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from streamstate.backends.base import RestoredStateMeta
+from streamstate.backends.restore import KeyedStateRestore, RestoredSerializer, is_builtin_snapshot
+from streamstate.backends.snapshot import (
+    TIMER_STATE_KIND,
+    EncodedEntries,
+    SnapshotSource,
+    StateMetaInfo,
+)
+from streamstate.checkpoint.codec import StateCodec
+from streamstate.errors import (
+    CorruptCheckpointError,
+    MaxParallelismMismatchError,
+    StateAccessError,
+    StateMigrationException,
+)
+from streamstate.serializers import Int64Serializer, serializer_from_snapshot
+from streamstate.serializers.base import TypeSerializer
+
+if TYPE_CHECKING:
+    from streamstate.backends.heap.backend import HeapKeyedStateBackend
+    from streamstate.backends.heap.state_table import StateTable
+
+__all__ = ["HeapRestoreOperation", "RestoredRawStates"]
+
+_ENCODER = msgspec.msgpack.Encoder()
+_RAW_SECTION = msgspec.msgpack.Decoder(
+    tuple[list[msgspec.Raw], list[msgspec.Raw], list[msgspec.Raw]]
+)
+_RAW_REMOVED = msgspec.msgpack.Decoder(tuple[list[msgspec.Raw], list[msgspec.Raw]])
+
+
+class _RawKeyGroup:
+    """The merged, still-encoded entries of one state in one key group."""
+
+    __slots__ = ("encoded", "merged")
+
+    def __init__(self) -> None:
+        self.encoded: EncodedEntries | None = None
+        #: (key bytes, namespace bytes) -> state bytes, once a delta had to be merged in
+        self.merged: dict[tuple[bytes, bytes], bytes] | None = None
+
+    def apply(self, count: int, entries: bytes, removed: bytes | None) -> None:
+        if removed is None:  # replacement
+            self.encoded = EncodedEntries(bytes(entries), count)
+            self.merged = None
+            return
+        merged = self._materialize()
+        keys, nss, states = _RAW_SECTION.decode(entries)
+        for k, ns, s in zip(keys, _expand(nss, len(keys)), states, strict=True):
+            merged[(bytes(k), bytes(ns))] = bytes(s)
+        gone_keys, gone_nss = _RAW_REMOVED.decode(removed)
+        for k, ns in zip(gone_keys, _expand(gone_nss, len(gone_keys)), strict=True):
+            merged.pop((bytes(k), bytes(ns)), None)
+
+    def _materialize(self) -> dict[tuple[bytes, bytes], bytes]:
+        if self.merged is None:
+            self.merged = {}
+            if self.encoded is not None and self.encoded.count:
+                keys, nss, states = _RAW_SECTION.decode(self.encoded.data)
+                for k, ns, s in zip(keys, _expand(nss, len(keys)), states, strict=True):
+                    self.merged[(bytes(k), bytes(ns))] = bytes(s)
+            self.encoded = None
+        return self.merged
+
+    def result(self) -> EncodedEntries | None:
+        if self.merged is not None:
+            if not self.merged:
+                return None
+            items = list(self.merged.items())
+            data = _ENCODER.encode(
+                (
+                    [msgspec.Raw(k) for (k, _), _ in items],
+                    [msgspec.Raw(ns) for (_, ns), _ in items],
+                    [msgspec.Raw(s) for _, s in items],
+                )
+            )
+            return EncodedEntries(data, len(items))
+        if self.encoded is None or not self.encoded.count:
+            return None
+        return self.encoded
+
+
+def _expand(namespaces: list[Any], n: int) -> list[Any]:
+    if len(namespaces) == n:
+        return namespaces
+    if len(namespaces) == 1:
+        return namespaces * n
+    raise ValueError(f"namespace column has {len(namespaces)} values for {n} keys")
+
+
+class _PendingState:
+    """One restored state (or timer queue) kept encoded until it is registered."""
+
+    __slots__ = ("blocks", "meta")
+
+    def __init__(self, meta: dict[str, Any], num_key_groups: int) -> None:
+        self.meta = meta
+        self.blocks: list[EncodedEntries | None] = [None] * num_key_groups
+
+    def snapshot_meta(self) -> StateMetaInfo:
+        m = self.meta
+        return StateMetaInfo(
+            m["name"],
+            m["kind"],
+            RestoredSerializer(m["namespace_serializer"]),
+            RestoredSerializer(m["state_serializer"]),
+            m.get("ttl"),
+        )
+
+
+class _PendingSource(SnapshotSource):
+    __slots__ = ("_blocks", "meta")
+
+    def __init__(self, meta: StateMetaInfo, blocks: list[EncodedEntries | None]) -> None:
+        self.meta = meta
+        self._blocks = blocks
+
+    def entries(self, key_group_index: int) -> EncodedEntries | None:
+        return self._blocks[key_group_index]
+
+
+class RestoredRawStates:
+    """Restored states and timers not decoded yet; a snapshot participant of the backend, so that
+    they reach every later checkpoint unchanged until the program registers them."""
+
+    def __init__(self, key_group_start: int, num_key_groups: int) -> None:
+        self._start = key_group_start
+        self._n = num_key_groups
+        self.states: dict[str, _PendingState] = {}
+
+    def __len__(self) -> int:
+        return len(self.states)
+
+    def snapshot_sources(self) -> list[SnapshotSource]:
+        return [_PendingSource(p.snapshot_meta(), list(p.blocks)) for p in self.states.values()]
+
+    def delta_snapshot_sources(self) -> list[SnapshotSource]:
+        return []  # encoded state never changes
+
+    def fill(self, table: StateTable, key_serializer: TypeSerializer[Any]) -> bool:
+        """Decode the pending entries of ``table``'s state into it; False if there are none."""
+        pending = self.states.pop(table.meta.name, None)
+        if pending is None:
+            return False
+        codec = StateCodec(
+            key_serializer, table.meta.namespace_serializer, table.meta.state_serializer
+        )
+        maps = table.key_group_maps()
+        for index, block in enumerate(pending.blocks):
+            if block is not None:
+                _put_section(maps[index], codec, block.data, None, table.meta.name, index)
+        return True
+
+    def restore_timers(self, service: Any, key_serializer: TypeSerializer[Any]) -> int:
+        """Give a timer service created after the restore its timers; returns how many."""
+        restored = 0
+        for domain in ("event", "processing"):
+            pending = self.states.pop(service.state_name(domain), None)
+            if pending is None:
+                continue
+            codec = StateCodec(key_serializer, service.namespace_serializer, Int64Serializer())
+            for index, block in enumerate(pending.blocks):
+                if block is None:
+                    continue
+                keys, nss, stamps = codec.decode(block.data)
+                for key, ns, ts in zip(keys, _expand(nss, len(keys)), stamps, strict=True):
+                    service.restore_timer(domain, key, ns, ts, self._start + index)
+                    restored += 1
+        return restored
+
+
+def _put_section(
+    m: Any,
+    codec: StateCodec,
+    entries: bytes,
+    removed: bytes | None,
+    state_name: str,
+    key_group: int,
+    count: int | None = None,
+) -> None:
+    try:
+        keys, nss, states = codec.decode(entries)
+        if count is not None and count != len(keys):
+            raise ValueError(f"the block says {count} entries but holds {len(keys)}")
+        if len(nss) != len(keys) and len(nss) != 1:
+            raise ValueError(f"namespace column has {len(nss)} values for {len(keys)} keys")
+        gone: tuple[list[Any], list[Any]] | None = None
+        if removed is not None:
+            gone_keys, gone_nss = codec.decode_removed(removed)
+            gone = (gone_keys, _expand(gone_nss, len(gone_keys)))
+    except (msgspec.ValidationError, msgspec.DecodeError, ValueError) as exc:
+        raise StateMigrationException(
+            f"state {state_name!r}, key group {key_group}: the checkpointed entries cannot be "
+            f"read with the declared serializers ({exc})"
+        ) from None
+    if removed is None and len(m):
+        drop = getattr(m, "untracked_remove", m.remove)
+        for k, ns, _ in list(m):
+            drop(k, ns)
+    if keys:
+        m.put_all(keys, nss, states)  # change tracking is reset once the restore is done
+    if gone is not None:
+        remove = getattr(m, "untracked_remove", m.remove)
+        for k, ns in zip(*gone, strict=True):
+            remove(k, ns)
+
+
+class HeapRestoreOperation:
+    """Applies snapshot files to a fresh :class:`HeapKeyedStateBackend`, all or nothing."""
+
+    def __init__(self, backend: HeapKeyedStateBackend) -> None:
+        self.backend = backend
+
+    def run(self, files: Iterable[KeyedStateRestore]) -> None:
+        backend = self.backend
+        if backend.registered_state_names():
+            raise StateAccessError(
+                "keyed state must be restored before any state is registered; registered: "
+                f"{backend.registered_state_names()}"
+            )
+        created_tables: list[str] = []
+        added_meta: list[str] = []
+        kg_start = backend.key_group_range.start
+        n = len(backend.key_group_range)
+        pending = RestoredRawStates(kg_start, n)
+        raw: dict[str, list[_RawKeyGroup | None]] = {}
+        timers: dict[tuple[Any, str], list[dict[tuple[int, Any, Any], None] | None]] = {}
+        plans: dict[str, tuple[str, Any]] = {}
+        gc_was_enabled = gc.isenabled()
+        gc.disable()  # millions of new objects: generation scans would dominate
+        try:
+            for f in files:
+                self._check_file(f)
+                for block in f.blocks():
+                    name = block.state["name"]
+                    plan = plans.get(name)
+                    if plan is None:
+                        plan = plans[name] = self._plan(
+                            block.state, created_tables, added_meta, pending
+                        )
+                    how, target = plan
+                    index = block.key_group - kg_start
+                    if how == "eager":
+                        table, codec = target
+                        m = table.key_group_maps()[index]
+                        try:
+                            _put_section(
+                                m,
+                                codec,
+                                block.entries,
+                                block.removed,
+                                name,
+                                block.key_group,
+                                block.count,
+                            )
+                        except StateMigrationException as exc:
+                            raise CorruptCheckpointError(f"{f.path}: {exc}") from None
+                    elif how == "timer":
+                        self._apply_timers(timers, target, block, index, f.path)
+                    else:
+                        slots = raw.setdefault(name, [None] * n)
+                        slot = slots[index]
+                        if slot is None:
+                            slot = slots[index] = _RawKeyGroup()
+                        try:
+                            slot.apply(block.count, block.entries, block.removed)
+                        except (msgspec.DecodeError, ValueError) as exc:
+                            raise CorruptCheckpointError(
+                                f"{f.path}: state {name!r}, key group {block.key_group}: {exc}"
+                            ) from None
+        except BaseException:
+            for name in created_tables:
+                backend._tables.pop(name, None)
+            for name in added_meta:
+                backend._restored_meta.pop(name, None)
+            raise
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+        # everything was read: install
+        for name, slots in raw.items():
+            state = pending.states[name]
+            for i, slot in enumerate(slots):
+                if slot is not None:
+                    state.blocks[i] = slot.result()
+        for (service, domain), per_kg in timers.items():
+            for i, kg_timers in enumerate(per_kg):
+                for ts, key, ns in kg_timers or ():
+                    service.restore_timer(domain, key, ns, ts, kg_start + i)
+        if len(pending):
+            backend._install_pending_restore(pending)
+        backend.reset_change_tracking()
+
+    # ---- helpers -------------------------------------------------------------------------------
+
+    def _check_file(self, f: KeyedStateRestore) -> None:
+        backend = self.backend
+        if f.max_parallelism != backend.max_parallelism:
+            raise MaxParallelismMismatchError(
+                f"{f.path} was written with max_parallelism={f.max_parallelism} but this backend "
+                f"has max_parallelism={backend.max_parallelism}; the number of key groups is "
+                "fixed for the life of a job"
+            )
+        compat = backend.key_serializer.resolve_compatibility(f.key_serializer)
+        if compat.is_incompatible:
+            raise StateMigrationException(
+                f"{f.path}: the key serializer {backend.key_serializer!r} cannot read keys "
+                f"written by {f.key_serializer}"
+            )
+
+    def _plan(
+        self,
+        meta: dict[str, Any],
+        created_tables: list[str],
+        added_meta: list[str],
+        pending: RestoredRawStates,
+    ) -> tuple[str, Any]:
+        backend = self.backend
+        name = meta["name"]
+        if meta["kind"] == TIMER_STATE_KIND:
+            for participant in backend.snapshot_participants:
+                state_name = getattr(participant, "state_name", None)
+                if state_name is None or not hasattr(participant, "restore_timer"):
+                    continue
+                for domain in ("event", "processing"):
+                    if state_name(domain) == name:
+                        codec = StateCodec(
+                            backend.key_serializer,
+                            participant.namespace_serializer,
+                            Int64Serializer(),
+                        )
+                        return "timer", (participant, domain, codec)
+            pending.states[name] = _PendingState(meta, len(backend.key_group_range))
+            return "raw", None
+        if name not in backend._restored_meta:
+            added_meta.append(name)
+        backend._restored_meta[name] = RestoredStateMeta.from_dict(meta)
+        ns_snap, state_snap = meta["namespace_serializer"], meta["state_serializer"]
+        if is_builtin_snapshot(ns_snap) and is_builtin_snapshot(state_snap):
+            ns_ser = serializer_from_snapshot(ns_snap)
+            state_ser = serializer_from_snapshot(state_snap)
+            if name not in backend._tables:
+                created_tables.append(name)
+            table = backend.register_state_table(
+                name, meta["kind"], ns_ser, state_ser, meta.get("ttl")
+            )
+            return "eager", (table, StateCodec(backend.key_serializer, ns_ser, state_ser))
+        pending.states[name] = _PendingState(meta, len(backend.key_group_range))
+        return "raw", None
+
+    def _apply_timers(
+        self,
+        timers: dict[tuple[Any, str], list[dict[tuple[int, Any, Any], None] | None]],
+        target: tuple[Any, str, StateCodec],
+        block: Any,
+        index: int,
+        path: str,
+    ) -> None:
+        service, domain, codec = target
+        per_kg = timers.setdefault((service, domain), [None] * len(self.backend.key_group_range))
+        try:
+            keys, nss, stamps = codec.decode(block.entries)
+            namespaces = _expand(nss, len(keys))
+        except (msgspec.ValidationError, msgspec.DecodeError, ValueError) as exc:
+            raise CorruptCheckpointError(
+                f"{path}: timers {block.state['name']!r}, key group {block.key_group}: {exc}"
+            ) from None
+        current = per_kg[index]
+        if block.removed is not None and current is not None:
+            gone_keys, gone_nss = codec.decode_removed(block.removed)
+            for k, ns in zip(gone_keys, _expand(gone_nss, len(gone_keys)), strict=True):
+                for ident in [t for t in current if t[1] == k and t[2] == ns]:
+                    del current[ident]
+        else:
+            current = per_kg[index] = {}
+        for k, ns, ts in zip(keys, namespaces, stamps, strict=True):
+            current[(ts, k, ns)] = None

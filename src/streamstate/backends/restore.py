@@ -1,0 +1,156 @@
+"""What a checkpoint restore hands to a backend (SPEC §7), the same for every backend.
+
+Restore reads snapshot files and hands each backend one :class:`KeyedStateRestore` per file, in
+the order they must be applied (for each old subtask: its full snapshot, then its deltas). Each
+yields verified key-group blocks whose entries are still encoded: the backend decides when and
+with which serializers to decode them. State whose serializers can be rebuilt from the
+checkpoint without running code (:func:`is_builtin_snapshot`) can be decoded at once; other
+state waits, encoded, until the program registers it with its descriptor.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from typing import Any
+
+import msgspec
+
+from streamstate.serializers.base import Compatibility, SerializerSnapshot, TypeSerializer
+
+__all__ = [
+    "BUILTIN_SERIALIZER_TYPES",
+    "KeyedStateRestore",
+    "RestoredBlock",
+    "RestoredSerializer",
+    "is_builtin_snapshot",
+]
+
+BUILTIN_SERIALIZER_TYPES = frozenset(
+    {
+        "int64",
+        "float64",
+        "bool",
+        "str",
+        "bytes",
+        "void_namespace",
+        "optional",
+        "list",
+        "dict",
+        "tuple",
+    }
+)
+"""Serializer types that :func:`~streamstate.serializers.serializer_from_snapshot` rebuilds
+without importing anything named by the checkpoint."""
+
+
+def is_builtin_snapshot(snap: Any) -> bool:
+    """Whether a serializer snapshot (and every nested one) is of a built-in type.
+
+    >>> is_builtin_snapshot({"type": "list", "version": 1, "element": {"type": "int64"}})
+    True
+    >>> is_builtin_snapshot({"type": "struct", "class": "app:Order"})
+    False
+    """
+    if not isinstance(snap, dict) or snap.get("type") not in BUILTIN_SERIALIZER_TYPES:
+        return False
+    for key in ("inner", "element", "key", "value"):
+        if key in snap and not is_builtin_snapshot(snap[key]):
+            return False
+    return all(is_builtin_snapshot(f) for f in snap.get("fields", ()))
+
+
+class RestoredSerializer(TypeSerializer[Any]):
+    """A serializer known only by the snapshot found in a checkpoint.
+
+    Stands in for the real one while restored values are still encoded: its values are the
+    encoded msgpack bytes of each value, written back as they are. :meth:`decode_with` turns them
+    into values once the program supplies the serializer.
+    """
+
+    type_name = "restored"
+    wire_native = False
+    immutable = True
+
+    def __init__(self, snapshot: SerializerSnapshot) -> None:
+        self._snapshot = dict(snapshot)
+
+    def snapshot(self) -> SerializerSnapshot:
+        return dict(self._snapshot)
+
+    @property
+    def wire_type(self) -> Any:
+        return msgspec.Raw
+
+    def serialize(self, value: Any) -> bytes:
+        return bytes(value)
+
+    def deserialize(self, data: bytes) -> Any:
+        return bytes(data)
+
+    def to_wire(self, value: Any) -> Any:
+        return msgspec.Raw(value)
+
+    def from_wire(self, wire: Any) -> Any:
+        return bytes(wire)
+
+    def resolve_compatibility(self, old: SerializerSnapshot) -> Compatibility:
+        if old == self._snapshot:
+            return Compatibility.COMPATIBLE_AS_IS
+        return Compatibility.INCOMPATIBLE
+
+    def decode_with(self, encoded: list[bytes], serializer: TypeSerializer[Any]) -> list[Any]:
+        """Decode values kept encoded with the serializer the program declares now."""
+        decoder = msgspec.msgpack.Decoder(serializer.wire_type)
+        if serializer.wire_native:
+            return [decoder.decode(b) for b in encoded]
+        fr = serializer.from_wire
+        return [fr(decoder.decode(b)) for b in encoded]
+
+    def __repr__(self) -> str:
+        return f"RestoredSerializer({self._snapshot!r})"
+
+
+class RestoredBlock:
+    """One state's entries in one key group of a snapshot file (verified, still encoded)."""
+
+    __slots__ = ("count", "entries", "key_group", "removed", "state")
+
+    def __init__(
+        self,
+        key_group: int,
+        state: dict[str, Any],
+        count: int,
+        entries: bytes,
+        removed: bytes | None,
+    ) -> None:
+        self.key_group = key_group
+        #: the state's description from the file header (name, kind, serializer snapshots, ttl)
+        self.state = state
+        self.count = count
+        #: the entries section (docs/formats.md)
+        self.entries = entries
+        #: None: ``entries`` replace the key group's content; else the removed section
+        self.removed = removed
+
+
+class KeyedStateRestore(ABC):
+    """One snapshot file as a restoring backend sees it, limited to the backend's key groups."""
+
+    #: where the data comes from (for error messages)
+    path: str
+    #: "full" or "delta"
+    kind: str
+    #: snapshot of the key serializer that wrote the file
+    key_serializer: SerializerSnapshot
+    max_parallelism: int
+    #: the file header's state descriptions
+    states: list[dict[str, Any]]
+
+    @abstractmethod
+    def blocks(self) -> Iterator[RestoredBlock]:
+        """Every block of the backend's key groups, ascending by key group.
+
+        Each key group is verified as a whole before any of its blocks is yielded; corruption
+        raises :class:`~streamstate.errors.CorruptCheckpointError` naming the file and key group.
+        """

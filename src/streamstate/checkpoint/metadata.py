@@ -1,0 +1,143 @@
+"""Checkpoint metadata: the plain-data handles of written files and the ``_metadata`` document.
+
+Everything here is a ``msgspec.Struct``: executors return :class:`SubtaskStateHandle` values to
+the driver (they pickle, and encode to msgpack/JSON), and the driver commits a checkpoint by
+writing one :class:`CheckpointMetadata` as ``_metadata`` (versioned JSON, SPEC §6.1).
+
+File paths in handles are relative to the directory that holds the ``_metadata`` naming them
+(``op/0-0.state``) or point into the job's shared directory (``../shared/op/...``), so that a
+savepoint directory can be moved and still be restored.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from streamstate.errors import CorruptCheckpointError
+
+__all__ = [
+    "METADATA_FORMAT",
+    "METADATA_VERSION",
+    "CheckpointMetadata",
+    "OperatorMetadata",
+    "StateFileHandle",
+    "SubtaskStateHandle",
+    "decode_metadata",
+    "encode_metadata",
+]
+
+METADATA_FORMAT = "streamstate-checkpoint-metadata"
+METADATA_VERSION = 1
+
+
+class StateFileHandle(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One written file: where it is and what it must look like."""
+
+    #: relative to the checkpoint (or savepoint) directory; "../shared/..." for shared files
+    path: str
+    size: int
+    #: CRC32C of the whole file
+    checksum: int
+    #: "full" or "delta" (keyed snapshot files), "operator" (operator-state files)
+    kind: str
+    #: the checkpoint that wrote the file
+    checkpoint_id: int
+    #: inclusive key-group range of a keyed file
+    key_group_range: tuple[int, int] | None = None
+    #: (key group, entries) of the non-empty key groups of a keyed file
+    entries: list[tuple[int, int]] = []
+    #: names of the states in the file
+    states: list[str] = []
+
+    @property
+    def total_entries(self) -> int:
+        return sum(n for _, n in self.entries)
+
+
+class SubtaskStateHandle(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Everything one subtask wrote for one checkpoint (returned by executors to the driver)."""
+
+    operator: str
+    subtask_index: int
+    parallelism: int
+    max_parallelism: int
+    key_group_range: tuple[int, int]
+    attempt: int = 0
+    checkpoint_id: int = 0
+    #: snapshot of the key serializer
+    key_serializer: dict[str, Any] | None = None
+    #: keyed state: a full snapshot, then the deltas to apply on it, in order
+    keyed: list[StateFileHandle] = []
+    operator_state: StateFileHandle | None = None
+    #: shared files still being written (a background full snapshot): never deleted while a
+    #: retained checkpoint lists them
+    pending: list[str] = []
+
+    def files(self) -> list[StateFileHandle]:
+        out = list(self.keyed)
+        if self.operator_state is not None:
+            out.append(self.operator_state)
+        return out
+
+
+class OperatorMetadata(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """The subtasks of one operator in a checkpoint."""
+
+    name: str
+    parallelism: int
+    max_parallelism: int
+    key_serializer: dict[str, Any] | None = None
+    subtasks: list[SubtaskStateHandle] = []
+
+
+class CheckpointMetadata(msgspec.Struct, kw_only=True):
+    """The ``_metadata`` document: a checkpoint is complete once it exists and every file it
+    lists exists with the listed size and checksum."""
+
+    format: str = METADATA_FORMAT
+    version: int = METADATA_VERSION
+    #: "checkpoint" or "savepoint"
+    kind: str = "checkpoint"
+    job_id: str = ""
+    checkpoint_id: int
+    #: milliseconds since the epoch
+    timestamp: int
+    operators: dict[str, OperatorMetadata] = {}
+    #: free-form values of the runtime (watermark, batch id, ...)
+    properties: dict[str, Any] = {}
+
+    def files(self) -> list[StateFileHandle]:
+        return [f for op in self.operators.values() for s in op.subtasks for f in s.files()]
+
+    def pending_files(self) -> list[str]:
+        return [p for op in self.operators.values() for s in op.subtasks for p in s.pending]
+
+
+_ENCODER = msgspec.json.Encoder()
+_DECODER = msgspec.json.Decoder(CheckpointMetadata)
+
+
+def encode_metadata(metadata: CheckpointMetadata) -> bytes:
+    """The JSON bytes of ``_metadata``."""
+    return msgspec.json.format(_ENCODER.encode(metadata), indent=1)
+
+
+def decode_metadata(data: bytes, path: str) -> CheckpointMetadata:
+    """Parse ``_metadata``; unreadable or newer-versioned documents raise a clear error."""
+    try:
+        head = msgspec.json.decode(data)
+    except msgspec.DecodeError as exc:
+        raise CorruptCheckpointError(f"{path} is not valid JSON ({exc})") from None
+    if not isinstance(head, dict) or head.get("format") != METADATA_FORMAT:
+        raise CorruptCheckpointError(f"{path} is not a streamstate checkpoint metadata file")
+    if head.get("version") != METADATA_VERSION:
+        raise CorruptCheckpointError(
+            f"{path} has metadata version {head.get('version')}; this streamstate reads version "
+            f"{METADATA_VERSION}"
+        )
+    try:
+        return _DECODER.decode(data)
+    except msgspec.ValidationError as exc:
+        raise CorruptCheckpointError(f"{path} is malformed ({exc})") from None

@@ -1,0 +1,227 @@
+"""The ``streamstate`` command line.
+
+``streamstate checkpoints inspect <path>``: the checkpoints of a job directory (or one checkpoint
+or savepoint directory): operators, subtasks, key-group ranges, states, entry counts, sizes.
+
+``streamstate checkpoints verify <path>``: reads every file and checks every checksum (whole
+file and every key-group block); exits with status 1 naming the file and key group of any
+corruption.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from streamstate.checkpoint.format import KeyedSnapshotReader
+from streamstate.checkpoint.operator_format import OperatorStateReader
+from streamstate.checkpoint.storage import (
+    METADATA_FILE,
+    CheckpointStorage,
+    CompletedCheckpoint,
+    open_location,
+)
+from streamstate.errors import CheckpointError
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(help="streamstate: Flink's state layer for PySpark.", no_args_is_help=True)
+checkpoints_app = typer.Typer(help="Inspect and verify checkpoints.", no_args_is_help=True)
+app.add_typer(checkpoints_app, name="checkpoints")
+
+PathArg = Annotated[str, typer.Argument(help="job, checkpoint or savepoint directory (or URL)")]
+
+
+def _size(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"
+
+
+def _directories(storage: CheckpointStorage, directory: str | None) -> list[str]:
+    if directory is not None:
+        return [directory]
+    dirs = [storage.checkpoint_directory(i) for i in storage.checkpoint_ids()]
+    dirs += [storage.savepoint_directory(i) for i in storage.savepoint_ids()]
+    return dirs
+
+
+def _load(storage: CheckpointStorage, directory: str) -> tuple[CompletedCheckpoint | None, str]:
+    try:
+        metadata = storage.read_metadata(directory)
+    except CheckpointError as exc:
+        return None, f"unreadable {METADATA_FILE}: {exc}"
+    if metadata is None:
+        return None, f"incomplete (no {METADATA_FILE})"
+    cp = CompletedCheckpoint(storage, directory, metadata)
+    problems = storage.problems(cp)
+    return cp, ("complete" if not problems else "incomplete: " + "; ".join(problems))
+
+
+@checkpoints_app.command("inspect")
+def inspect(path: PathArg) -> None:
+    """Show checkpoints: operators, subtasks, key-group ranges, states, entries, sizes."""
+    console = Console()
+    storage, directory = open_location(path)
+    dirs = _directories(storage, directory)
+    if not dirs:
+        console.print(f"[yellow]no checkpoints in {storage.url}[/]")
+        raise typer.Exit(1)
+    overview = Table(title=f"checkpoints in {storage.url}")
+    for col in ("directory", "id", "kind", "status", "taken", "operators", "entries", "size"):
+        overview.add_column(col, justify="right" if col in ("id", "entries", "size") else "left")
+    loaded = []
+    for d in dirs:
+        cp, status = _load(storage, d)
+        if cp is None:
+            overview.add_row(d, "", "", f"[red]{escape(status)}[/]", "", "", "", "")
+            continue
+        loaded.append(cp)
+        files = cp.metadata.files()
+        taken = datetime.datetime.fromtimestamp(cp.metadata.timestamp / 1000, datetime.UTC)
+        overview.add_row(
+            d,
+            str(cp.checkpoint_id),
+            cp.metadata.kind,
+            status if status == "complete" else f"[red]{escape(status)}[/]",
+            taken.strftime("%Y-%m-%d %H:%M:%S"),
+            ", ".join(f"{n} (p={o.parallelism})" for n, o in cp.metadata.operators.items()),
+            f"{sum(f.total_entries for f in files):,}",
+            _size(sum(f.size for f in files)),
+        )
+    console.print(overview)
+    for cp in loaded:
+        _print_checkpoint(console, cp)
+
+
+def _print_checkpoint(console: Console, cp: CompletedCheckpoint) -> None:
+    table = Table(title=f"{cp.directory}: subtasks")
+    for col in ("operator", "subtask", "key groups", "files", "states", "entries", "size"):
+        table.add_column(col, justify="right" if col in ("subtask", "entries", "size") else "left")
+    states: dict[tuple[str, str], dict[str, Any]] = {}
+    for name, op in cp.metadata.operators.items():
+        for sub in op.subtasks:
+            kinds = [f.kind for f in sub.keyed]
+            chain = "full" + (f" + {len(kinds) - 1} delta" if len(kinds) > 1 else "")
+            if sub.operator_state is not None:
+                chain += " + operator state"
+            names = sorted({s for f in sub.files() for s in f.states})
+            table.add_row(
+                name,
+                f"{sub.subtask_index}/{sub.parallelism} (attempt {sub.attempt})",
+                f"{sub.key_group_range[0]}-{sub.key_group_range[1]}",
+                chain,
+                ", ".join(names),
+                f"{sum(f.total_entries for f in sub.files()):,}",
+                _size(sum(f.size for f in sub.files())),
+            )
+            if sub.keyed and not any(k[0] == name for k in states):
+                states.update(_state_rows(cp, name, sub.keyed[0].path))
+    console.print(table)
+    if states:
+        st = Table(title=f"{cp.directory}: states")
+        for col in ("operator", "state", "kind", "namespace", "value serializer", "ttl"):
+            st.add_column(col)
+        for (op_name, state_name), meta in sorted(states.items()):
+            st.add_row(
+                op_name,
+                state_name,
+                meta["kind"],
+                escape(_ser(meta["namespace_serializer"])),
+                escape(_ser(meta["state_serializer"])),
+                "yes" if meta.get("ttl") else "",
+            )
+        console.print(st)
+
+
+def _ser(snap: dict[str, Any]) -> str:
+    t = str(snap.get("type"))
+    inner = [snap[k] for k in ("inner", "element", "key", "value") if k in snap]
+    inner += list(snap.get("fields", ()))
+    if "class" in snap:
+        return f"{t}[{str(snap['class']).split(':')[-1]}]"
+    return f"{t}[{', '.join(_ser(i) for i in inner)}]" if inner else t
+
+
+def _state_rows(
+    cp: CompletedCheckpoint, operator: str, path: str
+) -> dict[tuple[str, str], dict[str, Any]]:
+    resolved = cp.resolve(path)
+    try:
+        with cp.storage.open_read(resolved) as f:
+            reader = KeyedSnapshotReader(f, cp.storage.url_of(resolved))
+            return {(operator, s["name"]): s for s in reader.states}
+    except CheckpointError:
+        return {}
+
+
+@checkpoints_app.command("verify")
+def verify(path: PathArg) -> None:
+    """Check every checksum of every file; exit 1 on corruption (naming file and key group)."""
+    console = Console()
+    storage, directory = open_location(path)
+    dirs = _directories(storage, directory)
+    if not dirs:
+        console.print(f"[red]no checkpoints in {storage.url}[/]")
+        raise typer.Exit(1)
+    table = Table(title=f"verification of {storage.url}")
+    for col in ("directory", "file", "result"):
+        table.add_column(col)
+    failures = 0
+    for d in dirs:
+        cp, status = _load(storage, d)
+        if cp is None:
+            table.add_row(d, "", f"[yellow]skipped: {escape(status)}[/]")
+            continue
+        for handle in cp.metadata.files():
+            problem = _verify_file(cp, handle)
+            if problem:
+                failures += 1
+            result = f"[red]{escape(problem)}[/]" if problem else "[green]ok[/]"
+            table.add_row(d, handle.path, result)
+    console.print(table)
+    if failures:
+        console.print(f"[red]{failures} corrupt or missing file(s)[/]")
+        raise typer.Exit(1)
+    console.print("[green]every checksum matches[/]")
+
+
+def _verify_file(cp: CompletedCheckpoint, handle: Any) -> str | None:
+    storage = cp.storage
+    resolved = cp.resolve(handle.path)
+    url = storage.url_of(resolved)
+    size = storage.size(resolved)
+    if size is None:
+        return f"missing file {url}"
+    if size != handle.size:
+        return f"{url} has {size} bytes, the metadata says {handle.size}"
+    try:
+        if handle.kind == "operator":
+            reader = OperatorStateReader(storage.read_bytes(resolved), url)
+            for s in reader.states:
+                reader.read_encoded(s["name"])
+        else:
+            with storage.open_read(resolved) as f:
+                KeyedSnapshotReader(f, url, size).verify()
+    except CheckpointError as exc:
+        return str(exc)
+    if storage.file_checksum(resolved) != handle.checksum:
+        return f"checksum mismatch in {url} (whole-file CRC32C differs from the metadata)"
+    return None
+
+
+def main() -> None:
+    """Entry point of the ``streamstate`` command."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

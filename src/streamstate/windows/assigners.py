@@ -1,0 +1,324 @@
+"""Window assigners: which windows an element belongs to (SPEC §9). Names follow PyFlink.
+
+Sizes, slides, offsets and gaps are milliseconds (an ``int``, ``Time.hours(1)`` or a
+``timedelta``).
+
+>>> TumblingEventTimeWindows.of(10).assign_windows("x", 23, None)
+[TimeWindow(start=20, end=30)]
+>>> SlidingEventTimeWindows.of(10, 5).assign_windows("x", 23, None)
+[TimeWindow(start=20, end=30), TimeWindow(start=15, end=25)]
+>>> EventTimeSessionWindows.with_gap(5).assign_windows("x", 23, None)
+[TimeWindow(start=23, end=28)]
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
+from datetime import timedelta
+from typing import Any
+
+from streamstate.serializers.base import TypeSerializer
+from streamstate.windows.time_window import (
+    GlobalWindow,
+    GlobalWindowSerializer,
+    TimeWindow,
+    TimeWindowSerializer,
+    merge_time_windows,
+)
+from streamstate.windows.triggers import (
+    EventTimeTrigger,
+    NeverTrigger,
+    ProcessingTimeTrigger,
+    Trigger,
+)
+
+__all__ = [
+    "DynamicEventTimeSessionWindows",
+    "DynamicProcessingTimeSessionWindows",
+    "EventTimeSessionWindows",
+    "GlobalWindows",
+    "MergingWindowAssigner",
+    "ProcessingTimeSessionWindows",
+    "SlidingEventTimeWindows",
+    "SlidingProcessingTimeWindows",
+    "TumblingEventTimeWindows",
+    "TumblingProcessingTimeWindows",
+    "WindowAssigner",
+    "WindowAssignerContext",
+]
+
+
+def _millis(value: int | float | timedelta, what: str) -> int:
+    if isinstance(value, timedelta):
+        return int(value.total_seconds() * 1000)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{what} must be milliseconds (int) or a timedelta, got {value!r}")
+    return int(value)
+
+
+class WindowAssignerContext(ABC):
+    """What an assigner may ask while assigning."""
+
+    @abstractmethod
+    def get_current_processing_time(self) -> int: ...
+
+
+class WindowAssigner(ABC):
+    """Assigns each element to zero or more windows."""
+
+    @abstractmethod
+    def assign_windows(
+        self, element: Any, timestamp: int | None, context: WindowAssignerContext | None
+    ) -> list[Any]:
+        """The windows of ``element`` (its event time is ``timestamp``)."""
+
+    @abstractmethod
+    def get_default_trigger(self, *_: Any) -> Trigger:
+        """The trigger used when the user sets none."""
+
+    @abstractmethod
+    def get_window_serializer(self) -> TypeSerializer[Any]:
+        """The serializer of the windows (they are state namespaces)."""
+
+    @abstractmethod
+    def is_event_time(self) -> bool:
+        """Whether windows are in event time (watermarks) or processing time."""
+
+    def __repr__(self) -> str:
+        params = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
+        return f"{type(self).__name__}({params})"
+
+
+class MergingWindowAssigner(WindowAssigner):
+    """An assigner whose windows may merge (sessions)."""
+
+    class MergeCallback(ABC):
+        @abstractmethod
+        def merge(self, to_be_merged: Iterable[Any], merge_result: Any) -> None: ...
+
+    @abstractmethod
+    def merge_windows(self, windows: Iterable[Any], callback: Any) -> None:
+        """Call ``callback.merge(to_be_merged, merge_result)`` for each group that merges."""
+
+
+def _event_timestamp(timestamp: int | None, who: str) -> int:
+    if timestamp is None:
+        raise ValueError(
+            f"{who} assigns windows by event time but the record has no timestamp: give the "
+            "runner a timestamp_assigner (and a watermark_delay), or use a processing-time "
+            "assigner"
+        )
+    return timestamp
+
+
+class TumblingEventTimeWindows(WindowAssigner):
+    """Fixed-size, non-overlapping event-time windows ``[k*size + offset, (k+1)*size + offset)``."""
+
+    def __init__(self, size: int, offset: int = 0) -> None:
+        if size <= 0 or abs(offset) >= size:
+            raise ValueError(
+                f"{type(self).__name__} needs 0 < size and |offset| < size, got size={size}, "
+                f"offset={offset}"
+            )
+        self.size = size
+        self.offset = offset
+
+    @classmethod
+    def of(cls, size: int | timedelta, offset: int | timedelta = 0) -> TumblingEventTimeWindows:
+        return cls(_millis(size, "size"), _millis(offset, "offset"))
+
+    def _timestamp(self, timestamp: int | None, context: Any) -> int:
+        return _event_timestamp(timestamp, type(self).__name__)
+
+    def assign_windows(self, element: Any, timestamp: Any, context: Any) -> list[TimeWindow]:
+        ts = self._timestamp(timestamp, context)
+        start = TimeWindow.get_window_start_with_offset(ts, self.offset % self.size, self.size)
+        return [TimeWindow(start, start + self.size)]
+
+    def get_default_trigger(self, *_: Any) -> Trigger:
+        return EventTimeTrigger.create()
+
+    def get_window_serializer(self) -> TypeSerializer[Any]:
+        return TimeWindowSerializer()
+
+    def is_event_time(self) -> bool:
+        return True
+
+
+class TumblingProcessingTimeWindows(TumblingEventTimeWindows):
+    """Fixed-size, non-overlapping processing-time windows."""
+
+    def _timestamp(self, timestamp: int | None, context: Any) -> int:
+        return int(context.get_current_processing_time())
+
+    def get_default_trigger(self, *_: Any) -> Trigger:
+        return ProcessingTimeTrigger.create()
+
+    def is_event_time(self) -> bool:
+        return False
+
+
+class SlidingEventTimeWindows(WindowAssigner):
+    """Windows of ``size`` starting every ``slide``; an element is in ``ceil(size / slide)``."""
+
+    def __init__(self, size: int, slide: int, offset: int = 0) -> None:
+        if size <= 0 or slide <= 0 or abs(offset) >= slide:
+            raise ValueError(
+                f"{type(self).__name__} needs 0 < size, 0 < slide and |offset| < slide, got "
+                f"size={size}, slide={slide}, offset={offset}"
+            )
+        self.size = size
+        self.slide = slide
+        self.offset = offset
+
+    @classmethod
+    def of(
+        cls, size: int | timedelta, slide: int | timedelta, offset: int | timedelta = 0
+    ) -> SlidingEventTimeWindows:
+        return cls(_millis(size, "size"), _millis(slide, "slide"), _millis(offset, "offset"))
+
+    def _timestamp(self, timestamp: int | None, context: Any) -> int:
+        return _event_timestamp(timestamp, type(self).__name__)
+
+    def assign_windows(self, element: Any, timestamp: Any, context: Any) -> list[TimeWindow]:
+        ts = self._timestamp(timestamp, context)
+        size, slide = self.size, self.slide
+        start = TimeWindow.get_window_start_with_offset(ts, self.offset % slide, slide)
+        windows = []
+        while start > ts - size:
+            windows.append(TimeWindow(start, start + size))
+            start -= slide
+        return windows
+
+    def get_default_trigger(self, *_: Any) -> Trigger:
+        return EventTimeTrigger.create()
+
+    def get_window_serializer(self) -> TypeSerializer[Any]:
+        return TimeWindowSerializer()
+
+    def is_event_time(self) -> bool:
+        return True
+
+
+class SlidingProcessingTimeWindows(SlidingEventTimeWindows):
+    """Sliding windows in processing time."""
+
+    def _timestamp(self, timestamp: int | None, context: Any) -> int:
+        return int(context.get_current_processing_time())
+
+    def get_default_trigger(self, *_: Any) -> Trigger:
+        return ProcessingTimeTrigger.create()
+
+    def is_event_time(self) -> bool:
+        return False
+
+
+class EventTimeSessionWindows(MergingWindowAssigner):
+    """Sessions: each element opens ``[ts, ts + gap)``; overlapping windows of a key merge."""
+
+    def __init__(self, gap: int) -> None:
+        if gap <= 0:
+            raise ValueError(f"{type(self).__name__} needs a gap > 0, got {gap}")
+        self.gap = gap
+
+    @classmethod
+    def with_gap(cls, gap: int | timedelta) -> EventTimeSessionWindows:
+        return cls(_millis(gap, "gap"))
+
+    @staticmethod
+    def with_dynamic_gap(extractor: Any) -> EventTimeSessionWindows:
+        """Sessions whose gap is ``extractor(element)`` (or ``extractor.extract(element)``)."""
+        return DynamicEventTimeSessionWindows(extractor)
+
+    def _timestamp(self, timestamp: int | None, context: Any) -> int:
+        return _event_timestamp(timestamp, type(self).__name__)
+
+    def _gap(self, element: Any) -> int:
+        return self.gap
+
+    def assign_windows(self, element: Any, timestamp: Any, context: Any) -> list[TimeWindow]:
+        ts = self._timestamp(timestamp, context)
+        gap = self._gap(element)
+        if gap <= 0:
+            raise ValueError(f"{type(self).__name__}: the session gap must be > 0, got {gap}")
+        return [TimeWindow(ts, ts + gap)]
+
+    def merge_windows(self, windows: Iterable[TimeWindow], callback: Any) -> None:
+        merge_time_windows(windows, callback.merge)
+
+    def get_default_trigger(self, *_: Any) -> Trigger:
+        return EventTimeTrigger.create()
+
+    def get_window_serializer(self) -> TypeSerializer[Any]:
+        return TimeWindowSerializer()
+
+    def is_event_time(self) -> bool:
+        return True
+
+
+class ProcessingTimeSessionWindows(EventTimeSessionWindows):
+    """Sessions in processing time."""
+
+    @staticmethod
+    def with_dynamic_gap(extractor: Any) -> EventTimeSessionWindows:
+        return DynamicProcessingTimeSessionWindows(extractor)
+
+    def _timestamp(self, timestamp: int | None, context: Any) -> int:
+        return int(context.get_current_processing_time())
+
+    def get_default_trigger(self, *_: Any) -> Trigger:
+        return ProcessingTimeTrigger.create()
+
+    def is_event_time(self) -> bool:
+        return False
+
+
+def _extractor(extractor: Any) -> Callable[[Any], int]:
+    fn = getattr(extractor, "extract", extractor)
+    if not callable(fn):
+        raise TypeError(f"a session gap extractor must be callable, got {extractor!r}")
+    return fn  # type: ignore[no-any-return]
+
+
+class DynamicEventTimeSessionWindows(EventTimeSessionWindows):
+    """Event-time sessions with a gap computed per element."""
+
+    def __init__(self, extractor: Any) -> None:
+        self.gap = 0
+        self.extractor = _extractor(extractor)
+
+    def _gap(self, element: Any) -> int:
+        return int(self.extractor(element))
+
+
+class DynamicProcessingTimeSessionWindows(ProcessingTimeSessionWindows):
+    """Processing-time sessions with a gap computed per element."""
+
+    def __init__(self, extractor: Any) -> None:
+        self.gap = 0
+        self.extractor = _extractor(extractor)
+
+    def _gap(self, element: Any) -> int:
+        return int(self.extractor(element))
+
+
+class GlobalWindows(WindowAssigner):
+    """Every element of a key in one :class:`GlobalWindow`; the default trigger never fires,
+    so give a trigger (``CountTrigger.of(n)``, usually wrapped in ``PurgingTrigger``)."""
+
+    @classmethod
+    def create(cls) -> GlobalWindows:
+        return cls()
+
+    def assign_windows(self, element: Any, timestamp: Any, context: Any) -> list[GlobalWindow]:
+        return [GlobalWindow()]
+
+    def get_default_trigger(self, *_: Any) -> Trigger:
+        return NeverTrigger()
+
+    def get_window_serializer(self) -> TypeSerializer[Any]:
+        return GlobalWindowSerializer()
+
+    def is_event_time(self) -> bool:
+        return False

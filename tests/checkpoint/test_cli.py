@@ -1,0 +1,70 @@
+"""``streamstate checkpoints inspect|verify``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from _support import AllKinds, all_kinds_records
+from typer.testing import CliRunner
+
+from streamstate.checkpoint.format import KeyedSnapshotReader
+from streamstate.cli import app
+from streamstate.runtime.local import LocalRunner
+
+cli = CliRunner()
+
+
+def _job(tmp_path: Path) -> Path:
+    runner = LocalRunner(
+        AllKinds(),
+        key_selector=lambda r: r[0],
+        parallelism=2,
+        max_parallelism=128,
+        checkpoint_storage=str(tmp_path),
+        incremental_checkpoints=True,
+    )
+    runner.run(all_kinds_records(40), final_watermark=False)
+    runner.checkpoint()
+    runner.run(all_kinds_records(5), final_watermark=False)
+    runner.checkpoint()
+    runner.savepoint()
+    runner.close()
+    return tmp_path / "job"
+
+
+def test_inspect_lists_checkpoints_operators_states_and_ranges(tmp_path: Path) -> None:
+    job = _job(tmp_path)
+    result = cli.invoke(app, ["checkpoints", "inspect", str(job)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    out = result.output
+    for text in ("chk-1", "chk-2", "savepoints/sp-1", "complete", "keyed-process (p=2)", "0-63"):
+        assert text in out
+    for text in ("64-127", "full + 1 delta", "list[str]", "dict[str, int64]", "aggregating"):
+        assert text in out
+    one = cli.invoke(app, ["checkpoints", "inspect", str(job / "chk-1")], env={"COLUMNS": "200"})
+    assert one.exit_code == 0 and "chk-2" not in one.output
+
+
+def test_verify_passes_then_names_file_and_key_group(tmp_path: Path) -> None:
+    job = _job(tmp_path)
+    ok = cli.invoke(app, ["checkpoints", "verify", str(job)], env={"COLUMNS": "300"})
+    assert ok.exit_code == 0, ok.output
+    assert "every checksum matches" in ok.output
+    victim = job / "savepoints" / "sp-1" / "keyed-process" / "1-0.state"
+    with victim.open("rb") as f:
+        reader = KeyedSnapshotReader(f, str(victim))
+        kg = reader.key_groups()[2]
+        offset = reader._offsets[kg - reader.key_group_range.start]
+    data = bytearray(victim.read_bytes())
+    data[offset + 16] ^= 0x01
+    victim.write_bytes(bytes(data))
+    bad = cli.invoke(app, ["checkpoints", "verify", str(job)], env={"COLUMNS": "400"})
+    assert bad.exit_code == 1
+    flat = " ".join(bad.output.split())
+    assert f"(key group {kg})" in flat and "1-0.state" in flat
+    assert "1 corrupt or missing file(s)" in bad.output
+
+
+def test_missing_directory(tmp_path: Path) -> None:
+    result = cli.invoke(app, ["checkpoints", "inspect", str(tmp_path / "nothing")])
+    assert result.exit_code == 1 and "no checkpoints" in result.output
