@@ -14,7 +14,7 @@ from streamstate.keygroups import KeyGroupRange
 from streamstate.serializers import serializer_for
 
 #: every keyed backend the behavioural suites run against
-BACKEND_KINDS = ["heap", "heap-nested"]
+BACKEND_KINDS = ["heap", "heap-nested", "rocksdb"]
 if os.environ.get("STREAMSTATE_TEST_BACKENDS"):
     BACKEND_KINDS = os.environ["STREAMSTATE_TEST_BACKENDS"].split(",")
 

@@ -14,10 +14,12 @@ from streamstate import (
     ValueStateDescriptor,
 )
 from streamstate.backends.decorators.ttl import LONG_MAX, TtlValueState
+from streamstate.backends.heap.backend import HeapKeyedStateBackend
 from streamstate.backends.heap.states import HeapValueState
+from streamstate.backends.rocksdb.states import RocksDBValueState
 from streamstate.errors import StateAccessError
 from streamstate.namespace import VOID_NAMESPACE
-from streamstate.serializers import VoidNamespaceSerializer
+from streamstate.serializers import StrSerializer, VoidNamespaceSerializer
 
 UT = StateTtlConfig.UpdateType
 SV = StateTtlConfig.StateVisibility
@@ -100,9 +102,11 @@ def config(update_type=UT.OnCreateAndWrite, visibility=SV.NeverReturnExpired, **
     return StateTtlConfig(ttl=TTL, update_type=update_type, state_visibility=visibility, **kw)
 
 
-def ttl_state(backend, descriptor, key="a", namespace=VOID_NAMESPACE):
+def ttl_state(backend, descriptor, key="a", namespace=VOID_NAMESPACE, namespace_serializer=None):
     backend.set_current_key(key)
-    return backend.get_partitioned_state(namespace, VoidNamespaceSerializer(), descriptor)
+    return backend.get_partitioned_state(
+        namespace, namespace_serializer or VoidNamespaceSerializer(), descriptor
+    )
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
@@ -165,19 +169,26 @@ def test_disabled_update_type_means_no_ttl(backend, clock, kind):
 def test_keys_and_namespaces_expire_independently(backend, clock, kind):
     make, write, read, empty, one = KINDS[kind]
     d = make().enable_time_to_live(config(cleanup_size=0))
-    s = ttl_state(backend, d, "a")
+    names = StrSerializer()
+    s = ttl_state(backend, d, "a", "main", names)
     write(s, 1)
     clock.advance(50)
-    s = ttl_state(backend, d, "b")
+    s = ttl_state(backend, d, "b", "main", names)
     write(s, 2)
     s.set_current_namespace("other")
     write(s, 3)
     clock.advance(50)  # a expired, b alive
-    assert read(ttl_state(backend, d, "a")) == empty
-    s = ttl_state(backend, d, "b")
+    assert read(ttl_state(backend, d, "a", "main", names)) == empty
+    s = ttl_state(backend, d, "b", "main", names)
     assert read(s) == one(2)
     s.set_current_namespace("other")
     assert read(s) == one(3)
+
+
+def test_void_namespace_serializer_refuses_other_namespaces(backend, clock):
+    s = ttl_state(backend, ValueStateDescriptor("v", int).enable_time_to_live(config()))
+    with pytest.raises(StateAccessError, match="'v'.*void namespace serializer.*'other'"):
+        s.set_current_namespace("other")
 
 
 def test_value_default_and_none(backend, clock):
@@ -340,8 +351,7 @@ def test_aggregating_add_after_expiry_starts_afresh(backend, clock, visibility):
 def test_merge_namespaces_drops_expired_sources(backend, clock, kind):
     make, write, read, empty, _ = KINDS[kind]
     d = make().enable_time_to_live(config(cleanup_size=0))
-    s = ttl_state(backend, d)
-    s.set_current_namespace("w1")
+    s = ttl_state(backend, d, "a", "w1", StrSerializer())
     write(s, 1)  # 1000
     clock.time = 1060
     s.set_current_namespace("w2")
@@ -362,7 +372,8 @@ def test_merge_namespaces_drops_expired_sources(backend, clock, kind):
 @pytest.mark.parametrize("kind", ["reducing", "aggregating"])
 def test_merge_of_only_expired_parts_leaves_no_entry(backend, clock, kind):
     make, write, read, empty, _ = KINDS[kind]
-    s = ttl_state(backend, make().enable_time_to_live(config(cleanup_size=0)))
+    d = make().enable_time_to_live(config(cleanup_size=0))
+    s = ttl_state(backend, d, "a", "w1", StrSerializer())
     for ns in ("w1", "w2"):
         s.set_current_namespace(ns)
         write(s, 1)
@@ -387,8 +398,10 @@ def test_expiry_saturates_at_the_end_of_time(backend, clock):
 
 
 def test_ttl_state_is_a_decorator_over_the_raw_state(backend):
-    s = ttl_state(backend, ValueStateDescriptor("v", int).enable_time_to_live(config()))
-    assert isinstance(s.original, HeapValueState)
+    d = ValueStateDescriptor("v", int).enable_time_to_live(config())
+    s = ttl_state(backend, d, "a", "w1", StrSerializer())
+    raw = HeapValueState if isinstance(backend, HeapKeyedStateBackend) else RocksDBValueState
+    assert isinstance(s.original, raw)
     assert s.descriptor.ttl_config is not None
     assert s.original.descriptor.serializer.type_name == "ttl_value"
     assert s.ttl_config.ttl == TTL

@@ -29,6 +29,7 @@ from streamstate.backends.heap.state_table import StateTable
 from streamstate.errors import StateAccessError
 from streamstate.namespace import VOID_NAMESPACE
 from streamstate.serializers.base import TypeSerializer
+from streamstate.serializers.inference import VoidNamespaceSerializer
 
 __all__ = [
     "STATE_FACTORIES",
@@ -43,7 +44,7 @@ __all__ = [
 class _HeapState:
     """Shared fields of every heap state handle."""
 
-    __slots__ = ("_ctx", "_descriptor", "_maps", "_ns", "_table", "namespace_serializer")
+    __slots__ = ("_ctx", "_descriptor", "_maps", "_ns", "_table", "_void", "namespace_serializer")
 
     def __init__(
         self,
@@ -57,6 +58,7 @@ class _HeapState:
         self._descriptor = descriptor
         self._ns: Any = VOID_NAMESPACE
         self.namespace_serializer = namespace_serializer
+        self._void = isinstance(namespace_serializer, VoidNamespaceSerializer)
 
     @property
     def descriptor(self) -> StateDescriptor:
@@ -70,6 +72,14 @@ class _HeapState:
         if namespace is None:
             raise StateAccessError(
                 f"state {self._descriptor.name!r}: the namespace must not be None"
+            )
+        if self._void and namespace != VOID_NAMESPACE:
+            # a checkpoint writes the namespace with the void serializer, which writes
+            # nothing: every namespace would restore as one entry
+            raise StateAccessError(
+                f"state {self._descriptor.name!r} was registered with the void namespace "
+                f"serializer and cannot be used in namespace {namespace!r}; pass a namespace "
+                "serializer when the state is first requested"
             )
         self._ns = namespace
 

@@ -1,0 +1,352 @@
+"""Restoring the RocksDB keyed backend, with rescaling by key-group ranges (SPEC §7, §10).
+
+From **incremental checkpoints** (:func:`restore_incremental`): the new subtask's key-group range
+is intersected with every old subtask's range. The old snapshot with the largest overlap becomes
+the *base*: its files are downloaded (and verified) straight into the working directory and
+opened; the key groups outside the new range are dropped with one ``delete_range`` per column
+family (two ranges: below and above). Every other overlapping snapshot is downloaded into a
+temporary directory, opened read-only, and the key groups of the new range are copied in key
+order, in WriteBatches of ``restore_batch_bytes``. Without rescaling the base is the whole
+answer, and its uploaded files are reused by the next incremental checkpoint.
+
+From **canonical snapshots** (:func:`restore_canonical`, savepoints of any backend at any
+parallelism): the ``(key, namespace, state)`` entries of the new range are encoded into composite
+keys and written in batches.
+
+Timers are handed to the timer service when it joins the backend.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import google_crc32c
+
+from streamstate.backends.base import RestoredStateMeta
+from streamstate.backends.rocksdb.incremental import IncrementalManifest, IncrementalStateHandle
+from streamstate.backends.rocksdb.instance import ColumnFamily, RocksDBInstance, open_read_only
+from streamstate.backends.rocksdb.keys import KeyLayout, key_group_bound
+from streamstate.backends.rocksdb.storage import SnapshotFileStore, crc32c_of_file
+from streamstate.backends.snapshot import TIMER_STATE_KIND
+from streamstate.errors import (
+    CorruptCheckpointError,
+    MaxParallelismMismatchError,
+    StateBackendError,
+    StateMigrationException,
+)
+from streamstate.keygroups import KeyGroupRange
+from streamstate.serializers.base import TypeSerializer
+
+if TYPE_CHECKING:
+    from streamstate.backends.rocksdb.backend import RocksDBKeyedStateBackend
+
+__all__ = [
+    "load_manifest",
+    "migrate_column_family",
+    "restore_canonical",
+    "restore_incremental",
+]
+
+
+def load_manifest(
+    store: SnapshotFileStore, handle: IncrementalStateHandle | str
+) -> IncrementalManifest:
+    """Read and verify one subtask's manifest."""
+    path = handle if isinstance(handle, str) else handle.path
+    data = store.get_bytes(path)
+    if isinstance(handle, IncrementalStateHandle) and (
+        len(data) != handle.size or google_crc32c.value(data) != handle.crc32c
+    ):
+        raise CorruptCheckpointError(
+            f"RocksDB manifest {path!r} does not match its checkpoint metadata (size or checksum)"
+        )
+    return IncrementalManifest.decode(data, path)
+
+
+def _check_compatible(
+    backend: RocksDBKeyedStateBackend,
+    max_parallelism: int,
+    key_serializer: dict[str, Any],
+    where: str,
+) -> None:
+    if max_parallelism != backend.max_parallelism:
+        raise MaxParallelismMismatchError(
+            f"{where} was taken with max_parallelism={max_parallelism}, but the job now runs "
+            f"with max_parallelism={backend.max_parallelism}; the number of key groups cannot "
+            "change"
+        )
+    if not backend.key_serializer.resolve_compatibility(key_serializer).is_compatible_as_is:
+        raise StateMigrationException(
+            f"{where}: the key serializer {backend.key_serializer!r} cannot read keys written by "
+            f"{key_serializer}; RocksDB stores keys serialized, so it must be compatible as is"
+        )
+
+
+def _check_fresh(backend: RocksDBKeyedStateBackend) -> None:
+    if backend.registered_state_names():
+        raise StateBackendError(
+            "a RocksDB keyed backend can only be restored before any state is registered "
+            f"(registered: {backend.registered_state_names()})"
+        )
+
+
+def _remember_states(backend: RocksDBKeyedStateBackend, states: Iterable[dict[str, Any]]) -> None:
+    for d in states:
+        name = d["name"]
+        known = backend._restored_states.get(name)
+        if known is not None and known["kind"] != d["kind"]:
+            raise CorruptCheckpointError(
+                f"state {name!r} appears as {known['kind']} and {d['kind']} state in the snapshots "
+                "being restored"
+            )
+        backend._restored_states.setdefault(name, d)
+        backend._restored_meta.setdefault(name, RestoredStateMeta.from_dict(d))
+
+
+# ---- incremental ------------------------------------------------------------------------------
+
+
+def _download(
+    store: SnapshotFileStore, manifest: IncrementalManifest, directory: str, where: str
+) -> None:
+    os.makedirs(directory, exist_ok=True)
+    for f in manifest.shared:
+        local = os.path.join(directory, f.name)
+        store.get_file(f.path, local)
+        size, crc = crc32c_of_file(local)
+        if size != f.size or crc != f.crc32c:
+            raise CorruptCheckpointError(
+                f"{where}: shared file {f.path!r} is corrupt or truncated ({size} bytes, crc "
+                f"{crc:#x}; expected {f.size} bytes, crc {f.crc32c:#x})"
+            )
+    for p in manifest.private:
+        if len(p.data) != p.size or google_crc32c.value(p.data) != p.crc32c:
+            raise CorruptCheckpointError(f"{where}: private file {p.name!r} fails its checksum")
+        with open(os.path.join(directory, p.name), "wb") as out:
+            out.write(p.data)
+
+
+def restore_incremental(
+    backend: RocksDBKeyedStateBackend,
+    store: SnapshotFileStore,
+    handles: Sequence[IncrementalStateHandle | str],
+) -> dict[str, int]:
+    """Restore ``backend`` (fresh) from the incremental snapshots of every old subtask.
+
+    Returns counters: ``{"base_files", "copied_entries", "deleted_ranges"}``.
+    """
+    _check_fresh(backend)
+    new_range = backend.key_group_range
+    manifests = []
+    for h in handles:
+        m = load_manifest(store, h)
+        where = f"RocksDB snapshot {h if isinstance(h, str) else h.path!r}"
+        _check_compatible(backend, m.max_parallelism, m.key_serializer, where)
+        old = KeyGroupRange(*m.key_group_range)
+        overlap = old.intersection(new_range)
+        if overlap:
+            manifests.append((m, old, overlap, where))
+    stats = {"base_files": 0, "copied_entries": 0, "deleted_ranges": 0}
+    if not manifests:
+        return stats
+    base_index = max(range(len(manifests)), key=lambda i: len(manifests[i][2]))
+    base, base_range, _, base_where = manifests[base_index]
+    instance = backend.instance
+    instance.close_db()
+    _download(store, base, instance.db_path, base_where)
+    stats["base_files"] = len(base.shared)
+    instance.open()
+    n = backend._key_layout.kg_bytes
+    if base_range.start < new_range.start:
+        instance.delete_range(key_group_bound(0, n), key_group_bound(new_range.start, n))
+        stats["deleted_ranges"] += 1
+    if base_range.end > new_range.end:
+        instance.delete_range(
+            key_group_bound(new_range.end + 1, n), key_group_bound(backend.max_parallelism, n)
+        )
+        stats["deleted_ranges"] += 1
+    for i, (m, _, overlap, where) in enumerate(manifests):
+        if i == base_index:
+            continue
+        directory = os.path.join(instance.restore_path, f"{i}")
+        try:
+            _download(store, m, directory, where)
+            stats["copied_entries"] += _copy_key_groups(instance, directory, overlap, n)
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+    for m, _, _, _ in manifests:
+        _remember_states(backend, m.states)
+        for block in m.timers:
+            timers = [
+                (backend.key_serializer.deserialize(key), ns, ts, kg)
+                for kg, key, ns, ts in block.entries
+                if new_range.contains(kg)
+            ]
+            if timers:
+                backend.add_restored_timers(block.meta["name"], timers)
+    # the base's files are now files of this database: the next checkpoint references them
+    backend.confirmed_uploads = {f.name: f for f in base.shared}
+    return stats
+
+
+def _copy_key_groups(
+    instance: RocksDBInstance, directory: str, key_groups: KeyGroupRange, kg_bytes: int
+) -> int:
+    """Copy the entries of ``key_groups`` of every column family of the database at
+    ``directory`` into ``instance``; returns how many entries were copied."""
+    db, cfs = open_read_only(directory, instance.config)
+    limit = instance.config.restore_batch_bytes
+    begin = key_group_bound(key_groups.start, kg_bytes)
+    end = key_group_bound(key_groups.end + 1, kg_bytes)
+    copied = 0
+    try:
+        for name, cf in cfs.items():
+            target = instance.column_family(name)
+            handle = target.handle
+            batch = instance.new_batch()
+            size = 0
+            for key, value in ColumnFamily(name, cf, None).scan(begin, end):
+                batch.put(key, value, handle)
+                size += len(key) + len(value)  # type: ignore[arg-type]
+                copied += 1
+                if size >= limit:
+                    instance.write(batch)
+                    batch = instance.new_batch()
+                    size = 0
+            instance.write(batch)
+    finally:
+        cfs.clear()
+        db.close()
+        del db
+    return copied
+
+
+# ---- canonical --------------------------------------------------------------------------------
+
+
+def restore_canonical(backend: RocksDBKeyedStateBackend, snapshots: Iterable[Any]) -> int:
+    """Restore ``backend`` (fresh) from canonical keyed snapshots of any backend and parallelism.
+
+    Each snapshot offers ``key_serializer``, ``max_parallelism``, ``key_group_range``, ``states``
+    (:class:`~streamstate.backends.snapshot.StateMetaInfo`) and ``key_group_entries(kg)``, like
+    :class:`~streamstate.backends.snapshot.KeyedStateSnapshot`. Returns the entries written.
+    """
+    _check_fresh(backend)
+    instance = backend.instance
+    new_range = backend.key_group_range
+    limit = instance.config.restore_batch_bytes
+    written = 0
+    for snap in snapshots:
+        where = f"keyed snapshot of key groups {snap.key_group_range}"
+        _check_compatible(backend, snap.max_parallelism, snap.key_serializer.snapshot(), where)
+        overlap = snap.key_group_range.intersection(new_range)
+        if not overlap:
+            continue
+        metas = snap.states
+        writers: dict[int, _EntryWriter] = {}
+        timers: dict[str, list[tuple[Any, Any, int, int]]] = {}
+        batch = instance.new_batch()
+        size = 0
+        for kg in overlap:
+            for index, entries in snap.key_group_entries(kg):
+                meta = metas[index]
+                if meta.kind == TIMER_STATE_KIND:
+                    timers.setdefault(meta.name, []).extend(
+                        (key, ns, int(ts), kg) for key, ns, ts in entries
+                    )
+                    continue
+                writer = writers.get(index)
+                if writer is None:
+                    writer = writers[index] = _EntryWriter(backend, meta)
+                for key, ns, state in entries:
+                    size += writer.write(batch, kg, key, ns, state)
+                    written += 1
+                    if size >= limit:
+                        instance.write(batch)
+                        batch = instance.new_batch()
+                        size = 0
+            release = getattr(snap, "release_key_group", None)
+            if release is not None:
+                release(kg)
+        instance.write(batch)
+        _remember_states(backend, (m.to_dict() for m in metas if m.kind != TIMER_STATE_KIND))
+        for name, entries_of in timers.items():
+            backend.add_restored_timers(name, entries_of)
+    return written
+
+
+class _EntryWriter:
+    """Encodes canonical ``(key, namespace, state)`` entries of one state into a WriteBatch."""
+
+    __slots__ = ("handle", "is_map", "layout", "serialize", "serialize_key", "serialize_value")
+
+    def __init__(self, backend: RocksDBKeyedStateBackend, meta: Any) -> None:
+        cf = backend.instance.column_family(meta.name)
+        self.handle = cf.handle
+        self.is_map = meta.kind == "map"
+        self.layout = KeyLayout(
+            backend.max_parallelism,
+            backend.key_serializer,
+            meta.namespace_serializer,
+            has_user_key=self.is_map,
+        )
+        serializer = meta.state_serializer
+        self.serialize = serializer.serialize
+        if self.is_map:
+            self.serialize_key = serializer.key.serialize
+            self.serialize_value = serializer.value.serialize
+
+    def write(self, batch: Any, kg: int, key: Any, ns: Any, state: Any) -> int:
+        ck = self.layout.composite(kg, key, ns)
+        if not self.is_map:
+            raw = self.serialize(state)
+            batch.put(ck, raw, self.handle)
+            return len(ck) + len(raw)
+        size = 0
+        sk, sv = self.serialize_key, self.serialize_value
+        for uk, v in state.items():
+            k = ck + sk(uk)
+            raw = sv(v)
+            batch.put(k, raw, self.handle)
+            size += len(k) + len(raw)
+        return size
+
+
+# ---- migration --------------------------------------------------------------------------------
+
+
+def migrate_column_family(
+    instance: RocksDBInstance,
+    cf: ColumnFamily,
+    kind: str,
+    old: TypeSerializer[Any],
+    new: TypeSerializer[Any],
+    layout: KeyLayout,
+) -> int:
+    """Rewrite every entry of ``cf`` from the ``old`` serializer's bytes to the ``new`` one's.
+
+    Map states rewrite user keys too (their bytes may change). Returns the entries rewritten.
+    """
+    batch = instance.new_batch()
+    handle = cf.handle
+    n = 0
+    if kind == "map":
+        old_k, old_v = old.key, old.value  # type: ignore[attr-defined]
+        new_k, new_v = new.key, new.value  # type: ignore[attr-defined]
+        for raw_key, raw_value in cf.scan(b"", None):
+            end = layout.entry_end(raw_key)
+            uk = old_k.deserialize(raw_key[end:])
+            new_key = raw_key[:end] + new_k.serialize(uk)
+            if new_key != raw_key:
+                batch.delete(raw_key, handle)
+            batch.put(new_key, new_v.serialize(old_v.deserialize(raw_value)), handle)
+            n += 1
+    else:
+        for raw_key, raw_value in cf.scan(b"", None):
+            batch.put(raw_key, new.serialize(old.deserialize(raw_value)), handle)
+            n += 1
+    instance.write(batch)
+    return n

@@ -1,0 +1,224 @@
+"""Restoring the RocksDB backend from the checkpoint storage's keyed snapshot files (SPEC §6.2).
+
+The checkpoint package hands every backend the same thing: one
+``streamstate.backends.restore.KeyedStateRestore`` per file, in the order to apply them (for each
+old subtask: its full snapshot, then its deltas), each yielding verified, still-encoded blocks of
+the backend's key groups. This module turns those blocks into RocksDB entries:
+
+* states whose serializers are built-in are decoded at once and written in WriteBatches (a
+  full block replaces the key group of its state, a delta block upserts and removes entries; an
+  upserted map replaces every mapping of its ``(key, namespace)``);
+* states with other serializers (records, TTL-wrapped values, pickle) are decoded when the
+  program registers them, with the program's serializers, by reading their blocks again from
+  the files (the files stay in checkpoint storage: nothing is held in memory). Until then a
+  snapshot of the backend is refused with a clear error;
+* timers stay encoded until their timer service asks for them (``restore_pending_timers``).
+
+The checkpoint package is imported lazily: this module is only used through it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from streamstate.backends.rocksdb.keys import KeyLayout, key_group_bound, prefix_successor
+from streamstate.backends.rocksdb.restore import (
+    _check_compatible,
+    _check_fresh,
+    _remember_states,
+)
+from streamstate.backends.snapshot import TIMER_STATE_KIND
+from streamstate.errors import CorruptCheckpointError, StateMigrationException
+from streamstate.serializers import Int64Serializer, serializer_from_snapshot
+from streamstate.serializers.base import TypeSerializer
+
+if TYPE_CHECKING:
+    from streamstate.backends.rocksdb.backend import RocksDBKeyedStateBackend
+
+__all__ = ["BlockWriter", "restore_deferred_state", "restore_file_timers", "restore_files"]
+
+
+def _expand(namespaces: list[Any], n: int) -> list[Any]:
+    if len(namespaces) == n:
+        return namespaces
+    if len(namespaces) == 1:
+        return namespaces * n
+    raise ValueError(f"namespace column has {len(namespaces)} values for {n} keys")
+
+
+class BlockWriter:
+    """Writes decoded blocks of one state into its column family."""
+
+    def __init__(
+        self,
+        backend: RocksDBKeyedStateBackend,
+        name: str,
+        kind: str,
+        namespace_serializer: TypeSerializer[Any],
+        state_serializer: TypeSerializer[Any],
+    ) -> None:
+        from streamstate.checkpoint.codec import StateCodec
+
+        self.name = name
+        self.instance = backend.instance
+        self.handle = backend.instance.column_family(name).handle
+        self.is_map = kind == "map"
+        self.layout = KeyLayout(
+            backend.max_parallelism,
+            backend.key_serializer,
+            namespace_serializer,
+            has_user_key=self.is_map,
+        )
+        self.serializer = state_serializer
+        self.codec = StateCodec(backend.key_serializer, namespace_serializer, state_serializer)
+        self.kg_bytes = self.layout.kg_bytes
+        #: key groups already written (a later full block of one replaces it)
+        self.written: set[int] = set()
+
+    def apply(self, batch: Any, block: Any, where: str) -> int:
+        """Write one block into ``batch``; returns its entries."""
+        kg = block.key_group
+        try:
+            keys, nss, states = self.codec.decode(block.entries)
+            namespaces = _expand(nss, len(keys))
+            gone: list[tuple[Any, Any]] = []
+            if block.removed is not None:
+                gone_keys, gone_nss = self.codec.decode_removed(block.removed)
+                gone = list(zip(gone_keys, _expand(gone_nss, len(gone_keys)), strict=True))
+        except (msgspec.ValidationError, msgspec.DecodeError, ValueError) as exc:
+            raise CorruptCheckpointError(
+                f"{where}: state {self.name!r}, key group {kg}: the entries cannot be read with "
+                f"the declared serializers ({exc})"
+            ) from None
+        handle = self.handle
+        if block.removed is None and kg in self.written:  # a full block replaces the group
+            batch.delete_range(
+                key_group_bound(kg, self.kg_bytes), key_group_bound(kg + 1, self.kg_bytes), handle
+            )
+        self.written.add(kg)
+        composite = self.layout.composite
+        for key, ns in gone:
+            self._delete_entry(batch, composite(kg, key, ns))
+        if not self.is_map:
+            serialize = self.serializer.serialize
+            for key, ns, state in zip(keys, namespaces, states, strict=True):
+                batch.put(composite(kg, key, ns), serialize(state), handle)
+            return len(keys)
+        sk = self.serializer.key.serialize  # type: ignore[attr-defined]
+        sv = self.serializer.value.serialize  # type: ignore[attr-defined]
+        for key, ns, mapping in zip(keys, namespaces, states, strict=True):
+            prefix = composite(kg, key, ns)
+            if block.removed is not None:
+                self._delete_entry(batch, prefix)  # an upserted map replaces the old one
+            for uk, v in mapping.items():
+                batch.put(prefix + sk(uk), sv(v), handle)
+        return len(keys)
+
+    def _delete_entry(self, batch: Any, ck: bytes) -> None:
+        if self.is_map:
+            end = prefix_successor(ck)
+            if end is not None:
+                batch.delete_range(ck, end, self.handle)
+        else:
+            batch.delete(ck, self.handle)
+
+
+def _builtin(meta: dict[str, Any]) -> bool:
+    from streamstate.backends.restore import is_builtin_snapshot
+
+    return is_builtin_snapshot(meta["namespace_serializer"]) and is_builtin_snapshot(
+        meta["state_serializer"]
+    )
+
+
+def restore_files(backend: RocksDBKeyedStateBackend, files: Sequence[Any]) -> int:
+    """Restore a fresh ``backend`` from ``KeyedStateRestore`` files; returns entries written."""
+    _check_fresh(backend)
+    instance = backend.instance
+    writers: dict[str, BlockWriter | None] = {}
+    written = 0
+    batch = instance.new_batch()
+    for f in files:
+        _check_compatible(backend, f.max_parallelism, f.key_serializer, str(f.path))
+        for block in f.blocks():
+            meta = block.state
+            name = meta["name"]
+            if meta["kind"] == TIMER_STATE_KIND:
+                # timers are replaced per key group by every file: keep the last block
+                backend._restored_timer_blocks.setdefault(name, {})[block.key_group] = block
+                continue
+            if name not in writers:
+                writers[name] = None
+                if _builtin(meta):
+                    writers[name] = BlockWriter(
+                        backend,
+                        name,
+                        meta["kind"],
+                        serializer_from_snapshot(meta["namespace_serializer"]),
+                        serializer_from_snapshot(meta["state_serializer"]),
+                    )
+            writer = writers[name]
+            if writer is None:
+                deferred = backend._deferred_files.setdefault(name, [])
+                if f not in deferred:
+                    deferred.append(f)
+                continue
+            written += writer.apply(batch, block, str(f.path))
+            if batch.size_in_bytes() >= instance.config.restore_batch_bytes:
+                instance.write(batch)
+                batch = instance.new_batch()
+    instance.write(batch)
+    states: dict[str, dict[str, Any]] = {}
+    for f in files:
+        for meta in f.states:
+            if meta["kind"] != TIMER_STATE_KIND:
+                states.setdefault(meta["name"], meta)
+    _remember_states(backend, states.values())
+    for participant in backend.snapshot_participants:  # timer services present now
+        backend.restore_pending_timers(participant)
+    return written
+
+
+def restore_deferred_state(
+    backend: RocksDBKeyedStateBackend,
+    name: str,
+    kind: str,
+    namespace_serializer: TypeSerializer[Any],
+    state_serializer: TypeSerializer[Any],
+) -> int:
+    """Decode a deferred state's blocks with the program's serializers (on registration)."""
+    files: Iterable[Any] = backend._deferred_files.pop(name, [])
+    writer = BlockWriter(backend, name, kind, namespace_serializer, state_serializer)
+    instance = backend.instance
+    batch = instance.new_batch()
+    written = 0
+    try:
+        for f in files:
+            for block in f.blocks():
+                if block.state["name"] == name:
+                    written += writer.apply(batch, block, str(f.path))
+    except CorruptCheckpointError as exc:
+        raise StateMigrationException(str(exc)) from None
+    instance.write(batch)
+    return written
+
+
+def restore_file_timers(backend: RocksDBKeyedStateBackend, service: Any) -> int:
+    """Decode the timer blocks of ``service`` (restored from files) into it."""
+    from streamstate.checkpoint.codec import StateCodec
+
+    n = 0
+    for domain in ("event", "processing"):
+        blocks = backend._restored_timer_blocks.pop(service.state_name(domain), None)
+        if not blocks:
+            continue
+        codec = StateCodec(backend.key_serializer, service.namespace_serializer, Int64Serializer())
+        for kg in sorted(blocks):
+            keys, nss, stamps = codec.decode(blocks[kg].entries)
+            for key, ns, ts in zip(keys, _expand(nss, len(keys)), stamps, strict=True):
+                service.restore_timer(domain, key, ns, ts, kg)
+                n += 1
+    return n

@@ -1,0 +1,454 @@
+"""Snapshots of the RocksDB keyed backend (SPEC §6.3, §6.4, §10).
+
+Synchronous phase (:func:`take_snapshot`, on the processing thread): flush the write-back cache
+(one atomic WriteBatch), run the bounded TTL sweeps, take a native RocksDB checkpoint into
+``checkpoints/chk-<id>`` (memtables flushed, SST files hard-linked: no data is copied), record
+the states' meta data and copy the heap timers. Processing continues right after.
+
+Asynchronous phase, two ways to write the same :class:`RocksDBKeyedStateSnapshot`:
+
+* **incremental checkpoint** (:meth:`~RocksDBKeyedStateSnapshot.write_incremental`): upload the
+  SST files that no confirmed earlier checkpoint uploaded, then the manifest
+  (``incremental.py``);
+* **canonical** (the :class:`~streamstate.backends.snapshot.KeyedStateSnapshot` interface, for
+  savepoints and the common format writer): open the native checkpoint *read-only* and iterate
+  it key group by key group, decoding composite keys back into ``(key, namespace, state)``. A
+  rocksdict ``Snapshot`` isolates point reads but not iteration, so the immutable checkpoint is
+  what makes the scan consistent.
+
+:meth:`~RocksDBKeyedStateSnapshot.release` closes the read-only database and deletes the
+checkpoint directory.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import google_crc32c
+
+from streamstate.backends.rocksdb.incremental import (
+    IncrementalManifest,
+    IncrementalStateHandle,
+    PrivateFile,
+    SharedFile,
+    TimerBlock,
+)
+from streamstate.backends.rocksdb.instance import ColumnFamily, open_read_only
+from streamstate.backends.rocksdb.keys import KeyLayout, key_group_bound
+from streamstate.backends.rocksdb.storage import SnapshotFileStore, crc32c_of_file
+from streamstate.backends.snapshot import KeyedStateSnapshot, SnapshotSource, StateMetaInfo
+from streamstate.errors import CheckpointError
+from streamstate.serializers import serializer_from_snapshot
+from streamstate.serializers.base import TypeSerializer
+
+if TYPE_CHECKING:
+    from streamstate.backends.rocksdb.backend import RegisteredState, RocksDBKeyedStateBackend
+
+__all__ = ["RocksDBKeyedStateSnapshot", "decode_entries", "sweep_ttl", "take_snapshot"]
+
+#: uploads of unconfirmed checkpoints kept for a later notify_checkpoint_complete
+_MAX_PENDING = 16
+
+_SUBTASK_FILE = re.compile(r"^(?:.*/)?chk-\d+/([^/]+)/(\d+)-(\d+)\.state$")
+
+
+# ---- synchronous phase -----------------------------------------------------------------------
+
+
+def take_snapshot(
+    backend: RocksDBKeyedStateBackend, checkpoint_id: int
+) -> RocksDBKeyedStateSnapshot:
+    """The synchronous phase of a snapshot of ``backend`` (see the module docstring)."""
+    if backend._deferred_files:
+        raise CheckpointError(
+            f"states {sorted(backend._deferred_files)} were restored from snapshot files but are "
+            "not registered yet (their serializers are not built in, so they are decoded with the "
+            "program's serializers on registration); register them before the next checkpoint"
+        )
+    backend.cache.flush()
+    for reg in list(backend._registered.values()):
+        hook = reg.ttl_hook
+        if hook is not None and hook.max_entries_per_checkpoint > 0:
+            sweep_ttl(backend, reg)
+    instance = backend.instance
+    target = os.path.join(instance.checkpoints_path, f"chk-{checkpoint_id}")
+    if os.path.exists(target):
+        target = f"{target}-{uuid.uuid4().hex[:8]}"
+    instance.create_checkpoint(target)
+    states: list[_SnapshotState] = [
+        _SnapshotState(reg.meta.to_dict(), reg.meta, reg.layout, _full_snapshot_transform(reg))
+        for reg in backend._registered.values()
+    ]
+    states.extend(_SnapshotState(d, None, None, None) for d in backend._restored_states.values())
+    timer_sources: list[SnapshotSource] = []
+    for participant in backend.snapshot_participants:
+        timer_sources.extend(participant.snapshot_sources())
+    return RocksDBKeyedStateSnapshot(
+        backend,
+        checkpoint_id,
+        target,
+        states,
+        timer_sources,
+    )
+
+
+def _full_snapshot_transform(reg: RegisteredState) -> Callable[[Any], Any] | None:
+    hook = reg.ttl_hook
+    if hook is None or not hook.cleanup_full_snapshot:
+        return None
+    return hook.transform  # type: ignore[no-any-return]
+
+
+def sweep_ttl(backend: RocksDBKeyedStateBackend, reg: RegisteredState) -> int:
+    """One bounded TTL sweep of a state (the stand-in for Flink's compaction filter).
+
+    Visits at most ``hook.max_entries_per_checkpoint`` RocksDB entries from ``hook.cursor`` (a raw
+    key; None = from the start), deletes expired ones and rewrites partly expired ones in one
+    WriteBatch, and stores where to resume. Map mappings are visited one by one (the transform
+    of a one-mapping dict). The state's cache must be clean (it is flushed first) and is dropped
+    if anything changed. Returns the number of entries changed.
+    """
+    hook = reg.ttl_hook
+    transform = hook.transform
+    left = hook.max_entries_per_checkpoint
+    meta = reg.meta
+    is_map = meta.kind == "map"
+    serializer = meta.state_serializer
+    if is_map:
+        key_ser, value_ser = serializer.key, serializer.value  # type: ignore[attr-defined]
+        entry_end = reg.layout.entry_end
+    cf = reg.cf
+    batch = backend.instance.new_batch()
+    handle = cf.handle
+    changed = 0
+    cursor: bytes | None = None
+    for raw_key, raw_value in cf.scan(hook.cursor or b"", None):
+        if left <= 0:
+            cursor = raw_key
+            break
+        left -= 1
+        if is_map:
+            uk = key_ser.deserialize(raw_key[entry_end(raw_key) :])
+            state = {uk: value_ser.deserialize(raw_value)}
+            new = transform(state)
+            if new is None or uk not in new:
+                batch.delete(raw_key, handle)
+                changed += 1
+            elif new is not state:
+                batch.put(raw_key, value_ser.serialize(new[uk]), handle)
+                changed += 1
+        else:
+            state = serializer.deserialize(raw_value)
+            new = transform(state)
+            if new is None:
+                batch.delete(raw_key, handle)
+                changed += 1
+            elif new is not state:
+                batch.put(raw_key, serializer.serialize(new), handle)
+                changed += 1
+    hook.cursor = cursor
+    if changed:
+        backend.instance.write(batch)
+        reg.cache.clear()
+    return changed
+
+
+# ---- the snapshot ----------------------------------------------------------------------------
+
+
+class _SnapshotState:
+    """One column family as the snapshot sees it."""
+
+    __slots__ = ("layout", "meta", "meta_dict", "transform")
+
+    def __init__(
+        self,
+        meta_dict: dict[str, Any],
+        meta: StateMetaInfo | None,
+        layout: KeyLayout | None,
+        transform: Callable[[Any], Any] | None,
+    ) -> None:
+        self.meta_dict = meta_dict
+        self.meta = meta
+        self.layout = layout
+        self.transform = transform
+
+    @property
+    def name(self) -> str:
+        return str(self.meta_dict["name"])
+
+    def resolve(self, key_serializer: TypeSerializer[Any], max_parallelism: int) -> StateMetaInfo:
+        """The meta with serializers (rebuilt from the checkpoint for unregistered states)."""
+        if self.meta is None:
+            d = self.meta_dict
+            try:
+                ns = serializer_from_snapshot(d["namespace_serializer"])
+                st = serializer_from_snapshot(d["state_serializer"])
+            except Exception as exc:
+                raise CheckpointError(
+                    f"state {d['name']!r} was restored but not registered, and its serializers "
+                    f"cannot be rebuilt from the checkpoint ({exc}); register the state before "
+                    "taking a savepoint"
+                ) from exc
+            self.meta = StateMetaInfo(d["name"], d["kind"], ns, st, d.get("ttl"))
+        if self.layout is None:
+            self.layout = KeyLayout(
+                max_parallelism,
+                key_serializer,
+                self.meta.namespace_serializer,
+                has_user_key=self.meta.kind == "map",
+            )
+        return self.meta
+
+
+def decode_entries(
+    meta: StateMetaInfo,
+    layout: KeyLayout,
+    raw_entries: Iterable[tuple[bytes, bytes]],
+) -> Iterator[tuple[Any, Any, Any]]:
+    """``(key, namespace, state)`` from raw RocksDB entries of one state, in key order.
+
+    Map mappings of one ``(key, namespace)`` are adjacent (they share the entry prefix) and are
+    gathered into one dict.
+    """
+    decode_key = layout.decode_key
+    key_end = layout.key_end
+    decode_ns = layout.decode_namespace
+    if meta.kind != "map":
+        deserialize = meta.state_serializer.deserialize
+        for raw_key, raw_value in raw_entries:
+            end = key_end(raw_key)
+            yield (
+                decode_key(raw_key),
+                decode_ns(raw_key, end, len(raw_key)),
+                deserialize(raw_value),
+            )
+        return
+    dict_serializer: Any = meta.state_serializer
+    dk, dv = dict_serializer.key.deserialize, dict_serializer.value.deserialize
+    entry_end = layout.entry_end
+    prefix: bytes | None = None
+    current: dict[Any, Any] = {}
+    key = ns = None
+    for raw_key, raw_value in raw_entries:
+        end = entry_end(raw_key)
+        if prefix is None or raw_key[:end] != prefix:
+            if prefix is not None:
+                yield key, ns, current
+            prefix = raw_key[:end]
+            key = decode_key(raw_key)
+            ns = decode_ns(raw_key, key_end(raw_key), end)
+            current = {}
+        current[dk(raw_key[end:])] = dv(raw_value)
+    if prefix is not None:
+        yield key, ns, current
+
+
+class RocksDBKeyedStateSnapshot(KeyedStateSnapshot):
+    """A native RocksDB checkpoint plus meta data, written incrementally or canonically."""
+
+    def __init__(
+        self,
+        backend: RocksDBKeyedStateBackend,
+        checkpoint_id: int,
+        directory: str,
+        states: list[_SnapshotState],
+        timer_sources: list[SnapshotSource],
+    ) -> None:
+        self.key_serializer = backend.key_serializer
+        self.max_parallelism = backend.max_parallelism
+        self.key_group_range = backend.key_group_range
+        self.checkpoint_id = checkpoint_id
+        self.directory = directory
+        self.backend_uid = backend.backend_uid
+        self.config = backend.config
+        #: local SST name -> SharedFile of the last confirmed checkpoint, at snapshot time
+        self.previous_uploads: dict[str, SharedFile] = dict(backend.confirmed_uploads)
+        self._pending_uploads = backend._pending_uploads
+        self._states = states
+        self._timer_sources = timer_sources
+        self._timer_metas = [s.meta for s in timer_sources]
+        self._kg_bytes = backend._key_layout.kg_bytes
+        self._db: Any = None
+        self._cfs: dict[str, Any] = {}
+        self._resolved: list[StateMetaInfo] | None = None
+        self._released = False
+
+    # ---- canonical view (KeyedStateSnapshot) ---------------------------------------------------
+
+    @property
+    def states(self) -> list[StateMetaInfo]:  # type: ignore[override]
+        if self._resolved is None:
+            self._resolved = [
+                s.resolve(self.key_serializer, self.max_parallelism) for s in self._states
+            ] + self._timer_metas
+        return self._resolved
+
+    def _open(self) -> dict[str, Any]:
+        if self._released:
+            raise CheckpointError(f"snapshot {self.checkpoint_id} was already released")
+        if self._db is None:
+            self._db, self._cfs = open_read_only(self.directory, self.config)
+        return self._cfs
+
+    def raw_entries(self, state_name: str, key_group: int) -> Iterator[tuple[bytes, bytes]]:
+        """Raw ``(composite key, value)`` of one state in one key group, from the checkpoint."""
+        cf = self._open().get(state_name)
+        if cf is None:
+            return iter(())
+        n = self._kg_bytes
+        view = ColumnFamily(state_name, cf, None)
+        return view.scan(key_group_bound(key_group, n), key_group_bound(key_group + 1, n))  # type: ignore[return-value]
+
+    def key_group_entries(
+        self, key_group: int
+    ) -> Iterator[tuple[int, Iterable[tuple[Any, Any, Any]]]]:
+        metas = self.states
+        for index, st in enumerate(self._states):
+            meta = metas[index]
+            assert st.layout is not None
+            entries = decode_entries(meta, st.layout, self.raw_entries(st.name, key_group))
+            transform = st.transform
+            if transform is not None:
+                entries = _transformed(entries, transform)
+            out = list(entries)
+            if out:
+                yield index, out
+        offset = len(self._states)
+        kg_index = key_group - self.key_group_range.start
+        for j, source in enumerate(self._timer_sources):
+            timers = source.entries(kg_index)
+            if timers:
+                yield offset + j, timers
+
+    def release_key_group(self, key_group: int) -> None:
+        kg_index = key_group - self.key_group_range.start
+        for source in self._timer_sources:
+            source.release_key_group(kg_index)
+
+    def release(self) -> None:
+        if self._released:
+            return
+        self._released = True
+        if self._db is not None:
+            db, self._db = self._db, None
+            self._cfs = {}
+            db.close()
+            del db
+        for source in self._timer_sources:
+            source.release()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    # ---- incremental checkpoint ----------------------------------------------------------------
+
+    def write_incremental(
+        self,
+        store: SnapshotFileStore,
+        path: str,
+        *,
+        shared_dir: str = "shared",
+        release: bool = True,
+    ) -> IncrementalStateHandle:
+        """Upload new SST files to ``shared_dir`` and the manifest to ``path`` (asynchronous phase).
+
+        SST files listed in :attr:`previous_uploads` (same name and size) are referenced, not
+        uploaded. The manifest is written last, so a failure leaves no manifest behind. Once
+        written, the uploads are offered to the backend, which reuses them after
+        ``notify_checkpoint_complete(checkpoint_id)``.
+        """
+        if self._released:
+            raise CheckpointError(f"snapshot {self.checkpoint_id} was already released")
+        try:
+            shared: list[SharedFile] = []
+            private: list[PrivateFile] = []
+            uploaded = reused = 0
+            for name in sorted(os.listdir(self.directory)):
+                local = os.path.join(self.directory, name)
+                if name.endswith(".sst"):
+                    previous = self.previous_uploads.get(name)
+                    if previous is not None and previous.size == os.path.getsize(local):
+                        shared.append(previous)
+                        reused += previous.size
+                        continue
+                    size, crc = crc32c_of_file(local)
+                    remote = self._shared_path(shared_dir, path)
+                    store.put_file(local, remote)
+                    shared.append(SharedFile(name, remote, size, crc))
+                    uploaded += size
+                else:
+                    with open(local, "rb") as f:
+                        data = f.read()
+                    private.append(PrivateFile(name, len(data), google_crc32c.value(data), data))
+            manifest = IncrementalManifest(
+                checkpoint_id=self.checkpoint_id,
+                backend_uid=self.backend_uid,
+                key_serializer=self.key_serializer.snapshot(),
+                max_parallelism=self.max_parallelism,
+                key_group_range=self.key_group_range.to_tuple(),
+                states=[s.meta_dict for s in self._states],
+                shared=shared,
+                private=private,
+                timers=self._timer_blocks(),
+            )
+            data = manifest.encode()
+            store.put_bytes(data, path)
+            uploaded += len(data)
+            pending = self._pending_uploads
+            pending[self.checkpoint_id] = {f.name: f for f in shared}
+            for old in [c for c in pending if c < self.checkpoint_id - _MAX_PENDING]:
+                del pending[old]  # never confirmed (a runtime that does not notify)
+            return IncrementalStateHandle(
+                path=path,
+                size=len(data),
+                crc32c=google_crc32c.value(data),
+                checkpoint_id=self.checkpoint_id,
+                key_group_range=self.key_group_range.to_tuple(),
+                shared=shared,
+                uploaded_bytes=uploaded,
+                reused_bytes=reused,
+            )
+        finally:
+            if release:
+                self.release()
+
+    def _shared_path(self, shared_dir: str, manifest_path: str) -> str:
+        """A new, unique path for an SST file in the shared area.
+
+        For a manifest at ``chk-<id>/<operator>/<subtask>-<attempt>.state`` this is
+        ``<shared_dir>/<operator>/<subtask>-<attempt>-<checkpoint id>-<token>.sst`` (the naming
+        of the checkpoint storage's other shared files: the checkpoint id in the name lets
+        retention tell files of checkpoints still in progress from orphans).
+        """
+        token = uuid.uuid4().hex[:16]
+        m = _SUBTASK_FILE.match(manifest_path)
+        if m is None:
+            return f"{shared_dir}/{self.checkpoint_id}-{token}.sst"
+        op, subtask, attempt = m.groups()
+        return f"{shared_dir}/{op}/{subtask}-{attempt}-{self.checkpoint_id}-{token}.sst"
+
+    def _timer_blocks(self) -> list[TimerBlock]:
+        blocks = []
+        start = self.key_group_range.start
+        ks = self.key_serializer.serialize
+        for source in self._timer_sources:
+            ns = source.meta.namespace_serializer.serialize
+            entries = []
+            for i in range(len(self.key_group_range)):
+                for key, namespace, timestamp in source.entries(i) or ():
+                    entries.append((start + i, ks(key), ns(namespace), int(timestamp)))
+            blocks.append(TimerBlock(source.meta.to_dict(), entries))
+        return blocks
+
+
+def _transformed(
+    entries: Iterable[tuple[Any, Any, Any]], transform: Callable[[Any], Any]
+) -> Iterator[tuple[Any, Any, Any]]:
+    for key, ns, state in entries:
+        new = transform(state)
+        if new is not None:
+            yield key, ns, new
