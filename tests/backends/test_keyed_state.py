@@ -436,6 +436,34 @@ def test_namespace_must_not_be_none(make_backend: Any) -> None:
         state(b, value_d("n"), None)
 
 
+def test_namespace_serializer_is_inferred_and_void_refuses_namespaces(make_backend: Any) -> None:
+    b = make_backend()
+    b.set_current_key("k")
+    s = state(b, value_d("by_hour"), 3)  # no serializer given: inferred from the namespace
+    s.update(30)
+    s.set_current_namespace(4)
+    s.update(40)
+    assert sorted(b.get_keys("by_hour", 3)) == ["k"]
+    snap = b.snapshot(1)
+    try:
+        (meta,) = snap.states
+        assert meta.namespace_serializer == serializer_for(int)
+        entries = [
+            (key, ns, value)
+            for kg in snap.key_group_range
+            for _, part in snap.key_group_entries(kg)
+            for key, ns, value in part
+        ]
+        assert sorted(entries) == [("k", 3, 30), ("k", 4, 40)]
+    finally:
+        snap.release()
+    void = state(b, value_d("plain"))
+    with pytest.raises(StateAccessError, match="'plain'.*void namespace serializer.*'w1'"):
+        void.set_current_namespace("w1")
+    void.update(1)  # the refused namespace left the state usable in the void one
+    assert void.value() == 1
+
+
 def test_disposed_backend(make_backend: Any) -> None:
     from streamstate.errors import StateBackendError
 

@@ -78,14 +78,26 @@ def runner_content(runner: LocalRunner) -> dict[tuple[Any, ...], Any]:
     max_p = runner.max_parallelism
     for op in runner.subtasks:
         rng = op.key_group_range
-        backend = op.keyed_backend
-        for name, table in backend.state_tables().items():
-            for key, ns, state in table:
-                kg = assign_to_key_group(key, max_p)
-                assert rng.contains(kg), f"{key!r} (kg {kg}) is in subtask {op.subtask_index}"
-                ident = (name, key, ns)
-                assert ident not in out, f"{ident} appears twice"
-                out[ident] = copy.deepcopy(state)  # live lists/dicts change later
+        # read through a snapshot: the same on every backend
+        snap = op.keyed_backend.snapshot(0)
+        try:
+            names = [m.name for m in snap.states]
+            for kg_of_entries in snap.key_group_range:
+                for idx, entries in snap.key_group_entries(kg_of_entries):
+                    if names[idx].startswith("_timers."):
+                        continue  # read from the timer queues below
+                    for key, ns, state in entries:
+                        kg = assign_to_key_group(key, max_p)
+                        assert kg == kg_of_entries
+                        assert rng.contains(kg), (
+                            f"{key!r} (kg {kg}) is in subtask {op.subtask_index}"
+                        )
+                        ident = (names[idx], key, ns)
+                        assert ident not in out, f"{ident} appears twice"
+                        out[ident] = copy.deepcopy(state)  # live lists/dicts change later
+                snap.release_key_group(kg_of_entries)
+        finally:
+            snap.release()
         for domain, queue in (
             ("event", op.timer_service.event_time_timers),
             ("processing", op.timer_service.processing_time_timers),

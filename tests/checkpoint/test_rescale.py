@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import pytest
 from _support import AllKinds, all_kinds_records, runner_content
 
+from streamstate.backends.factory import state_backend_from
 from streamstate.checkpoint.storage import MemoryCheckpointStorage
 from streamstate.errors import MaxParallelismMismatchError
 from streamstate.runtime.local import LocalRunner
@@ -24,18 +28,27 @@ def _runner(p: int, max_p: int, storage: MemoryCheckpointStorage, **kw: object) 
     )
 
 
+def _backend_options(backend_kind: str, tmp_path: Any) -> dict[str, Any]:
+    backend = state_backend_from(backend_kind)
+    if hasattr(backend, "working_dir"):
+        backend = dataclasses.replace(backend, working_dir=str(tmp_path))
+    return {"state_backend": backend}
+
+
 @pytest.mark.parametrize("max_p", [128, 1000])
 @pytest.mark.parametrize("old_p", OLD)
-def test_rescale_matrix(old_p: int, max_p: int) -> None:
+def test_rescale_matrix(old_p: int, max_p: int, backend_kind: str, tmp_path: Any) -> None:
     storage = MemoryCheckpointStorage()
-    before = _runner(old_p, max_p, storage)
+    before = _runner(old_p, max_p, storage, **_backend_options(backend_kind, tmp_path / "before"))
     before.run(all_kinds_records(40, int_keys=old_p % 2 == 0), final_watermark=False)
     expected = runner_content(before)
     kinds = {ident[0] for ident in expected}
     assert kinds == {"value", "list", "map", "reducing", "agg", "timer"}
     cp = before.checkpoint()
     for new_p in NEW:
-        after = _runner(new_p, max_p, storage)
+        after = _runner(
+            new_p, max_p, storage, **_backend_options(backend_kind, tmp_path / f"after-{new_p}")
+        )
         after.restore(cp)
         assert len(after.subtasks) == new_p
         assert runner_content(after) == expected, f"{old_p} -> {new_p} @ {max_p}"

@@ -23,7 +23,12 @@ from streamstate.errors import (
 )
 from streamstate.keygroups import KeyGroupRange, assign_to_key_group
 from streamstate.namespace import VOID_NAMESPACE
-from streamstate.serializers import Compatibility, TypeSerializer, VoidNamespaceSerializer
+from streamstate.serializers import (
+    Compatibility,
+    TypeSerializer,
+    VoidNamespaceSerializer,
+    serializer_for,
+)
 from streamstate.serializers.base import SerializerSnapshot
 
 __all__ = ["Clock", "KeyContext", "KeyedStateBackend", "RestoredStateMeta", "SystemClock"]
@@ -195,7 +200,10 @@ class KeyedStateBackend(ABC):
         """The state of ``descriptor`` scoped to ``namespace``.
 
         The hot path: the last descriptor asked for is cached, so repeated calls cost one
-        identity check.
+        identity check. Without a ``namespace_serializer`` the first call infers one from
+        ``namespace`` (the void serializer for ``VOID_NAMESPACE``): a state registered with the
+        void serializer refuses every other namespace, since a checkpoint could not tell them
+        apart.
         """
         if descriptor is self._last_descriptor:
             state = self._last_state
@@ -205,9 +213,13 @@ class KeyedStateBackend(ABC):
         name = descriptor.name
         state = self._states.get(name)
         if state is None:
-            state = self.get_or_create_keyed_state(
-                namespace_serializer or VoidNamespaceSerializer(), descriptor
-            )
+            if namespace_serializer is None:
+                namespace_serializer = (
+                    VoidNamespaceSerializer()
+                    if namespace == VOID_NAMESPACE
+                    else serializer_for(type(namespace))
+                )
+            state = self.get_or_create_keyed_state(namespace_serializer, descriptor)
         elif self._descriptors[name].kind is not descriptor.kind:
             raise self._kind_mismatch(name, self._descriptors[name].kind.value, descriptor)
         self._last_descriptor = descriptor

@@ -29,7 +29,7 @@ b'\\x05\\x02abc'
 (5, 'ab', 'c', b'')
 >>> layout.key_prefix(5, "a") + layout.namespace_bytes("bc") != ck
 True
->>> KeyLayout(256, Int64Serializer(), StrSerializer(), has_user_key=True).key_prefix(300, 7)
+>>> KeyLayout(1024, Int64Serializer(), StrSerializer(), has_user_key=True).key_prefix(300, 7)
 b'\\x01,\\x00\\x00\\x00\\x00\\x00\\x00\\x00\\x07'
 """
 
