@@ -26,7 +26,10 @@ def _source(spark: Any, directory: str) -> Any:
     )
 
 
-def test_streaming_query_equals_a_pandas_oracle(spark: Any, tmp_path: Any) -> None:
+@pytest.mark.parametrize("state_backend", ["heap", "rocksdb"])
+def test_streaming_query_equals_a_pandas_oracle(
+    spark: Any, tmp_path: Any, state_backend: str
+) -> None:
     batches = make_batches(4, 400, users=60)
     write_batches(str(tmp_path / "in"), batches)
     query = keyed_process(
@@ -36,6 +39,7 @@ def test_streaming_query_equals_a_pandas_oracle(spark: Any, tmp_path: Any) -> No
         output_schema="user string, n long",
         checkpoint=str(tmp_path / "ck"),
         parallelism=2,
+        state_backend=state_backend,
     ).write_stream("parquet", path=str(tmp_path / "out"), trigger={"availableNow": True})
     query.await_termination()
     assert [b["batch"] for b in query.batches] == [0, 1, 2, 3]
@@ -52,7 +56,10 @@ def test_streaming_query_equals_a_pandas_oracle(spark: Any, tmp_path: Any) -> No
     assert {r.key: r.value for r in state} == final_counts(batches)
 
 
-def test_restart_with_another_parallelism_rescales_state(spark: Any, tmp_path: Any) -> None:
+@pytest.mark.parametrize("state_backend", ["heap", "rocksdb"])
+def test_restart_with_another_parallelism_rescales_state(
+    spark: Any, tmp_path: Any, state_backend: str
+) -> None:
     batches = make_batches(6, 300, users=40, seed=7)
     sink = str(tmp_path / "out")
     for phase, parallelism in enumerate((2, 3, 1)):
@@ -64,6 +71,7 @@ def test_restart_with_another_parallelism_rescales_state(spark: Any, tmp_path: A
             output_schema="user string, n long, seen long",
             checkpoint=str(tmp_path / "ck"),
             parallelism=parallelism,
+            state_backend=state_backend,
         ).write_stream("parquet", path=sink, trigger={"availableNow": True})
         query.await_termination()
         restores = [b["restore"] for b in query.batches]
