@@ -91,8 +91,14 @@ def _state_backend(job: JobSpec, index: int, local_dir: str | None, incremental:
     )
 
     backend = state_backend_from(job.state_backend)
-    if job.state_backend_options:
-        backend = dataclasses.replace(backend, **job.state_backend_options)
+    options = dict(job.state_backend_options)
+    if isinstance(backend, HeapStateBackend) and backend.table_kind == "copy_on_write":
+        # state hosts and Python workers run nothing but subtasks: keep CPython's full
+        # collections from walking millions of long-lived entries (seconds per collection)
+        # unless the job says otherwise
+        options.setdefault("gc_freeze", True)
+    if options:
+        backend = dataclasses.replace(backend, **options)
     if isinstance(backend, HeapStateBackend) and incremental:
         backend = dataclasses.replace(backend, incremental=True)
     elif isinstance(backend, RocksDBStateBackend) and local_dir is not None:
