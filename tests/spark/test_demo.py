@@ -53,3 +53,4 @@ def test_demo_resumes_from_its_checkpoint_and_counts_every_view(spark: Any, tmp_
     second_hour = hours[1]
     assert all(first_input[(a, second_hour)] > 0 for a, h, _ in second.results if h == hours[1])
     assert {(a, h) for a, h, _ in second.results if h == second_hour} <= second.new
+    assert "new (resumed from checkpoint 4)" in out.getvalue()

@@ -70,6 +70,9 @@ class DemoRun:
     #: every closed hour so far (all runs): (app, hour number, views), and those of this run
     results: list[tuple[str, int, int]]
     new: set[tuple[str, int]]
+    #: event time at which this run's input starts: a new result of an earlier hour was
+    #: counted partly from the state restored from ``resumed_from``
+    input_start_ms: int = 0
 
     @property
     def events_per_second(self) -> float:
@@ -268,6 +271,7 @@ def run_streaming(
         if own_session:
             spark.stop()
     run.resumed_from = None if latest is None else latest.checkpoint_id
+    run.input_start_ms = STREAM_START_MS + first * SLICE_MS
     run.resumed_parallelism = resumed_parallelism
     print_run(run, console)
     return run
@@ -356,45 +360,42 @@ def print_run(run: DemoRun, console: Any, max_hours: int = 6) -> None:
     table.add_column("app")
     table.add_column("hour (UTC)")
     table.add_column("views", justify="right")
-    table.add_column("", justify="left")
+    table.add_column("")
     for app, hour, views in sorted(run.results, key=lambda r: (r[1], r[0])):
-        if hour in shown:
-            new = (app, hour) in run.new
-            table.add_row(
-                app,
-                _hour_label(hour),
-                f"{views:,}",
-                "[green]new[/]" if new else "",
-                end_section=False,
-            )
+        if hour not in shown:
+            continue
+        note = ""
+        if (app, hour) in run.new:
+            note = "[green]new[/]"
+            if run.resumed_from is not None and hour * HOUR_MS < run.input_start_ms:
+                note += f" (resumed from checkpoint {run.resumed_from})"
+        table.add_row(app, _hour_label(hour), f"{views:,}", note)
     if len(hours) > len(shown):
         table.caption = f"{len(hours) - len(shown)} earlier hour(s) in {run.directory}/output"
     console.print(table)
-    restores = Counter(r for b in run.batches for r in b.get("restore", ()))
     rest = [b for b in run.batches[1:] if not b.get("replayed")]
     rest_ms = sum(b.get("batch_ms", 0.0) for b in rest)
     warm = ""
     if rest_ms:
         rate = sum(b.get("rows", 0) for b in rest) / rest_ms * 1000
-        warm = f" ({rate:,.0f}/s inside micro-batches after the first, which starts workers)"
+        warm = f"; {rate:,.0f}/s after batch 0"
     console.print(
-        f"{len(run.batches)} micro-batches: {run.processed:,} views in {run.seconds:.1f} s, "
-        f"{run.events_per_second:,.0f} views/s{warm}"
+        f"{len(run.batches)} micro-batches: {run.processed:,} views in {run.seconds:.1f} s "
+        f"({run.events_per_second:,.0f}/s{warm})"
     )
+    restores = Counter(r for b in run.batches for r in b.get("restore", ()))
     console.print(
-        f"parallelism {run.parallelism}; state at the start of each batch: "
+        f"parallelism {run.parallelism}; state per batch: "
         + ", ".join(f"{how} x{n}" for how, n in sorted(restores.items()))
-        + " (hot: kept in the state hosts, reload: read from the checkpoint)"
+        + " (hot: kept in the state hosts)"
     )
     if run.watermark < STREAM_START_MS:
-        console.print("no hour is closed yet: the watermark has not passed the first hour")
+        console.print("watermark: no hour is closed yet")
     else:
         console.print(
-            f"watermark {_time_label(run.watermark)}: {len(run.new)} (app, hour) results new in "
-            f"this run; hours from {_hour_label((run.watermark + 1) // HOUR_MS)} on are still "
-            "open, counted in the checkpointed state"
+            f"watermark {_time_label(run.watermark)}: {len(run.new)} new results; "
+            f"{_hour_label((run.watermark + 1) // HOUR_MS)} on still open (in state)"
         )
     console.print(
-        f"[bold]checkpoint {run.checkpoint_id}[/] in {run.directory}/checkpoint: run again to "
-        "resume from it, or add --fresh to start over"
+        f"[bold]checkpoint {run.checkpoint_id}[/]: run again to resume from it; --fresh starts over"
     )
