@@ -4,10 +4,10 @@ Spark moves the data; streamstate keeps the state (SPEC §11, ``docs/spark.md``)
 
 >>> from streamstate.spark import keyed_process  # doctest: +SKIP
 >>> counts = keyed_process(events, key="user", function=CountPerUser(),
-...                        output_schema="user string, n long")            # batch: a DataFrame
+...                        output_schema="user string, n long")  # doctest: +SKIP
 >>> query = keyed_process(stream, key="user", function=CountPerUser(),
 ...                       output_schema="user string, n long", checkpoint="/tmp/ck",
-...                       ).write_stream("parquet", path="/tmp/out")        # streaming
+...                       ).write_stream("parquet", path="/tmp/out")  # doctest: +SKIP
 
 * :func:`keyed_process`: placement by key group, one subtask per Spark partition, outputs
   cast to ``output_schema``; streaming micro-batches are exactly-once through checkpoints that
