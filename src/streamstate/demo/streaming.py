@@ -372,7 +372,8 @@ def print_run(run: DemoRun, console: Any, max_hours: int = 6) -> None:
         table.add_row(app, _hour_label(hour), f"{views:,}", note)
     if len(hours) > len(shown):
         table.caption = f"{len(hours) - len(shown)} earlier hour(s) in {run.directory}/output"
-    console.print(table)
+    if run.results:
+        console.print(table)
     rest = [b for b in run.batches[1:] if not b.get("replayed")]
     rest_ms = sum(b.get("batch_ms", 0.0) for b in rest)
     warm = ""
