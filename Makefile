@@ -1,5 +1,5 @@
 # Two entry points for a fresh machine (Python 3.11, Java 17, gcc):
-#   make demo   - create .venv, install, run the main job
+#   make demo   - create .venv, install, run the main job (again: resume it; DEMO_ARGS=--fresh)
 #   make test   - create .venv, install, run the test suite
 VENV ?= .venv
 PYTHON ?= python3
@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m streamstate.demo
+	$(PY) -m streamstate demo $(DEMO_ARGS)
 
 # pytest exits 5 when it collects no test; that is reported, not hidden.
 test: $(STAMP)
@@ -36,4 +36,4 @@ bench: $(STAMP)
 	$(PY) bench/state_access.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis .streamstate-demo

@@ -1,5 +1,9 @@
 """The ``streamstate`` command line.
 
+``streamstate demo``: the main job, page views per app per hour, as a streaming query on embedded
+Spark with a local checkpoint directory; a second run resumes from its checkpoint (``--fresh``
+starts over, ``--runner local`` uses the in-process LocalRunner).
+
 ``streamstate checkpoints inspect <path>``: the checkpoints of a job directory (or one checkpoint
 or savepoint directory): operators, subtasks, key-group ranges, states, entry counts, sizes.
 
@@ -11,6 +15,7 @@ corruption.
 from __future__ import annotations
 
 import datetime
+from enum import StrEnum
 from typing import Annotated, Any
 
 import typer
@@ -216,6 +221,65 @@ def _verify_file(cp: CompletedCheckpoint, handle: Any) -> str | None:
     if storage.file_checksum(resolved) != handle.checksum:
         return f"checksum mismatch in {url} (whole-file CRC32C differs from the metadata)"
     return None
+
+
+class Runner(StrEnum):
+    spark = "spark"
+    local = "local"
+
+
+@app.command("demo")
+def demo(
+    events: Annotated[
+        int | None,
+        typer.Option(help="page views to generate (default 200,000)"),
+    ] = None,
+    batches: Annotated[int, typer.Option(min=1, help="micro-batches (one input file each)")] = 8,
+    parallelism: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="subtasks (default: the checkpoint's, else 2); a new value "
+            "rescales the state by key group",
+        ),
+    ] = None,
+    directory: Annotated[
+        str, typer.Option("--dir", help="input files, checkpoints, outputs and Spark's log")
+    ] = ".streamstate-demo",
+    fresh: Annotated[
+        bool, typer.Option("--fresh", help="delete the demo directory first and start over")
+    ] = False,
+    runner: Annotated[
+        Runner,
+        typer.Option(
+            help="spark: a streaming query on embedded Spark; local: the "
+            "in-process LocalRunner (no checkpoint, nothing to resume)"
+        ),
+    ] = Runner.spark,
+    master: Annotated[str, typer.Option(help="the Spark master")] = "local[2]",
+) -> None:
+    """The main job: page views per app per hour, streamed through keyed_process on Spark."""
+    console = Console()
+    if runner is Runner.local:
+        from streamstate.demo.local import run_local
+
+        run_local(events or 200_000, parallelism or 2, console=console)
+        return
+    from streamstate.demo.streaming import run_streaming
+
+    try:
+        run_streaming(
+            directory,
+            events=events or 200_000,
+            batches=batches,
+            parallelism=parallelism,
+            fresh=fresh,
+            master=master,
+            console=console,
+        )
+    except ValueError as exc:
+        console.print(f"[red]{escape(str(exc))}[/]")
+        raise typer.Exit(2) from exc
 
 
 def main() -> None:

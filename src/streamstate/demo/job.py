@@ -1,9 +1,9 @@
 """The main job: page views per app per hour (the seeds' example).
 
-A generated stream of page-view events ``(app, timestamp_ms)`` is keyed by app; each app keeps
-one counter per hour of event time, with the hour's window as the state's namespace; when the
-watermark passes the end of an hour, ``(app, hour, views)`` is emitted and that hour's state and
-timers are cleared. Run it with ``python -m streamstate.demo`` (``make demo``).
+A stream of page-view events ``(app, timestamp_ms)`` is keyed by app; each app keeps one counter
+per hour of event time, with the hour's window as the state's namespace; when the watermark
+passes the end of an hour, ``(app, hour, views)`` is emitted and that hour's state and timers
+are cleared.
 """
 
 from __future__ import annotations
@@ -13,10 +13,16 @@ from collections.abc import Iterator
 from typing import Any
 
 from streamstate.api.functions import AggregateFunction
-from streamstate.runtime.local import LocalRunner
 from streamstate.windows import ProcessWindowFunction, TumblingEventTimeWindows, window
 
-__all__ = ["CountViews", "EmitHour", "generate_events", "main", "page_views_per_hour"]
+__all__ = [
+    "HOUR_MS",
+    "CountViews",
+    "EmitHour",
+    "generate_events",
+    "page_view_batch",
+    "page_views_per_hour",
+]
 
 HOUR_MS = 3_600_000
 
@@ -30,6 +36,36 @@ def generate_events(
     for i in range(n):
         ts = i * span // n + rnd.randrange(-disorder_ms, disorder_ms + 1)
         yield (f"app-{rnd.randrange(apps)}", max(0, ts))
+
+
+def page_view_batch(
+    index: int,
+    n: int,
+    *,
+    start_ms: int,
+    span_ms: int,
+    apps: int = 5,
+    seed: int = 7,
+    disorder_ms: int = 60_000,
+) -> list[tuple[str, int]]:
+    """Slice ``index`` of an endless page-view stream: ``n`` views spread over
+    ``[start_ms + index * span_ms, start_ms + (index + 1) * span_ms)``, each moved by up to
+    ``disorder_ms`` either way (never before ``start_ms``). Slices depend only on their
+    arguments, so a stream can be continued later, slice by slice. App ``i`` gets a share of
+    views growing with ``i``.
+
+    >>> page_view_batch(3, 2, start_ms=0, span_ms=1000, disorder_ms=0)
+    [('app-4', 3000), ('app-4', 3500)]
+    """
+    rnd = random.Random(seed * 1_000_003 + index)
+    weights = list(range(1, apps + 1))
+    names = [f"app-{i}" for i in range(apps)]
+    base = start_ms + index * span_ms
+    chosen = rnd.choices(names, weights, k=n)
+    return [
+        (app, max(start_ms, base + i * span_ms // n + rnd.randint(-disorder_ms, disorder_ms)))
+        for i, app in enumerate(chosen)
+    ]
 
 
 class CountViews(AggregateFunction):
@@ -62,36 +98,3 @@ def page_views_per_hour() -> Any:
     passes the end of the hour the window fires and its state and timers are removed.
     """
     return window(TumblingEventTimeWindows.of(HOUR_MS)).aggregate(CountViews(), EmitHour())
-
-
-def main(events: int = 200_000, parallelism: int = 2) -> list[tuple[str, int, int]]:
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console()
-    runner = LocalRunner(
-        page_views_per_hour(),
-        key_selector=lambda e: e[0],
-        parallelism=parallelism,
-        timestamp_assigner=lambda e: e[1],
-        watermark_delay=120_000,
-    )
-    with console.status(f"processing {events:,} page views with {parallelism} subtasks"):
-        results = runner.run(generate_events(events))
-    table = Table(title="page views per app per hour")
-    table.add_column("app")
-    table.add_column("hour", justify="right")
-    table.add_column("views", justify="right")
-    for app, hour, views in sorted(results):
-        table.add_row(app, str(hour), f"{views:,}")
-    console.print(table)
-    leftover = sum(op.keyed_backend.num_entries() for op in runner.subtasks)
-    console.print(
-        f"{len(results)} hourly results; state entries left after the last watermark: {leftover}"
-    )
-    runner.close()
-    return results
-
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,5 @@
+"""``python -m streamstate``: the ``streamstate`` command line."""
+
+from streamstate.cli import main
+
+main()

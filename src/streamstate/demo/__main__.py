@@ -1,0 +1,3 @@
+from streamstate.demo import main
+
+main()

@@ -1,0 +1,43 @@
+"""``streamstate demo`` on the command line (the runs that need no Spark)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from streamstate.cli import app
+
+cli = CliRunner()
+
+
+def test_demo_with_the_local_runner_prints_hourly_results() -> None:
+    result = cli.invoke(
+        app, ["demo", "--runner", "local", "--events", "3000"], env={"COLUMNS": "120"}
+    )
+    assert result.exit_code == 0, result.output
+    assert "app-4" in result.output
+    assert "hourly results" in result.output
+
+
+def test_fresh_refuses_to_delete_a_directory_that_is_not_a_demo(tmp_path: Path) -> None:
+    (tmp_path / "precious.txt").write_text("keep me")
+    result = cli.invoke(app, ["demo", "--dir", str(tmp_path), "--fresh"], env={"COLUMNS": "200"})
+    assert result.exit_code == 2
+    assert "does not look like one" in result.output
+    assert (tmp_path / "precious.txt").exists()
+
+
+def test_demo_is_reachable_as_python_dash_m(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "streamstate", "demo", "--help"],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src"), "COLUMNS": "120"},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "--fresh" in done.stdout
