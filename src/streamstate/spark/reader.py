@@ -94,6 +94,7 @@ def _read_subtask(
     state: str,
     key_ddl: str | None,
     value_ddl: str | None,
+    storage_options: dict[str, Any],
 ) -> Iterator[dict[str, Any]]:
     """Rows of ``state`` in the key groups of old subtask ``subtask``."""
     from streamstate.backends.heap.backend import HeapKeyedStateBackend
@@ -103,7 +104,9 @@ def _read_subtask(
     from streamstate.namespace import VoidNamespace
     from streamstate.serializers import serializer_from_snapshot
 
-    storage = FileSystemCheckpointStorage(checkpoint_url, "", durable=False)
+    storage = FileSystemCheckpointStorage(
+        checkpoint_url, "", durable=False, storage_options=storage_options
+    )
     cp = storage.load(directory)
     op = operator_metadata(cp, operator)
     handle = op.subtasks[subtask]
@@ -210,6 +213,7 @@ def read_state(
     schema = f"key {key_ddl or 'string'}, namespace string, value {value_ddl or 'string'}"
     url = storage.url_of("")
     target = cp.directory
+    options = dict(storage_options or {})  # the executors open the storage themselves
     n = len(op.subtasks)
 
     def read(partitions: Iterator[Any]) -> Iterator[Any]:
@@ -218,7 +222,7 @@ def read_state(
         i = TaskContext.get().partitionId()
         for _ in partitions:
             pass
-        yield from _read_subtask(url, target, operator, i, state, key_ddl, value_ddl)
+        yield from _read_subtask(url, target, operator, i, state, key_ddl, value_ddl, options)
 
     return spark.sparkContext.parallelize(range(n), n).mapPartitions(read).toDF(schema)
 

@@ -258,14 +258,19 @@ class FileSink(Sink):
         return pa.concat_tables(tables) if tables else None
 
 
-def sink_from(sink: Any, path: str | None = None, callback: Any = None) -> Sink:
+def sink_from(
+    sink: Any,
+    path: str | None = None,
+    callback: Any = None,
+    storage_options: dict[str, Any] | None = None,
+) -> Sink:
     """A sink from a name (see the module docstring) or a :class:`Sink` instance."""
     if isinstance(sink, Sink):
         return sink
     if sink in ("parquet", "file"):
         if path is None:
             raise ValueError("the parquet sink needs path=")
-        return FileSink(path)
+        return FileSink(path, storage_options)
     if sink == "memory":
         return MemorySink()
     if sink == "console":

@@ -57,6 +57,7 @@ class KeyedStream:
         trigger: dict[str, Any] | None = None,
         query_name: str | None = None,
         run_dir: str | None = None,
+        storage_options: dict[str, Any] | None = None,
     ) -> KeyedStreamingQuery:
         """Start the query, writing outputs to ``sink`` (see :mod:`streamstate.spark.sinks`).
 
@@ -68,9 +69,17 @@ class KeyedStream:
             query_name: the Spark query name.
             run_dir: where state hosts keep sockets and logs (default
                 ``$STREAMSTATE_RUN_DIR`` or ``/tmp/streamstate-<uid>``).
+            storage_options: fsspec options of the ``"parquet"`` sink's ``path`` (default: the
+                checkpoint's ``storage_options``).
         """
+        if storage_options is None:
+            storage_options = self.options.storage_options
         return KeyedStreamingQuery(
-            self.options, sink_from(sink, path, callback), trigger, query_name, run_dir
+            self.options,
+            sink_from(sink, path, callback, storage_options),
+            trigger,
+            query_name,
+            run_dir,
         )
 
     start = write_stream
