@@ -395,7 +395,7 @@ def print_run(run: DemoRun, console: Any, max_hours: int = 6) -> None:
     else:
         console.print(
             f"watermark {_time_label(run.watermark)}: {len(run.new)} new results; "
-            f"{_hour_label((run.watermark + 1) // HOUR_MS)} on still open (in state)"
+            f"hours from {_hour_label((run.watermark + 1) // HOUR_MS)} are still open (in state)"
         )
     console.print(
         f"[bold]checkpoint {run.checkpoint_id}[/]: run again to resume from it; --fresh starts over"
