@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import struct
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, BinaryIO
+from typing import IO, Any
 
 import msgspec
 
@@ -99,7 +99,7 @@ class _Sink:
 
     __slots__ = ("crc", "out", "size")
 
-    def __init__(self, out: BinaryIO) -> None:
+    def __init__(self, out: IO[bytes]) -> None:
         self.out = out
         self.size = 0
         self.crc = 0
@@ -119,7 +119,7 @@ class KeyedSnapshotWriter:
 
     def __init__(
         self,
-        out: BinaryIO,
+        out: IO[bytes],
         *,
         path: str,
         key_serializer: TypeSerializer[Any],
@@ -274,7 +274,7 @@ class KeyedSnapshotWriter:
 
 def write_keyed_snapshot(
     snapshot: KeyedStateSnapshot,
-    out: BinaryIO,
+    out: IO[bytes],
     *,
     path: str,
     compression: str = "lz4",
@@ -323,7 +323,7 @@ class KeyedSnapshotReader:
     ``f`` is a seekable binary file; ``path`` names it in errors.
     """
 
-    def __init__(self, f: BinaryIO, path: str, file_size: int | None = None) -> None:
+    def __init__(self, f: IO[bytes], path: str, file_size: int | None = None) -> None:
         self.path = path
         self._f = f
         if file_size is None:

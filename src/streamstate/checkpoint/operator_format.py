@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import struct
-from typing import Any, BinaryIO
+from typing import IO, Any
 
 import msgspec
 
@@ -83,7 +83,7 @@ def _encode_values(
 
 
 def write_operator_state(
-    snapshot: OperatorStateSnapshot, out: BinaryIO, *, path: str
+    snapshot: OperatorStateSnapshot, out: IO[bytes], *, path: str
 ) -> OperatorFileSummary:
     """Write every operator state of one subtask to ``out``."""
     states_meta: list[dict[str, Any]] = []

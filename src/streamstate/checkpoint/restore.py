@@ -73,20 +73,20 @@ class FileKeyedStateRestore(KeyedStateRestore):
             self._file = f
         return self._reader
 
-    @property  # type: ignore[override]
-    def kind(self) -> str:
+    @property
+    def kind(self) -> str:  # type: ignore[override]
         return self._open().kind
 
-    @property  # type: ignore[override]
-    def key_serializer(self) -> dict[str, Any]:
+    @property
+    def key_serializer(self) -> dict[str, Any]:  # type: ignore[override]
         return self._open().key_serializer
 
-    @property  # type: ignore[override]
-    def max_parallelism(self) -> int:
+    @property
+    def max_parallelism(self) -> int:  # type: ignore[override]
         return self._open().max_parallelism
 
-    @property  # type: ignore[override]
-    def states(self) -> list[dict[str, Any]]:
+    @property
+    def states(self) -> list[dict[str, Any]]:  # type: ignore[override]
         return self._open().states
 
     def blocks(self) -> Iterator[RestoredBlock]:

@@ -231,7 +231,7 @@ class TupleSerializer(_MsgpackSerializer):
 
     @property
     def wire_type(self) -> Any:
-        return tuple[tuple(f.wire_type for f in self.fields)] if self.fields else tuple[()]
+        return tuple[tuple(f.wire_type for f in self.fields)] if self.fields else tuple[()]  # type: ignore[misc]
 
     def to_wire(self, value: Any) -> Any:
         if self.wire_native:

@@ -63,7 +63,7 @@ def _is_frozen(tp: Any) -> bool:
     if isinstance(tp, type) and issubclass(tp, msgspec.Struct):
         return bool(tp.__struct_config__.frozen)
     if dataclasses.is_dataclass(tp):
-        return bool(tp.__dataclass_params__.frozen)  # type: ignore[attr-defined]
+        return bool(tp.__dataclass_params__.frozen)  # type: ignore[union-attr]
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         return True
     return isinstance(tp, type) and issubclass(tp, _IMMUTABLE_LEAVES)

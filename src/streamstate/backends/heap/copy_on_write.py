@@ -765,11 +765,11 @@ class CopyOnWriteStateMap(StateMap):
         primary = self._primary
         rehash_table = self._rehash_table
         global _fresh_table_slots
-        self._primary = new_primary = primary[:]
+        self._primary = new_primary = list(primary)
         self._shared = False
         _fresh_table_slots += len(new_primary)
         if rehash_table is not _EMPTY_TABLE:
-            self._rehash_table = new_rehash = rehash_table[:]  # type: ignore[index]
+            self._rehash_table = new_rehash = list(rehash_table)
             _fresh_table_slots += len(new_rehash)
             if tab is rehash_table:
                 return new_rehash

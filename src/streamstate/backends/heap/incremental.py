@@ -1,3 +1,6 @@
+# mypy: disable-error-code="misc"
+# (the tracking mixins declare no slots: the concrete map classes that tracking_map_class builds
+# add them, and mypy cannot see slots made at run time)
 """Change tracking for incremental checkpoints of the heap backend (SPEC §6.3).
 
 With ``incremental=True`` every key group's :class:`StateMap` is an instance of a subclass of
