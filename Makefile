@@ -14,7 +14,7 @@ export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 

@@ -1,0 +1,494 @@
+"""streamstate on Spark against Spark's own stateful operators, in one run (SPEC §11).
+
+Question 1, ``pipeline``: throughput of the same per-key count over the same generated input
+(``--events`` events, 10 Parquet files read one per micro-batch with ``maxFilesPerTrigger=1`` and
+``trigger(availableNow=True)``), for ``--keys`` distinct keys (default 10k and 1M):
+
+=====================  ===========================================================================
+contender              what runs
+=====================  ===========================================================================
+``streamstate-heap``   ``keyed_process`` with a ValueState count, heap backend; emits the new count
+                       of every record (update per record, more output than the others) to the
+                       exactly-once Parquet sink; checkpoints every micro-batch
+``streamstate-rocksdb`` the same on the RocksDB backend
+``jvm-groupby``        ``groupBy(k).count()``, update mode, RocksDB state store provider, noop sink
+``applyInPandasWithState`` per-key count in pandas, update mode, RocksDB state store, noop sink
+``transformWithStateInPandas`` per-key count in a ValueState, update mode, noop sink
+=====================  ===========================================================================
+
+All share one ``local[2]`` session with 2 shuffle partitions (streamstate: parallelism 2). The
+Python stateful APIs of Spark are slow with many keys: with ``--slow-batches N`` they run only
+the first N micro-batches at 1M keys, and their events/s is computed over what they ran (the
+output says so). Every contender is checked: streamstate's final counts (the last count per key
+in the sink) equal the generated counts; Spark's contenders must have read every event and hold
+one state row per distinct key.
+
+Question 2, ``hot``: per-micro-batch time with 10k changed keys while the total state grows
+(``--hot-sizes``, default 100k, 1M, 10M keys): the state is preloaded by a batch job that writes
+a savepoint, a streaming query starts from it (its first batch loads the savepoint), and the
+following batches, each touching 10k existing keys, must cost the same at every size (goal: the
+largest within 1.5x of the smallest): the state stays hot in the state hosts.
+
+Writes ``bench/results/spark_pipeline.json`` and, with matplotlib installed (the ``bench``
+extra), ``docs/img/spark_pipeline.png``.
+
+    python bench/spark_pipeline.py [--events 1000000] [--keys 10000,1000000] [--batches 10]
+        [--repeat 1] [--contenders ...] [--slow-batches 1] [--only pipeline,hot]
+        [--hot-sizes 100000,1000000,10000000] [--hot-backends heap,rocksdb]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from typing import Any
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from streamstate import KeyedProcessFunction, ValueStateDescriptor
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+STREAMSTATE = ("streamstate-heap", "streamstate-rocksdb")
+SPARK_PYTHON = ("applyInPandasWithState", "transformWithStateInPandas")
+CONTENDERS = (*STREAMSTATE, "jvm-groupby", *SPARK_PYTHON)
+ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+
+
+class CountPerKey(KeyedProcessFunction):
+    """The count of records per key; emits ``(key, count)`` per record when ``emit``."""
+
+    def __init__(self, emit: bool = True) -> None:
+        self.emit = emit
+
+    def open(self, ctx: Any) -> None:
+        self.n = ctx.get_state(ValueStateDescriptor("n", int, default=0))
+
+    def process_element(self, value: Any, ctx: Any) -> Iterator[tuple[Any, int]]:
+        n = self.n.value() + 1
+        self.n.update(n)
+        if self.emit:
+            yield ctx.get_current_key(), n
+
+
+# ---- input --------------------------------------------------------------------------------------
+
+
+def write_input(directory: str, events: int, keys: int, batches: int, seed: int) -> np.ndarray:
+    """``batches`` Parquet files (columns k, ts) with increasing modification times; returns
+    every event's key in order."""
+    os.makedirs(directory)
+    rng = np.random.default_rng(seed)
+    # every key appears at least once when events >= keys, the rest uniformly
+    ks = rng.permutation(
+        np.concatenate([np.arange(min(keys, events)), rng.integers(0, keys, max(0, events - keys))])
+    )
+    ks = ks.astype(np.int64)
+    ts = (np.arange(events, dtype=np.int64) * 1000).astype("datetime64[ms]")
+    for i, part in enumerate(np.array_split(np.arange(events), batches)):
+        path = os.path.join(directory, f"part-{i:04d}.parquet")
+        pq.write_table(pa.table({"k": ks[part], "ts": ts[part]}), path)
+        stamp = 1_700_000_000 + 10 * i  # the file source orders by modification time
+        os.utime(path, (stamp, stamp))
+    return ks
+
+
+def source(spark: Any, directory: str, files: int | None = None) -> Any:
+    if files is not None:  # a directory holding the first `files` files only
+        sub = f"{directory}-first{files}"
+        if not os.path.isdir(sub):
+            os.makedirs(sub)
+            for name in sorted(os.listdir(directory))[:files]:
+                os.link(os.path.join(directory, name), os.path.join(sub, name))
+        directory = sub
+    return (
+        spark.readStream.schema("k long, ts timestamp")
+        .option("maxFilesPerTrigger", 1)
+        .parquet(directory)
+    )
+
+
+# ---- contenders ---------------------------------------------------------------------------------
+
+
+def run_streamstate(spark: Any, src: Any, backend: str, work: str) -> dict[str, Any]:
+    from streamstate.spark import FileSink, keyed_process
+
+    out = os.path.join(work, "out")
+    t0 = time.perf_counter()
+    query = keyed_process(
+        src,
+        key="k",
+        function=CountPerKey(),
+        output_schema="k long, n long",
+        checkpoint=os.path.join(work, "ck"),
+        parallelism=2,
+        state_backend=backend,
+    ).write_stream("parquet", path=out, trigger={"availableNow": True})
+    query.await_termination()
+    wall = time.perf_counter() - t0
+    query.stop()
+    table = FileSink(out).read_arrow()
+    return {
+        "wall_s": wall,
+        "rows": sum(b.get("rows", 0) for b in query.batches),
+        "batch_ms": [b["batch_ms"] for b in query.batches],
+        "restore": [b.get("restore") for b in query.batches],
+        "final": table,
+    }
+
+
+def _spark_query(spark: Any, name: str, src: Any) -> Any:
+    import pandas as pd
+    from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
+    from pyspark.sql.streaming.state import GroupStateTimeout
+
+    if name == "jvm-groupby":
+        return src.groupBy("k").count()
+
+    if name == "applyInPandasWithState":
+
+        def count(key: Any, pdfs: Any, state: Any) -> Any:
+            n = state.get[0] if state.exists else 0
+            for pdf in pdfs:
+                n += len(pdf)
+            state.update((n,))
+            yield pd.DataFrame({"k": [key[0]], "count": [n]})
+
+        return (
+            src.select("k")
+            .groupBy("k")
+            .applyInPandasWithState(
+                count, "k long, count long", "c long", "Update", GroupStateTimeout.NoTimeout
+            )
+        )
+
+    class CountProcessor(StatefulProcessor):
+        def init(self, handle: StatefulProcessorHandle) -> None:
+            self.count = handle.getValueState("count", "c long")
+
+        # the name and argument are Spark's
+        def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Any:  # noqa: N802, N803
+            n = self.count.get()[0] if self.count.exists() else 0
+            for pdf in rows:
+                n += len(pdf)
+            self.count.update((n,))
+            yield pd.DataFrame({"k": [key[0]], "count": [n]})
+
+        def close(self) -> None:
+            pass
+
+    return (
+        src.select("k")
+        .groupBy("k")
+        .transformWithStateInPandas(CountProcessor(), "k long, count long", "Update", "None")
+    )
+
+
+def run_spark(spark: Any, name: str, src: Any, work: str) -> dict[str, Any]:
+    query = (
+        _spark_query(spark, name, src)
+        .writeStream.outputMode("update")
+        .format("noop")
+        .option("checkpointLocation", os.path.join(work, "spark"))
+        .trigger(availableNow=True)
+    )
+    t0 = time.perf_counter()
+    q = query.start()
+    q.awaitTermination()
+    wall = time.perf_counter() - t0
+    progress = [p for p in q.recentProgress if p["numInputRows"] > 0]
+    return {
+        "wall_s": wall,
+        "rows": sum(p["numInputRows"] for p in progress),
+        "batch_ms": [p["durationMs"]["triggerExecution"] for p in progress],
+        "state_rows": progress[-1]["stateOperators"][0]["numRowsTotal"] if progress else 0,
+    }
+
+
+def check(name: str, res: dict[str, Any], keys: np.ndarray) -> None:
+    """Fail loudly unless the contender computed the per-key counts of ``keys``."""
+    if name in STREAMSTATE:
+        table = res.pop("final")
+        got: dict[int, int] = {}
+        for k, n in zip(table["k"].to_pylist(), table["n"].to_pylist(), strict=True):
+            if n > got.get(k, 0):
+                got[k] = n
+        uniq, counts = np.unique(keys, return_counts=True)
+        expected = dict(zip(uniq.tolist(), counts.tolist(), strict=True))
+        if got != expected or table.num_rows != len(keys):
+            raise AssertionError(f"{name}: wrong counts ({table.num_rows} rows for {len(keys)})")
+    else:
+        if res["rows"] != len(keys) or res["state_rows"] != len(np.unique(keys)):
+            raise AssertionError(
+                f"{name}: read {res['rows']} of {len(keys)} events, holds {res['state_rows']} "
+                f"state rows for {len(np.unique(keys))} keys"
+            )
+
+
+# ---- question 1 ---------------------------------------------------------------------------------
+
+
+def bench_pipeline(spark: Any, args: argparse.Namespace, tmp: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    contenders = args.contenders.split(",")
+    for n_keys in (int(k) for k in args.keys.split(",")):
+        data = os.path.join(tmp, f"in-{n_keys}")
+        keys = write_input(data, args.events, n_keys, args.batches, seed=n_keys)
+        per_file = np.array_split(keys, args.batches)
+        runs: dict[str, list[dict[str, Any]]] = {c: [] for c in contenders}
+        print(f"\n[pipeline] {args.events:,} events, {n_keys:,} keys, {args.batches} batches")
+        for r in range(args.repeat):
+            for name in contenders[r % len(contenders) :] + contenders[: r % len(contenders)]:
+                files = None
+                if name in SPARK_PYTHON and n_keys >= 1_000_000 and args.slow_batches:
+                    files = min(args.slow_batches, args.batches)
+                used = keys if files is None else np.concatenate(per_file[:files])
+                work = tempfile.mkdtemp(dir=tmp)
+                src = source(spark, data, files)
+                if name in STREAMSTATE:
+                    backend = name.removeprefix("streamstate-")
+                    res = run_streamstate(spark, src, backend, work)
+                else:
+                    res = run_spark(spark, name, src, work)
+                check(name, res, used)
+                res["events"] = len(used)
+                res["events_per_s"] = len(used) / res["wall_s"]
+                steady = res["batch_ms"][1:] or res["batch_ms"]
+                res["steady_events_per_s"] = (len(used) / len(res["batch_ms"])) / (
+                    statistics.median(steady) / 1e3
+                )
+                runs[name].append(res)
+                shutil.rmtree(work, ignore_errors=True)
+                print(
+                    f"  {name:<28}{len(used):>10,} events {res['wall_s']:>7.1f} s "
+                    f"{res['events_per_s']:>10,.0f} ev/s  "
+                    f"steady {res['steady_events_per_s']:>10,.0f}"
+                    + ("" if files is None else f"  (first {files} batches only)")
+                )
+        summary = {
+            name: {
+                "events_per_s": statistics.median(r["events_per_s"] for r in rs),
+                "steady_events_per_s": statistics.median(r["steady_events_per_s"] for r in rs),
+                "events": rs[0]["events"],
+                "runs": rs,
+            }
+            for name, rs in runs.items()
+            if rs
+        }
+        ratios = _ratios(summary)
+        out[str(n_keys)] = {"contenders": summary, "ratios": ratios}
+        for label, value in ratios.items():
+            print(f"  {label:<54}{value:>8.2f}x")
+    return out
+
+
+def _ratios(summary: dict[str, Any]) -> dict[str, float]:
+    best_python = max(
+        (summary[c]["events_per_s"] for c in SPARK_PYTHON if c in summary), default=None
+    )
+    ratios = {}
+    for ss in STREAMSTATE:
+        if ss not in summary:
+            continue
+        mine = summary[ss]["events_per_s"]
+        if best_python:
+            ratios[f"{ss} / best Python stateful API (goal >= 20)"] = mine / best_python
+        if "jvm-groupby" in summary:
+            ratios[f"{ss} / JVM groupBy (goal >= 1)"] = (
+                mine / summary["jvm-groupby"]["events_per_s"]
+            )
+    return ratios
+
+
+# ---- question 2 ---------------------------------------------------------------------------------
+
+
+def bench_hot(spark: Any, args: argparse.Namespace, tmp: str) -> dict[str, Any]:
+    from streamstate.spark import keyed_process
+
+    out: dict[str, Any] = {}
+    for backend in args.hot_backends.split(","):
+        out[backend] = {}
+        for size in (int(s) for s in args.hot_sizes.split(",")):
+            work = tempfile.mkdtemp(dir=tmp)
+            t0 = time.perf_counter()
+            preload = spark.range(size).selectExpr("id as k", "timestamp_millis(0) as ts")
+            keyed_process(
+                preload,
+                key="k",
+                function=CountPerKey(emit=False),
+                output_schema="k long, n long",
+                parallelism=2,
+                state_backend=backend,
+                savepoint=os.path.join(work, "savepoint"),
+            ).count()
+            preload_s = time.perf_counter() - t0
+            data = os.path.join(work, "in")
+            os.makedirs(data)
+            rng = np.random.default_rng(size)
+            for i in range(args.hot_batches):
+                ks = rng.choice(size, min(args.hot_changed, size), replace=False).astype(np.int64)
+                path = os.path.join(data, f"part-{i:04d}.parquet")
+                pq.write_table(pa.table({"k": ks, "ts": ks.astype("datetime64[ms]")}), path)
+                os.utime(path, (1_700_000_000 + 10 * i,) * 2)
+            query = keyed_process(
+                source(spark, data),
+                key="k",
+                function=CountPerKey(),
+                output_schema="k long, n long",
+                checkpoint=os.path.join(work, "ck"),
+                parallelism=2,
+                state_backend=backend,
+                initial_state=os.path.join(work, "savepoint"),
+            ).write_stream(
+                "parquet", path=os.path.join(work, "out"), trigger={"availableNow": True}
+            )
+            query.await_termination()
+            query.stop()
+            batches = query.batches
+            hot = [b["batch_ms"] for b in batches[1:] if b.get("restore") == ["hot"]]
+            if len(hot) != len(batches) - 1:
+                raise AssertionError(
+                    f"{backend} {size:,}: state was not hot: {[b.get('restore') for b in batches]}"
+                )
+            out[backend][str(size)] = {
+                "preload_s": preload_s,
+                "first_batch_ms": batches[0]["batch_ms"],
+                "first_batch_restore": batches[0].get("restore"),
+                "hot_batch_ms": hot,
+                "median_hot_batch_ms": statistics.median(hot),
+            }
+            shutil.rmtree(work, ignore_errors=True)
+            print(
+                f"  [hot] {backend:<8}{size:>12,} keys: preload {preload_s:6.1f} s, first batch "
+                f"{batches[0]['batch_ms']:8.0f} ms ({batches[0].get('restore')}), median hot "
+                f"batch {statistics.median(hot):6.0f} ms"
+            )
+        sizes = out[backend]
+        medians = [v["median_hot_batch_ms"] for v in sizes.values()]
+        sizes["largest_over_smallest"] = medians[-1] / medians[0]
+        print(
+            f"  [hot] {backend}: largest / smallest state = {medians[-1] / medians[0]:.2f}x "
+            "(goal <= 1.5)"
+        )
+    return out
+
+
+# ---- output -------------------------------------------------------------------------------------
+
+
+def plot(results: dict[str, Any], path: str) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    pipeline = results["pipeline"]
+    names = [c for c in CONTENDERS if any(c in v["contenders"] for v in pipeline.values())]
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    width = 0.8 / len(pipeline)
+    for i, (n_keys, v) in enumerate(pipeline.items()):
+        xs = [j + i * width for j in range(len(names))]
+        ys = [v["contenders"].get(n, {}).get("events_per_s", 0) for n in names]
+        bars = ax.bar(xs, ys, width, label=f"{int(n_keys):,} keys")
+        ax.bar_label(bars, labels=[f"{y:,.0f}" if y else "" for y in ys], fontsize=7)
+    ax.set_yscale("log")
+    ax.set_ylabel("events per second (log scale)")
+    ax.set_xticks([j + width * (len(pipeline) - 1) / 2 for j in range(len(names))])
+    ax.set_xticklabels([n.replace("streamstate-", "streamstate\n") for n in names], fontsize=8)
+    ax.set_title(
+        f"Per-key count, {results['events']:,} events in {results['batches']} "
+        "micro-batches, local[2]"
+    )
+    ax.legend()
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fig.savefig(path, dpi=110)
+    return True
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--keys", default="10000,1000000")
+    parser.add_argument("--batches", type=int, default=10)
+    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--contenders", default=",".join(CONTENDERS))
+    parser.add_argument("--slow-batches", type=int, default=1)
+    parser.add_argument("--only", default="pipeline,hot")
+    parser.add_argument("--hot-sizes", default="100000,1000000,10000000")
+    parser.add_argument("--hot-backends", default="heap,rocksdb")
+    parser.add_argument("--hot-batches", type=int, default=6)
+    parser.add_argument("--hot-changed", type=int, default=10_000)
+    parser.add_argument("--out", default=os.path.join(HERE, "results", "spark_pipeline.json"))
+    parser.add_argument(
+        "--plot", default=os.path.join(HERE, "..", "docs", "img", "spark_pipeline.png")
+    )
+    args = parser.parse_args()
+
+    from pyspark.sql import SparkSession
+
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("streamstate-bench")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.default.parallelism", "2")
+        .config("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
+        .config("spark.driver.memory", "4g")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    tmp = tempfile.mkdtemp(prefix="bench-spark-")
+    results: dict[str, Any] = {
+        "benchmark": "spark_pipeline",
+        "command": "python " + " ".join(sys.argv),
+        "events": args.events,
+        "batches": args.batches,
+        "repeat": args.repeat,
+        "slow_batches_at_1M_keys": args.slow_batches,
+        "python": platform.python_version(),
+        "pyspark": spark.version,
+        "cpus": os.cpu_count(),
+    }
+    if os.path.exists(args.out):  # keep the other question's figures of an earlier run
+        with open(args.out) as f:
+            previous = json.load(f)
+        results = {**previous, **results}
+    try:
+        if "pipeline" in args.only:
+            results["pipeline"] = bench_pipeline(spark, args, tmp)
+        if "hot" in args.only:
+            results["hot"] = bench_hot(spark, args, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        spark.stop()
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(results, f, indent=2)
+    print(f"\nwrote {args.out}")
+    if "pipeline" in results and plot(results, args.plot):
+        print(f"wrote {args.plot}")
+
+
+if __name__ == "__main__":
+    main()
