@@ -31,6 +31,7 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/ruff format --check src tests bench
+	$(VENV)/bin/mypy src
 
 bench: $(STAMP)
 	$(PY) bench/state_access.py

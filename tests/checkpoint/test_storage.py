@@ -178,6 +178,11 @@ def test_checkpoint_references(tmp_path: Path) -> None:
     assert resolve_checkpoint(str(job), storage).checkpoint_id == 2
     other, directory = open_location(str(job))
     assert directory is None and other.checkpoint_ids() == [1, 2]
+    # fsspec options reach the storage that reads the location (credentials, endpoints)
+    with_options, directory = open_location(str(job / "chk-1"), {"auto_mkdir": True})
+    assert directory == "chk-1"
+    assert with_options.storage_options == {"auto_mkdir": True}  # type: ignore[attr-defined]
+    assert with_options._fs.storage_options == {"auto_mkdir": True}  # type: ignore[attr-defined]
 
 
 def test_storage_pickles_for_executors(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ what the program declares now.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from streamstate.api.descriptors import StateDescriptor
@@ -373,7 +373,7 @@ class KeyedStateBackend(ABC):
     def snapshot(self, checkpoint_id: int) -> Any:
         """The synchronous phase of a snapshot; returns what the asynchronous phase writes."""
 
-    def restore(self, files: list[Any]) -> None:
+    def restore(self, files: Sequence[Any]) -> int | None:
         """Restore from snapshot files (:class:`~streamstate.backends.restore.KeyedStateRestore`,
         full then deltas per old subtask), before any state is registered; all or nothing."""
         raise NotImplementedError(f"the {self.backend_name} backend cannot restore snapshots")

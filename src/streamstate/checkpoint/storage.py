@@ -519,16 +519,24 @@ def checkpoint_storage_from(
 _RELATIVE_REF = re.compile(r"^(chk-\d+|savepoints/sp-\d+)/?$")
 
 
-def open_location(url: str | os.PathLike[str]) -> tuple[CheckpointStorage, str | None]:
+def open_location(
+    url: str | os.PathLike[str], storage_options: dict[str, Any] | None = None
+) -> tuple[CheckpointStorage, str | None]:
     """A storage and directory for a URL that names a checkpoint or savepoint directory (one
-    holding ``_metadata``), or a job directory (directory None)."""
+    holding ``_metadata``), or a job directory (directory None). ``storage_options`` go to
+    fsspec."""
     url = os.fspath(url).rstrip("/")
     head, name = posixpath.split(url)
     if name and head:
-        parent = FileSystemCheckpointStorage(head, "", durable=False)
+        parent = FileSystemCheckpointStorage(
+            head, "", durable=False, storage_options=storage_options
+        )
         if parent.size(f"{name}/{METADATA_FILE}") is not None:
             return parent, name
-    return FileSystemCheckpointStorage(url, "", durable=False), None
+    return (
+        FileSystemCheckpointStorage(url, "", durable=False, storage_options=storage_options),
+        None,
+    )
 
 
 def resolve_checkpoint(

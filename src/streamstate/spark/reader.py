@@ -111,7 +111,9 @@ def _read_subtask(
     op = operator_metadata(cp, operator)
     handle = op.subtasks[subtask]
     kg_range = KeyGroupRange(*handle.key_group_range)
-    key_serializer = serializer_from_snapshot(op.key_serializer or handle.key_serializer)
+    key_snapshot = op.key_serializer or handle.key_serializer
+    assert key_snapshot is not None, f"{checkpoint_url}: no key serializer for {operator!r}"
+    key_serializer = serializer_from_snapshot(key_snapshot)
     backend = HeapKeyedStateBackend(
         key_serializer, op.max_parallelism, kg_range, table_kind="nested_maps"
     )
@@ -185,9 +187,7 @@ def read_state(
 
     ensure_worker_path(spark)
 
-    storage, directory = open_location(path if "://" in path else _abspath(path))
-    if storage_options:
-        storage.storage_options = dict(storage_options)
+    storage, directory = open_location(path if "://" in path else _abspath(path), storage_options)
     cp = storage.load(directory)
     op = operator_metadata(cp, operator)
     meta = None
@@ -219,7 +219,9 @@ def read_state(
     def read(partitions: Iterator[Any]) -> Iterator[Any]:
         from pyspark import TaskContext
 
-        i = TaskContext.get().partitionId()
+        ctx = TaskContext.get()
+        assert ctx is not None, "read_state's reader runs inside a Spark task"
+        i = ctx.partitionId()
         for _ in partitions:
             pass
         yield from _read_subtask(url, target, operator, i, state, key_ddl, value_ddl, options)

@@ -150,7 +150,7 @@ class OutputConverter:
             type(o) is tuple and len(o) == n for o in outputs
         ):  # fast path: plain tuples of the right width
             return list(zip(*outputs, strict=True)) if n else []
-        columns: list[list[Any]] = [[] for _ in range(n)]
+        columns: list[Any] = [[] for _ in range(n)]
         for i, out in enumerate(outputs):
             values = self._normalize(out, i)
             for col, v in zip(columns, values, strict=True):

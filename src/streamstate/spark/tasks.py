@@ -62,7 +62,7 @@ def micro_batch_task(
         from streamstate.spark.host_client import host_spec, run_batch
         from streamstate.spark.job import JobSpec
 
-        ctx = TaskContext.get()
+        ctx = _task_context(TaskContext.get())
         index = ctx.partitionId()
         _check_batch_id(ctx, plan["batch"])
         job = msgspec.msgpack.decode(job_bytes, type=JobSpec)
@@ -109,7 +109,7 @@ def bounded_task(
         from streamstate.spark.job import JobSpec
         from streamstate.spark.subtask import SubtaskRuntime
 
-        ctx = TaskContext.get()
+        ctx = _task_context(TaskContext.get())
         index = ctx.partitionId()
         job = msgspec.msgpack.decode(job_bytes, type=JobSpec)
         runtime = SubtaskRuntime(
@@ -137,3 +137,9 @@ def bounded_task(
             runtime.close()
 
     return task
+
+
+def _task_context(ctx: Any) -> Any:
+    if ctx is None:
+        raise RuntimeError("streamstate's Spark tasks run only inside a Spark task")
+    return ctx

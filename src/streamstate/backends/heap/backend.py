@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
 
 from streamstate.api.descriptors import StateDescriptor
@@ -215,7 +215,7 @@ class HeapKeyedStateBackend(KeyedStateBackend):
 
     # ---- restore -------------------------------------------------------------------------------
 
-    def restore(self, files: list[KeyedStateRestore]) -> None:
+    def restore(self, files: Sequence[KeyedStateRestore]) -> None:
         """Restore from snapshot files (full then deltas, per old subtask); all or nothing.
 
         Must run before any state is registered; timers go to the snapshot participants (timer

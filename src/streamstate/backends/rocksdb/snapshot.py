@@ -322,7 +322,7 @@ class RocksDBKeyedStateSnapshot(KeyedStateSnapshot):
         offset = len(self._states)
         kg_index = key_group - self.key_group_range.start
         for j, source in enumerate(self._timer_sources):
-            timers = source.entries(kg_index)
+            timers = _timer_entries(source, kg_index)
             if timers:
                 yield offset + j, timers
 
@@ -439,7 +439,7 @@ class RocksDBKeyedStateSnapshot(KeyedStateSnapshot):
             ns = source.meta.namespace_serializer.serialize
             entries = []
             for i in range(len(self.key_group_range)):
-                for key, namespace, timestamp in source.entries(i) or ():
+                for key, namespace, timestamp in _timer_entries(source, i):
                     entries.append((start + i, ks(key), ns(namespace), int(timestamp)))
             blocks.append(TimerBlock(source.meta.to_dict(), entries))
         return blocks
@@ -452,3 +452,9 @@ def _transformed(
         new = transform(state)
         if new is not None:
             yield key, ns, new
+
+
+def _timer_entries(source: Any, key_group_index: int) -> list[tuple[Any, Any, Any]]:
+    """The timers of one key group: RocksDB's timer sources track no changes, so they give
+    plain entries (never encoded or delta sections)."""
+    return list(source.entries(key_group_index) or ())
