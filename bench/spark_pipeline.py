@@ -478,7 +478,8 @@ def main() -> None:
         if "pipeline" in args.only:
             results["pipeline"] = bench_pipeline(spark, args, tmp)
         if "hot" in args.only:
-            results["hot"] = bench_hot(spark, args, tmp)
+            # per backend: a run of one backend keeps the other's figures
+            results["hot"] = {**results.get("hot", {}), **bench_hot(spark, args, tmp)}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         spark.stop()
