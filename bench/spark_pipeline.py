@@ -371,6 +371,10 @@ def bench_hot(spark: Any, args: argparse.Namespace, tmp: str) -> dict[str, Any]:
                 "first_batch_restore": batches[0].get("restore"),
                 "hot_batch_ms": hot,
                 "median_hot_batch_ms": statistics.median(hot),
+                # where a batch's time went, per subtask: staging (incl. the synchronous
+                # snapshot phase) and waiting for the checkpoint upload
+                "subtask_stats": [b.get("subtasks") for b in batches],
+                "job_ms": [b.get("job_ms") for b in batches],
             }
             shutil.rmtree(work, ignore_errors=True)
             print(

@@ -795,6 +795,18 @@ class CopyOnWriteMachine(RuleBasedStateMachine):
         self.open[snap.version] = (snap, copy.deepcopy(self.model))
         return snap.version
 
+    @rule(target=snapshots, start=st.integers(0, 150), ns=NAMESPACES)
+    def grow_then_snapshot(self, start: int, ns: str) -> int:
+        """Insert until a rehash starts (while the map is small), then snapshot: snapshots
+        taken in the middle of an incremental rehash are not left to chance."""
+        key = start
+        while not self.map.is_rehashing and len(self.map) < 1024:
+            value = self.fresh()
+            self.map.put(key, ns, list(value))
+            self.model[(key, ns)] = value
+            key += 1
+        return self.snapshot()
+
     @rule(version=consumes(snapshots))
     def release(self, version: int) -> None:
         snap, expected = self.open.pop(version)
