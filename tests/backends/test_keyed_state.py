@@ -464,6 +464,16 @@ def test_namespace_serializer_is_inferred_and_void_refuses_namespaces(make_backe
     assert void.value() == 1
 
 
+def test_namespace_serializer_that_cannot_be_inferred(make_backend: Any) -> None:
+    class Opaque:
+        pass
+
+    b = make_backend()
+    b.set_current_key("k")
+    with pytest.raises(StateAccessError, match="'odd'.*namespace serializer.*Opaque"):
+        state(b, value_d("odd"), Opaque())
+
+
 def test_disposed_backend(make_backend: Any) -> None:
     from streamstate.errors import StateBackendError
 

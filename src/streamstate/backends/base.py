@@ -17,6 +17,7 @@ from streamstate.api.state import InternalKvState
 from streamstate.errors import (
     KeyGroupOutOfRangeError,
     NoCurrentKeyError,
+    StateAccessError,
     StateBackendError,
     StateMigrationException,
     UnsupportedKeyTypeError,
@@ -214,11 +215,7 @@ class KeyedStateBackend(ABC):
         state = self._states.get(name)
         if state is None:
             if namespace_serializer is None:
-                namespace_serializer = (
-                    VoidNamespaceSerializer()
-                    if namespace == VOID_NAMESPACE
-                    else serializer_for(type(namespace))
-                )
+                namespace_serializer = self._infer_namespace_serializer(name, namespace)
             state = self.get_or_create_keyed_state(namespace_serializer, descriptor)
         elif self._descriptors[name].kind is not descriptor.kind:
             raise self._kind_mismatch(name, self._descriptors[name].kind.value, descriptor)
@@ -226,6 +223,18 @@ class KeyedStateBackend(ABC):
         self._last_state = state
         state.set_current_namespace(namespace)
         return state
+
+    @staticmethod
+    def _infer_namespace_serializer(name: str, namespace: Any) -> TypeSerializer[Any]:
+        if namespace == VOID_NAMESPACE:
+            return VoidNamespaceSerializer()
+        try:
+            return serializer_for(type(namespace))
+        except TypeError as e:
+            raise StateAccessError(
+                f"state {name!r}: no namespace serializer was given and none can be inferred "
+                f"for namespace {namespace!r}: {e}"
+            ) from e
 
     def get_or_create_keyed_state(
         self, namespace_serializer: TypeSerializer[Any], descriptor: StateDescriptor
