@@ -17,7 +17,7 @@ from streamstate.checkpoint.storage import (
     open_location,
     resolve_checkpoint,
 )
-from streamstate.errors import CheckpointNotFoundError
+from streamstate.errors import CheckpointNotFoundError, CorruptCheckpointError
 from streamstate.runtime.local import LocalRunner
 
 
@@ -60,6 +60,28 @@ def test_layout_and_metadata_on_a_local_directory(tmp_path: Path) -> None:
     assert "_timers.user.event" in handle["states"]
     assert cp.checkpoint_id == 1 and cp.storage.problems(cp, deep=True) == []
     runner.close()
+
+
+def test_version_1_metadata_still_restores_and_newer_versions_are_refused(tmp_path: Path) -> None:
+    storage = FileSystemCheckpointStorage(str(tmp_path))
+    runner = _runner(storage)
+    runner.run(all_kinds_records(20), final_watermark=False)
+    expected = runner_content(runner)
+    runner.checkpoint()
+    runner.close()
+    path = tmp_path / "job" / "chk-1" / "_metadata"
+    doc = json.loads(path.read_text())
+    assert METADATA_VERSION == 2
+    doc["version"] = 1  # written by the release before native RocksDB snapshots
+    path.write_text(json.dumps(doc))
+    old = _runner(storage, p=3)
+    old.restore(1)
+    assert runner_content(old) == expected
+    old.close()
+    doc["version"] = 3
+    path.write_text(json.dumps(doc))
+    with pytest.raises(CorruptCheckpointError, match="metadata version 3; .*reads versions 1, 2"):
+        storage.read_metadata("chk-1")
 
 
 @pytest.mark.parametrize("form", ["path", "file_url", "memory_url"])

@@ -109,6 +109,9 @@ class RocksDBStateBackend(StateBackend):
     write_buffer_size: int = 32 * 1024 * 1024
     #: "lz4", "zstd", "snappy" or "none"
     compression: str = "lz4"
+    #: checkpoints upload only the SST files no earlier checkpoint uploaded (RocksDB's native
+    #: format); False writes a full canonical snapshot at every checkpoint
+    incremental: bool = True
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:

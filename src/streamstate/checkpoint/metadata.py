@@ -20,6 +20,7 @@ from streamstate.errors import CorruptCheckpointError
 __all__ = [
     "METADATA_FORMAT",
     "METADATA_VERSION",
+    "READABLE_METADATA_VERSIONS",
     "CheckpointMetadata",
     "OperatorMetadata",
     "StateFileHandle",
@@ -29,7 +30,10 @@ __all__ = [
 ]
 
 METADATA_FORMAT = "streamstate-checkpoint-metadata"
-METADATA_VERSION = 1
+#: version 2 added the kinds "rocksdb-manifest" and "rocksdb-sst" (native RocksDB snapshots)
+METADATA_VERSION = 2
+#: versions this build reads (a version-1 document is a version-2 one without RocksDB kinds)
+READABLE_METADATA_VERSIONS = (1, 2)
 
 
 class StateFileHandle(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -40,7 +44,9 @@ class StateFileHandle(msgspec.Struct, kw_only=True, omit_defaults=True):
     size: int
     #: CRC32C of the whole file
     checksum: int
-    #: "full" or "delta" (keyed snapshot files), "operator" (operator-state files)
+    #: "full" or "delta" (keyed snapshot files), "operator" (operator-state files),
+    #: "rocksdb-manifest" and "rocksdb-sst" (a native RocksDB snapshot: its manifest, then every
+    #: SST file it references)
     kind: str
     #: the checkpoint that wrote the file
     checkpoint_id: int
@@ -68,7 +74,8 @@ class SubtaskStateHandle(msgspec.Struct, kw_only=True, omit_defaults=True):
     checkpoint_id: int = 0
     #: snapshot of the key serializer
     key_serializer: dict[str, Any] | None = None
-    #: keyed state: a full snapshot, then the deltas to apply on it, in order
+    #: keyed state: a full snapshot, then the deltas to apply on it, in order; or a RocksDB
+    #: manifest followed by the SST files it references
     keyed: list[StateFileHandle] = []
     operator_state: StateFileHandle | None = None
     #: shared files still being written (a background full snapshot): never deleted while a
@@ -132,10 +139,10 @@ def decode_metadata(data: bytes, path: str) -> CheckpointMetadata:
         raise CorruptCheckpointError(f"{path} is not valid JSON ({exc})") from None
     if not isinstance(head, dict) or head.get("format") != METADATA_FORMAT:
         raise CorruptCheckpointError(f"{path} is not a streamstate checkpoint metadata file")
-    if head.get("version") != METADATA_VERSION:
+    if head.get("version") not in READABLE_METADATA_VERSIONS:
         raise CorruptCheckpointError(
-            f"{path} has metadata version {head.get('version')}; this streamstate reads version "
-            f"{METADATA_VERSION}"
+            f"{path} has metadata version {head.get('version')}; this streamstate reads versions "
+            f"{', '.join(map(str, READABLE_METADATA_VERSIONS))} (a newer streamstate wrote it?)"
         )
     try:
         return _DECODER.decode(data)

@@ -31,6 +31,7 @@ from streamstate.keygroups import KeyGroupRange
 
 __all__ = [
     "FileKeyedStateRestore",
+    "keyed_file_restore",
     "keyed_restore_files",
     "operator_metadata",
     "operator_state_for_subtask",
@@ -106,6 +107,17 @@ class FileKeyedStateRestore(KeyedStateRestore):
         self._reader = None
 
 
+def keyed_file_restore(
+    checkpoint: CompletedCheckpoint, handle: StateFileHandle, key_groups: KeyGroupRange
+) -> FileKeyedStateRestore:
+    """The reader of one keyed file handle: a snapshot file, or a native RocksDB manifest."""
+    from streamstate.checkpoint.native import MANIFEST_KIND, NativeKeyedStateRestore
+
+    if handle.kind == MANIFEST_KIND:
+        return NativeKeyedStateRestore(checkpoint, handle, key_groups)
+    return FileKeyedStateRestore(checkpoint, handle, key_groups)
+
+
 def operator_metadata(checkpoint: CompletedCheckpoint, operator_name: str) -> OperatorMetadata:
     """The metadata of one operator in a checkpoint (a clear error if it is absent)."""
     op = checkpoint.metadata.operators.get(operator_name)
@@ -135,13 +147,22 @@ def keyed_restore_files(
     key_group_range: KeyGroupRange,
     max_parallelism: int,
 ) -> list[FileKeyedStateRestore]:
-    """The files a subtask owning ``key_group_range`` reads, in the order to apply them."""
+    """The files a subtask owning ``key_group_range`` reads, in the order to apply them.
+
+    A native RocksDB snapshot is one :class:`~streamstate.checkpoint.native.NativeKeyedStateRestore`
+    (its manifest; the SST files it lists are its own business).
+    """
+    from streamstate.checkpoint.native import NativeKeyedStateRestore, is_native
+
     op = operator_metadata(checkpoint, operator_name)
     _check_max_parallelism(checkpoint, op, max_parallelism)
     files: list[FileKeyedStateRestore] = []
     for sub in op.subtasks:
         wanted = KeyGroupRange(*sub.key_group_range).intersection(key_group_range)
         if not wanted:
+            continue
+        if is_native(sub):
+            files.append(NativeKeyedStateRestore(checkpoint, sub.keyed[0], wanted))
             continue
         if sub.keyed and sub.keyed[0].kind != "full":
             raise CorruptCheckpointError(
@@ -177,17 +198,34 @@ def operator_state_for_subtask(
     return repartition_operator_state(old, parallelism)[subtask_index]
 
 
-def restore_subtask(target: Any, checkpoint: CompletedCheckpoint) -> None:
+def restore_subtask(
+    target: Any, checkpoint: CompletedCheckpoint, *, reuse_shared_files: bool = False
+) -> None:
     """Restore one subtask (a ``KeyedProcessOperator``, before ``open()``) from ``checkpoint``,
-    at whatever parallelism it now has."""
+    at whatever parallelism it now has.
+
+    A RocksDB backend restores native RocksDB snapshots natively. With ``reuse_shared_files``
+    (the checkpoint is in the storage the subtask checkpoints to), its next incremental
+    checkpoint references the restored SST files instead of uploading them again.
+    """
+    from streamstate.checkpoint.native import NativeKeyedStateRestore
+
     files = keyed_restore_files(
         checkpoint, target.operator_name, target.key_group_range, target.max_parallelism
     )
     operator_state = operator_state_for_subtask(
         checkpoint, target.operator_name, target.parallelism, target.subtask_index
     )
+    backend = target.keyed_backend
+    native = [f for f in files if isinstance(f, NativeKeyedStateRestore)]
     try:
-        target.keyed_backend.restore(files)
+        if native and len(native) == len(files) and hasattr(backend, "restore_from_incremental"):
+            handles = [f.incremental_handle for f in native]
+            backend.restore_from_incremental(native[0].store, handles)
+            if not reuse_shared_files:
+                backend.confirmed_uploads = {}
+        else:
+            backend.restore(files)
     finally:
         for f in files:
             f.close()

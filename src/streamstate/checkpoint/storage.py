@@ -5,7 +5,7 @@
     <root>/<job-id>/chk-<id>/<operator>/<subtask>-<attempt>.state     keyed snapshot (full)
     <root>/<job-id>/chk-<id>/<operator>/<subtask>-<attempt>.opstate   operator state
     <root>/<job-id>/chk-<id>/_metadata                                 written last, atomically
-    <root>/<job-id>/shared/<operator>/...                              incremental chains
+    <root>/<job-id>/shared/<operator>/...                              incremental chains, SSTs
     <root>/<job-id>/savepoints/sp-<id>/...                             self-contained savepoints
 
 A checkpoint is complete iff its ``_metadata`` exists and every file it lists exists with the
@@ -57,7 +57,9 @@ METADATA_FILE = "_metadata"
 DEFAULT_RETAINED_CHECKPOINTS = 3
 _CHK = re.compile(r"^chk-(\d+)$")
 _SP = re.compile(r"^sp-(\d+)$")
-_SHARED = re.compile(r"^\d+-\d+-(\d+)-[0-9a-f]+\.(full|delta)\.state$")
+#: shared files: incremental chains' ".full.state"/".delta.state" and RocksDB's ".sst", named
+#: "<subtask>-<attempt>-<checkpoint id>-<token>"
+_SHARED = re.compile(r"^\d+-\d+-(\d+)-[0-9a-f]+\.(?:full\.state|delta\.state|sst)$")
 _OBJECT_STORES = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss", "r2"})
 
 

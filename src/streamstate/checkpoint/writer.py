@@ -11,6 +11,10 @@ The writer thread yields the GIL between key-group blocks and between 16k-value 
 blocks (``time.sleep(0)``), so the processing thread is never locked out for longer than one
 chunk's C call (about a millisecond).
 
+A RocksDB keyed backend (with ``RocksDBStateBackend.incremental``, the default) checkpoints in
+its native format: the writer uploads the SST files that no confirmed earlier checkpoint
+uploaded, then a manifest, and the handle lists both (``native.py``).
+
 Incremental mode (heap backend with ``incremental=True``): the first checkpoint writes a full
 snapshot into ``shared/``; each later one writes only a delta (the entries changed since the
 previous checkpoint, captured in the synchronous phase), and its handle lists the chain
@@ -228,9 +232,11 @@ class SubtaskCheckpointer:
         self.target = target
         self.attempt = attempt
         self.compression = compression
+        #: a RocksDB backend checkpoints natively: new SST files only, plus a manifest
+        self.native = bool(getattr(target.keyed_backend, "native_incremental", False))
         if incremental is True:
             incremental = IncrementalPolicy()
-        self.policy: IncrementalPolicy | None = incremental or None
+        self.policy: IncrementalPolicy | None = None if self.native else (incremental or None)
         if self.policy is not None and not getattr(target.keyed_backend, "incremental", False):
             raise CheckpointError(
                 f"incremental checkpoints of {target.operator_name!r} need a keyed backend with "
@@ -252,6 +258,12 @@ class SubtaskCheckpointer:
         operator_snapshot = t.operator_backend.snapshot()
         directory = self.storage.checkpoint_directory(checkpoint_id)
         backend = t.keyed_backend
+        if self.native:
+            keyed = backend.snapshot(checkpoint_id)
+            handle_path = self.storage.subtask_file(t.operator_name, t.subtask_index, self.attempt)
+            return self.writer.submit(
+                self._write_native, checkpoint_id, directory, keyed, handle_path, operator_snapshot
+            )
         if self.policy is None:
             keyed = backend.snapshot(checkpoint_id)
             handle_path = self.storage.subtask_file(t.operator_name, t.subtask_index, self.attempt)
@@ -421,6 +433,55 @@ class SubtaskCheckpointer:
                 with contextlib.suppress(Exception):
                     self.storage.delete(p)
             raise
+        return self._subtask_handle(checkpoint_id, chain, op_handle, pending)
+
+    def _write_native(
+        self,
+        checkpoint_id: int,
+        directory: str,
+        keyed: Any,
+        handle_path: str,
+        operator_snapshot: OperatorStateSnapshot,
+    ) -> SubtaskStateHandle:
+        """Upload a RocksDB snapshot's new SST files and its manifest (``native.py``)."""
+        from streamstate.checkpoint.native import job_file_store, native_file_handles
+
+        t = self.target
+        path = self._resolve(directory, handle_path)
+        store = job_file_store(self.storage, directory)
+        manifest = posixpath.relpath(path, store.prefix or ".")
+        try:
+            states = keyed.state_names
+            incremental = keyed.write_incremental(store, manifest, shared_dir="shared")
+        except BaseException:
+            keyed.release()
+            raise
+        try:
+            op_path = self.storage.subtask_file(
+                t.operator_name, t.subtask_index, self.attempt, "opstate"
+            )
+            op_handle = write_operator_file(
+                self.storage,
+                self._resolve(directory, op_path),
+                op_path,
+                operator_snapshot,
+                checkpoint_id,
+            )
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self.storage.delete(path)
+            raise
+        chain = native_file_handles(incremental, directory, states)
+        return self._subtask_handle(checkpoint_id, chain, op_handle, [])
+
+    def _subtask_handle(
+        self,
+        checkpoint_id: int,
+        keyed: list[StateFileHandle],
+        operator_state: StateFileHandle | None,
+        pending: list[str],
+    ) -> SubtaskStateHandle:
+        t = self.target
         r = t.key_group_range
         return SubtaskStateHandle(
             operator=t.operator_name,
@@ -431,7 +492,7 @@ class SubtaskCheckpointer:
             attempt=self.attempt,
             checkpoint_id=checkpoint_id,
             key_serializer=t.keyed_backend.key_serializer.snapshot(),
-            keyed=chain,
-            operator_state=op_handle,
+            keyed=keyed,
+            operator_state=operator_state,
             pending=pending,
         )

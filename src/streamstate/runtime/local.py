@@ -296,12 +296,15 @@ class LocalRunner:
         checkpoint_id = storage.next_checkpoint_id()
         futures = [c.checkpoint(checkpoint_id) for c in checkpointers]
         handles = [f.result() for f in futures]
-        return self.checkpoint_coordinator.commit(
+        completed = self.checkpoint_coordinator.commit(
             checkpoint_id,
             handles,
             expected={self.operator_name: self.parallelism},
             properties=self._properties(),
         )
+        for op in self.subtasks:
+            op.notify_checkpoint_complete(checkpoint_id)
+        return completed
 
     def savepoint(self, storage_or_url: Any = None) -> Any:
         """A self-contained savepoint under ``<job>/savepoints/sp-<id>``; returns it."""
@@ -343,8 +346,9 @@ class LocalRunner:
         for op in self.subtasks:
             op.dispose()
         self._create_subtasks(self.parallelism)
+        same_storage = not cp.is_savepoint and cp.storage is self.checkpoint_storage
         for op in self.subtasks:
-            restore_subtask(op, cp)
+            restore_subtask(op, cp, reuse_shared_files=same_storage)
         watermark = cp.metadata.properties.get("watermark", MIN_WATERMARK)
         self.watermark = max(self.watermark, watermark)
         self._max_timestamp = max(
@@ -355,7 +359,7 @@ class LocalRunner:
             for service in op.timer_services.values():
                 service.current_watermark = max(service.current_watermark, self.watermark)
             op.open()
-        if not cp.is_savepoint and cp.storage is self.checkpoint_storage:
+        if same_storage:
             by_index = {s.subtask_index: s for s in op_meta.subtasks}
             for c, op in zip(self._subtask_checkpointers(), self.subtasks, strict=True):
                 handle = by_index.get(op.subtask_index)

@@ -394,6 +394,13 @@ class KeyedProcessOperator:
         if isinstance(self.function, CheckpointedFunction):
             self.function.snapshot_state(_SnapshotContext(checkpoint_id, self.clock.now()))
 
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` was committed: the keyed backend may build on it (a
+        RocksDB backend's next checkpoint references its SST files instead of uploading them)."""
+        notify = getattr(self.keyed_backend, "notify_checkpoint_complete", None)
+        if notify is not None:
+            notify(checkpoint_id)
+
     def snapshot(self, checkpoint_id: int) -> OperatorSnapshot:
         """The synchronous phase of a checkpoint of this subtask."""
         self.prepare_snapshot(checkpoint_id)

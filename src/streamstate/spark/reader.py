@@ -180,7 +180,7 @@ def read_state(
     ``path`` names a job's checkpoint directory (its latest complete checkpoint is read), a
     ``chk-<id>`` directory, or a savepoint directory.
     """
-    from streamstate.checkpoint.restore import FileKeyedStateRestore, operator_metadata
+    from streamstate.checkpoint.restore import keyed_file_restore, operator_metadata
     from streamstate.checkpoint.storage import open_location
     from streamstate.errors import CheckpointError
     from streamstate.spark.keyed import ensure_worker_path
@@ -194,7 +194,7 @@ def read_state(
     for sub in op.subtasks:
         for handle in sub.keyed:
             if state in handle.states:
-                reader = FileKeyedStateRestore(cp, handle, sub_range(sub))
+                reader = keyed_file_restore(cp, handle, sub_range(sub))
                 try:
                     meta = next((s for s in reader.states if s["name"] == state), None)
                 finally:

@@ -166,6 +166,10 @@ class SubtaskRuntime:
     def prepare(self, base: int, lineage: str, base_attempt: int | None = None) -> str:
         """Bring the state to version ``base`` of ``lineage``; returns how (see module doc)."""
         if self.holds(base, lineage, base_attempt):
+            if base_attempt is not None and base_attempt == self.attempt:
+                # chk-<base> was committed with this runtime's files (the driver starts batch
+                # base + 1 only after committing it): the next checkpoint may build on them
+                self.op.notify_checkpoint_complete(base)
             return "hot"
         self._discard()
         op = self._new_operator()
@@ -183,7 +187,7 @@ class SubtaskRuntime:
             if checkpoint is not None:
                 from streamstate.checkpoint.restore import restore_subtask
 
-                restore_subtask(op, checkpoint)
+                restore_subtask(op, checkpoint, reuse_shared_files=how == "reload")
             # the watermark is not advanced here: begin() advances it to the batch's watermark
             # (never below the checkpoint's), and that fires any due timer with its outputs
             op.open()

@@ -352,6 +352,11 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
 
         return take_snapshot(self, checkpoint_id)
 
+    @property
+    def native_incremental(self) -> bool:
+        """Whether checkpoints use the native incremental format (``write_incremental``)."""
+        return self.config.incremental
+
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` is complete: later checkpoints may reuse its files."""
         uploads = self._pending_uploads.pop(checkpoint_id, None)

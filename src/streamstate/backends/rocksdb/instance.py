@@ -76,6 +76,8 @@ class RocksDBConfig:
     cache_entries: int = 100_000
     #: bytes per WriteBatch when copying key groups during a rescaling restore
     restore_batch_bytes: int = 4 * 1024 * 1024
+    #: checkpoints in the native incremental format (see ``RocksDBStateBackend.incremental``)
+    incremental: bool = True
 
     @classmethod
     def from_options(cls, options: Any) -> RocksDBConfig:
@@ -85,7 +87,7 @@ class RocksDBConfig:
         if isinstance(options, RocksDBConfig):
             return options
         config = cls()
-        for field in ("block_cache_size", "write_buffer_size", "compression"):
+        for field in ("block_cache_size", "write_buffer_size", "compression", "incremental"):
             if hasattr(options, field):
                 setattr(config, field, getattr(options, field))
         names = {f.name for f in dataclasses.fields(cls)}

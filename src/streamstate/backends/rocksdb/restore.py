@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from streamstate.backends.rocksdb.backend import RocksDBKeyedStateBackend
 
 __all__ = [
+    "download_snapshot",
     "load_manifest",
     "migrate_column_family",
     "restore_canonical",
@@ -109,9 +110,11 @@ def _remember_states(backend: RocksDBKeyedStateBackend, states: Iterable[dict[st
 # ---- incremental ------------------------------------------------------------------------------
 
 
-def _download(
+def download_snapshot(
     store: SnapshotFileStore, manifest: IncrementalManifest, directory: str, where: str
 ) -> None:
+    """Download and verify every file of ``manifest`` into ``directory`` (a database opens
+    there); ``where`` names the snapshot in errors."""
     os.makedirs(directory, exist_ok=True)
     for f in manifest.shared:
         local = os.path.join(directory, f.name)
@@ -156,7 +159,7 @@ def restore_incremental(
     base, base_range, _, base_where = manifests[base_index]
     instance = backend.instance
     instance.close_db()
-    _download(store, base, instance.db_path, base_where)
+    download_snapshot(store, base, instance.db_path, base_where)
     stats["base_files"] = len(base.shared)
     instance.open()
     n = backend._key_layout.kg_bytes
@@ -173,7 +176,7 @@ def restore_incremental(
             continue
         directory = os.path.join(instance.restore_path, f"{i}")
         try:
-            _download(store, m, directory, where)
+            download_snapshot(store, m, directory, where)
             stats["copied_entries"] += _copy_key_groups(instance, directory, overlap, n)
         finally:
             shutil.rmtree(directory, ignore_errors=True)

@@ -38,11 +38,12 @@ from streamstate.backends.rocksdb.incremental import (
     SharedFile,
     TimerBlock,
 )
-from streamstate.backends.rocksdb.instance import ColumnFamily, open_read_only
-from streamstate.backends.rocksdb.keys import KeyLayout, key_group_bound
+from streamstate.backends.rocksdb.instance import ColumnFamily, RocksDBConfig, open_read_only
+from streamstate.backends.rocksdb.keys import KeyLayout, key_group_bound, key_group_prefix_bytes
 from streamstate.backends.rocksdb.storage import SnapshotFileStore, crc32c_of_file
 from streamstate.backends.snapshot import KeyedStateSnapshot, SnapshotSource, StateMetaInfo
 from streamstate.errors import CheckpointError
+from streamstate.keygroups import KeyGroupRange
 from streamstate.serializers import serializer_from_snapshot
 from streamstate.serializers.base import TypeSerializer
 
@@ -89,11 +90,17 @@ def take_snapshot(
     for participant in backend.snapshot_participants:
         timer_sources.extend(participant.snapshot_sources())
     return RocksDBKeyedStateSnapshot(
-        backend,
-        checkpoint_id,
-        target,
-        states,
-        timer_sources,
+        key_serializer=backend.key_serializer,
+        max_parallelism=backend.max_parallelism,
+        key_group_range=backend.key_group_range,
+        checkpoint_id=checkpoint_id,
+        directory=target,
+        backend_uid=backend.backend_uid,
+        config=backend.config,
+        states=states,
+        timer_sources=timer_sources,
+        previous_uploads=dict(backend.confirmed_uploads),
+        pending_uploads=backend._pending_uploads,
     )
 
 
@@ -254,30 +261,66 @@ class RocksDBKeyedStateSnapshot(KeyedStateSnapshot):
 
     def __init__(
         self,
-        backend: RocksDBKeyedStateBackend,
+        *,
+        key_serializer: TypeSerializer[Any],
+        max_parallelism: int,
+        key_group_range: KeyGroupRange,
         checkpoint_id: int,
         directory: str,
+        backend_uid: str,
+        config: RocksDBConfig,
         states: list[_SnapshotState],
         timer_sources: list[SnapshotSource],
+        previous_uploads: dict[str, SharedFile] | None = None,
+        pending_uploads: dict[int, dict[str, SharedFile]] | None = None,
     ) -> None:
-        self.key_serializer = backend.key_serializer
-        self.max_parallelism = backend.max_parallelism
-        self.key_group_range = backend.key_group_range
+        self.key_serializer = key_serializer
+        self.max_parallelism = max_parallelism
+        self.key_group_range = key_group_range
         self.checkpoint_id = checkpoint_id
         self.directory = directory
-        self.backend_uid = backend.backend_uid
-        self.config = backend.config
+        self.backend_uid = backend_uid
+        self.config = config
         #: local SST name -> SharedFile of the last confirmed checkpoint, at snapshot time
-        self.previous_uploads: dict[str, SharedFile] = dict(backend.confirmed_uploads)
-        self._pending_uploads = backend._pending_uploads
+        self.previous_uploads: dict[str, SharedFile] = previous_uploads or {}
+        #: where write_incremental offers its uploads (the backend's, for a later confirmation)
+        self._pending_uploads = pending_uploads if pending_uploads is not None else {}
         self._states = states
         self._timer_sources = timer_sources
         self._timer_metas = [s.meta for s in timer_sources]
-        self._kg_bytes = backend._key_layout.kg_bytes
+        self._kg_bytes = key_group_prefix_bytes(max_parallelism)
         self._db: Any = None
         self._cfs: dict[str, Any] = {}
         self._resolved: list[StateMetaInfo] | None = None
         self._released = False
+
+    @classmethod
+    def of_manifest(
+        cls, manifest: IncrementalManifest, directory: str, config: RocksDBConfig | None = None
+    ) -> RocksDBKeyedStateSnapshot:
+        """A canonical view of an incremental snapshot whose files were downloaded into
+        ``directory`` (released = that directory deleted). Serializers are rebuilt from the
+        manifest."""
+        key_serializer = serializer_from_snapshot(manifest.key_serializer)
+        key_groups = KeyGroupRange(*manifest.key_group_range)
+        return cls(
+            key_serializer=key_serializer,
+            max_parallelism=manifest.max_parallelism,
+            key_group_range=key_groups,
+            checkpoint_id=manifest.checkpoint_id,
+            directory=directory,
+            backend_uid=manifest.backend_uid,
+            config=config or RocksDBConfig(),
+            states=[_SnapshotState(d, None, None, None) for d in manifest.states],
+            timer_sources=[
+                _ManifestTimers(block, key_serializer, key_groups) for block in manifest.timers
+            ],
+        )
+
+    @property
+    def state_names(self) -> list[str]:
+        """Names of the states and timer queues in the snapshot (no serializer is rebuilt)."""
+        return [s.name for s in self._states] + [m.name for m in self._timer_metas]
 
     # ---- canonical view (KeyedStateSnapshot) ---------------------------------------------------
 
@@ -452,6 +495,28 @@ def _transformed(
         new = transform(state)
         if new is not None:
             yield key, ns, new
+
+
+class _ManifestTimers(SnapshotSource):
+    """The timers of one timer queue of a manifest, decoded, as a snapshot source."""
+
+    def __init__(
+        self, block: TimerBlock, key_serializer: TypeSerializer[Any], key_groups: KeyGroupRange
+    ) -> None:
+        d = block.meta
+        ns = serializer_from_snapshot(d["namespace_serializer"])
+        self.meta = StateMetaInfo(
+            d["name"], d["kind"], ns, serializer_from_snapshot(d["state_serializer"]), d.get("ttl")
+        )
+        self._by_index: dict[int, list[tuple[Any, Any, int]]] = {}
+        key, namespace = key_serializer.deserialize, ns.deserialize
+        for kg, raw_key, raw_ns, timestamp in block.entries:
+            self._by_index.setdefault(kg - key_groups.start, []).append(
+                (key(raw_key), namespace(raw_ns), timestamp)
+            )
+
+    def entries(self, key_group_index: int) -> list[tuple[Any, Any, int]] | None:
+        return self._by_index.get(key_group_index)
 
 
 def _timer_entries(source: Any, key_group_index: int) -> list[tuple[Any, Any, Any]]:

@@ -143,36 +143,42 @@ class FsspecFileStore:
 class CheckpointStorageFileStore:
     """A :class:`SnapshotFileStore` over ``streamstate.checkpoint.storage.CheckpointStorage``.
 
-    Paths are relative to the storage's job directory. Uploads stream through ``open_write``
-    (which removes a partial file on failure); small files use ``put_atomic``.
+    Paths are relative to the storage's job directory, or to ``prefix`` below it. Uploads stream
+    through ``open_write`` (which removes a partial file on failure); small files use
+    ``put_atomic``.
     """
 
-    def __init__(self, storage: Any) -> None:
+    def __init__(self, storage: Any, prefix: str = "") -> None:
         self.storage = storage
+        self.prefix = "" if prefix in ("", ".") else prefix.strip("/")
+
+    def _path(self, path: str) -> str:
+        return f"{self.prefix}/{path}" if self.prefix else path
 
     def put_file(self, local_path: str, path: str) -> None:
-        with open(local_path, "rb") as src, self.storage.open_write(path) as dst:
+        with open(local_path, "rb") as src, self.storage.open_write(self._path(path)) as dst:
             shutil.copyfileobj(src, dst, _CHUNK)
 
     def put_bytes(self, data: bytes, path: str) -> None:
-        self.storage.put_atomic(path, data)
+        self.storage.put_atomic(self._path(path), data)
 
     def get_file(self, path: str, local_path: str) -> None:
-        with self.storage.open_read(path) as src, open(local_path, "wb") as dst:
+        with self.storage.open_read(self._path(path)) as src, open(local_path, "wb") as dst:
             shutil.copyfileobj(src, dst, _CHUNK)
 
     def get_bytes(self, path: str) -> bytes:
-        with self.storage.open_read(path) as f:
+        with self.storage.open_read(self._path(path)) as f:
             return bytes(f.read())
 
     def exists(self, path: str) -> bool:
-        return self.storage.size(path) is not None
+        return self.storage.size(self._path(path)) is not None
 
     def delete(self, path: str) -> None:
-        self.storage.delete(path)
+        self.storage.delete(self._path(path))
 
     def __repr__(self) -> str:
-        return f"CheckpointStorageFileStore({self.storage!r})"
+        suffix = f", prefix={self.prefix!r}" if self.prefix else ""
+        return f"CheckpointStorageFileStore({self.storage!r}{suffix})"
 
 
 def _quiet_rm(fs: fsspec.AbstractFileSystem, path: str) -> None:
