@@ -229,6 +229,21 @@ def _op_runner(b: Any, op: str, pairs: list[tuple[int, int]]) -> Callable[[], No
     return run_and_flush
 
 
+def _point_read_floor(b: RocksDBKeyedStateBackend, pairs: list[tuple[int, int]], n: int) -> float:
+    """Median ns of one ``Rdict.get`` of the value state's RocksDB keys (cache flushed)."""
+    b.cache.flush()
+    reg = b._registered[V.name]
+    raw = [reg.layout.key_prefix(kg, k) for k, kg in pairs]
+    get = reg.cf.get_function()
+    runs = []
+    for _ in range(n):
+        t = time.perf_counter()
+        for k in raw:
+            get(k)
+        runs.append((time.perf_counter() - t) / len(raw) * 1e9)
+    return statistics.median(runs)
+
+
 def bench_ops(args: argparse.Namespace, wd: Workdir) -> dict[str, Any]:
     rng = np.random.default_rng(1)
     n = args.keys
@@ -279,6 +294,16 @@ def bench_ops(args: argparse.Namespace, wd: Workdir) -> dict[str, Any]:
             f"  {name:<26}{hw:>9.0f}{rw:>12.0f}{rw / hw:>6.1f}x{hc:>10.0f}{rc:>13.0f}"
             f"{rc / hc:>6.1f}x"
         )
+    # the floor: rocksdict's point read alone of the same keys in the same order, no state API
+    floor = _point_read_floor(r, pairs, args.repeat)
+    out["rocksdb_point_read"] = {
+        "ns": floor,
+        "vs_heap_value_get_update": floor / out["value_get_update"]["heap_ns"],
+    }
+    print(
+        f"  {'rocksdb point read alone':<26}{'':>9}{floor:>12.0f}"
+        f"{floor / out['value_get_update']['heap_ns']:>6.1f}x  (of the heap's get+update)"
+    )
     out["rocksdb_cache"] = {
         "entries": r.config.cache_entries,
         "flushes": r.cache.flushes,
