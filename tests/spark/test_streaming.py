@@ -12,6 +12,7 @@ import pytest
 from data import final_counts, make_batches, running_counts, write_batches
 from functions import Count, CountWithRecordLog
 
+from streamstate.checkpoint.storage import FileSystemCheckpointStorage
 from streamstate.demo import HOUR_MS, generate_events, page_views_per_hour
 from streamstate.spark import FileSink, keyed_process, read_state
 
@@ -54,6 +55,16 @@ def test_streaming_query_equals_a_pandas_oracle(
     assert sorted(out.batch.unique()) == [0, 1, 2, 3]
     state = read_state(spark, str(tmp_path / "ck"), state="n").collect()
     assert {r.key: r.value for r in state} == final_counts(batches)
+    if state_backend == "rocksdb":
+        # chk-1 uploaded only its batch's SST files and references chk-0's: the state hosts
+        # were told that chk-0 was committed before batch 1 checkpointed
+        storage = FileSystemCheckpointStorage(str(tmp_path / "ck"), "")
+        chk1 = storage.load(1)
+        subtasks = chk1.metadata.operators["keyed-process"].subtasks
+        for sub in subtasks:
+            written_by = {f.checkpoint_id for f in sub.keyed if f.kind == "rocksdb-sst"}
+            assert written_by == {0, 1}, sub.keyed
+        assert storage.problems(chk1, deep=True) == []
 
 
 @pytest.mark.parametrize("state_backend", ["heap", "rocksdb"])
