@@ -255,6 +255,11 @@ class Runner(StrEnum):
     local = "local"
 
 
+class Backend(StrEnum):
+    heap = "heap"
+    rocksdb = "rocksdb"
+
+
 @app.command("demo")
 def demo(
     events: Annotated[
@@ -284,13 +289,21 @@ def demo(
         ),
     ] = Runner.spark,
     master: Annotated[str, typer.Option(help="the Spark master")] = "local[2]",
+    state_backend: Annotated[
+        Backend,
+        typer.Option(
+            help="keyed state backend; a checkpoint of either backend resumes on the other"
+        ),
+    ] = Backend.heap,
 ) -> None:
     """The main job: page views per app per hour, streamed through keyed_process on Spark."""
     console = Console()
     if runner is Runner.local:
         from streamstate.demo.local import run_local
 
-        run_local(events or 200_000, parallelism or 2, console=console)
+        run_local(
+            events or 200_000, parallelism or 2, console=console, state_backend=state_backend.value
+        )
         return
     from streamstate.demo.streaming import run_streaming
 
@@ -303,6 +316,7 @@ def demo(
             fresh=fresh,
             master=master,
             console=console,
+            state_backend=state_backend.value,
         )
     except ValueError as exc:
         console.print(f"[red]{escape(str(exc))}[/]")

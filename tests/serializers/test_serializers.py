@@ -223,3 +223,23 @@ def test_validate_names_the_problem() -> None:
     Int64Serializer().validate(3)
     with pytest.raises(TypeError):
         serializer_for(list[int]).validate([1, "a"])
+
+
+def test_window_serializers_are_rebuilt_as_themselves() -> None:
+    """A checkpoint's window namespace serializer comes back with the same snapshot, so a state
+    restored without its descriptor (a backend switch) stays compatible with the program's."""
+    from streamstate.windows.time_window import (
+        GlobalWindow,
+        GlobalWindowSerializer,
+        TimeWindow,
+        TimeWindowSerializer,
+    )
+
+    for s, value in (
+        (TimeWindowSerializer(), TimeWindow(-5, 5)),
+        (GlobalWindowSerializer(), GlobalWindow()),
+    ):
+        rebuilt = serializer_from_snapshot(s.snapshot())
+        assert type(rebuilt) is type(s) and rebuilt.snapshot() == s.snapshot()
+        assert rebuilt.deserialize(s.serialize(value)) == value
+        assert s.resolve_compatibility(rebuilt.snapshot()) is Compatibility.COMPATIBLE_AS_IS

@@ -25,7 +25,11 @@ def _brute_force(directory: str) -> Counter[tuple[str, int]]:
     )
 
 
-def test_demo_resumes_from_its_checkpoint_and_counts_every_view(spark: Any, tmp_path: Any) -> None:
+@pytest.mark.parametrize("second_backend", ["heap", "rocksdb"])
+def test_demo_resumes_from_its_checkpoint_and_counts_every_view(
+    spark: Any, tmp_path: Any, second_backend: str
+) -> None:
+    """The second run resumes the heap backend's checkpoint on the heap or on RocksDB."""
     directory = str(tmp_path / "demo")
     out = io.StringIO()
     console = Console(file=out, width=160)
@@ -36,12 +40,19 @@ def test_demo_resumes_from_its_checkpoint_and_counts_every_view(spark: Any, tmp_
     assert [b["restore"] for b in first.batches] == [["empty"]] + [["hot"]] * 4
     first_input = _brute_force(directory)
 
-    second = run_streaming(directory, events=1_000, batches=5, spark=spark, console=console)
+    second = run_streaming(
+        directory,
+        events=1_000,
+        batches=5,
+        spark=spark,
+        console=console,
+        state_backend=second_backend,
+    )
     assert "resuming from checkpoint 4" in out.getvalue()
     assert second.resumed_from == 4 and second.checkpoint_id == 9
     assert [b["batch"] for b in second.batches] == [5, 6, 7, 8, 9]
     assert second.batches[0]["restore"] == ["reload"]  # a new query: hosts load checkpoint 4
-    assert second.processed == 1_000
+    assert second.processed == 1_000 and second.state_backend == second_backend
 
     views = _brute_force(directory)
     closed = {k: n for k, n in views.items() if (k[1] + 1) * HOUR_MS - 1 <= second.watermark}

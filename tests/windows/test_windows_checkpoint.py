@@ -28,26 +28,33 @@ def sessions():
     )
 
 
-def runner(parallelism):
+def runner(parallelism, state_backend="heap"):
     return LocalRunner(
         sessions(),
         key_selector=lambda r: r[0],
         parallelism=parallelism,
         timestamp_assigner=lambda r: r[1],
         watermark_delay=25,
+        state_backend=state_backend,
     )
 
 
+@pytest.mark.parametrize(
+    ("backend_before", "backend_after"),
+    [("heap", "heap"), ("rocksdb", "rocksdb"), ("rocksdb", "heap"), ("heap", "rocksdb")],
+)
 @pytest.mark.parametrize(("before", "after"), [(1, 1), (2, 3), (3, 1)])
-def test_sessions_survive_checkpoint_restore_and_rescale(before, after, tmp_path):
+def test_sessions_survive_checkpoint_restore_and_rescale(
+    before, after, backend_before, backend_after, tmp_path
+):
     first = [("a", 1, 1), ("b", 2, 2), ("a", 8, 3), ("a", 30, 4), ("b", 5, 5)]
     second = [("a", 22, 6), ("b", 9, 7), ("a", 60, 8), ("b", 61, 9)]
     expected = runner(1).run(first + second)
 
-    r1 = runner(before)
+    r1 = runner(before, backend_before)
     out = r1.run(first, final_watermark=False)
     cp = r1.checkpoint(str(tmp_path))
-    r2 = runner(after)
+    r2 = runner(after, backend_after)
     r2.restore(cp)
     out += r2.run(second)
     assert sorted(out) == sorted(expected)

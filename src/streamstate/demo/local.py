@@ -11,10 +11,14 @@ __all__ = ["run_local"]
 
 
 def run_local(
-    events: int = 200_000, parallelism: int = 2, console: Any = None
+    events: int = 200_000,
+    parallelism: int = 2,
+    console: Any = None,
+    state_backend: str = "heap",
 ) -> list[tuple[str, int, int]]:
     """Count ``events`` generated page views per app per hour with ``parallelism`` subtasks in
-    this process; prints a table and returns the ``(app, hour, views)`` results."""
+    this process on ``state_backend``; prints a table and returns the ``(app, hour, views)``
+    results."""
     from rich.console import Console
     from rich.table import Table
 
@@ -25,6 +29,7 @@ def run_local(
         parallelism=parallelism,
         timestamp_assigner=lambda e: e[1],
         watermark_delay=120_000,
+        state_backend=state_backend,
     )
     try:
         with console.status(f"processing {events:,} page views with {parallelism} subtasks"):

@@ -73,6 +73,8 @@ class DemoRun:
     #: event time at which this run's input starts: a new result of an earlier hour was
     #: counted partly from the state restored from ``resumed_from``
     input_start_ms: int = 0
+    #: "heap" or "rocksdb"
+    state_backend: str = "heap"
 
     @property
     def events_per_second(self) -> float:
@@ -209,6 +211,7 @@ def run_streaming(
     spark: Any = None,
     master: str = "local[2]",
     console: Any = None,
+    state_backend: str = "heap",
 ) -> DemoRun:
     """Generate ``events`` more page views as ``batches`` micro-batches and stream them through
     the job, resuming from the checkpoint in ``directory`` if there is one; prints progress per
@@ -216,7 +219,8 @@ def run_streaming(
 
     ``spark``: a SparkSession to use (default: a quiet ``master`` session, stopped at the end).
     ``parallelism``: subtasks (default: the checkpoint's, else 2); another value than the
-    checkpoint's rescales the state by key group.
+    checkpoint's rescales the state by key group. ``state_backend``: ``"heap"`` or
+    ``"rocksdb"``; a checkpoint of either restores into the other.
     """
     from rich.console import Console
 
@@ -265,7 +269,12 @@ def run_streaming(
             )
     try:
         run = _stream(
-            spark, directory, console, parallelism or resumed_parallelism or 2, new_events
+            spark,
+            directory,
+            console,
+            parallelism or resumed_parallelism or 2,
+            new_events,
+            state_backend,
         )
     finally:
         if own_session:
@@ -277,7 +286,14 @@ def run_streaming(
     return run
 
 
-def _stream(spark: Any, directory: str, console: Any, parallelism: int, events: int) -> DemoRun:
+def _stream(
+    spark: Any,
+    directory: str,
+    console: Any,
+    parallelism: int,
+    events: int,
+    state_backend: str,
+) -> DemoRun:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from streamstate.spark import keyed_process
@@ -298,6 +314,7 @@ def _stream(spark: Any, directory: str, console: Any, parallelism: int, events: 
         checkpoint=os.path.join(directory, "checkpoint"),
         parallelism=parallelism,
         operator_name=OPERATOR,
+        state_backend=state_backend,
     ).write_stream(
         "parquet", path=os.path.join(directory, "output"), trigger={"availableNow": True}
     )
@@ -332,6 +349,7 @@ def _stream(spark: Any, directory: str, console: Any, parallelism: int, events: 
         resumed_from=None,
         resumed_parallelism=None,
         parallelism=parallelism,
+        state_backend=state_backend,
         batches=list(query.batches),
         events=events,
         processed=sum(b.get("rows", 0) for b in computed),
@@ -386,7 +404,7 @@ def print_run(run: DemoRun, console: Any, max_hours: int = 6) -> None:
     )
     restores = Counter(r for b in run.batches for r in b.get("restore", ()))
     console.print(
-        f"parallelism {run.parallelism}; state per batch: "
+        f"parallelism {run.parallelism}, {run.state_backend} backend; state per batch: "
         + ", ".join(f"{how} x{n}" for how, n in sorted(restores.items()))
         + " (hot: kept in the state hosts)"
     )

@@ -147,7 +147,13 @@ def serializer_from_snapshot(
                 "checkpoint, so it is refused unless pickle is enabled explicitly"
             )
         return PickleSerializer()
-    if t in ("struct", "time_window"):
+    if t in ("time_window", "global_window"):
+        # subclasses of StructSerializer with their own type: rebuilt as themselves, so that
+        # their snapshot (and compatibility checks against it) stays the same
+        from streamstate.windows.time_window import GlobalWindowSerializer, TimeWindowSerializer
+
+        return TimeWindowSerializer() if t == "time_window" else GlobalWindowSerializer()
+    if t == "struct":
         import importlib
 
         module, _, qual = str(snap.get("class", "")).partition(":")
