@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import copy
+import os
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from streamstate import (
@@ -135,3 +141,19 @@ def group_by_key_group(
             per_kg[i] = []
         per_kg[i].append((key, ns, state))  # type: ignore[union-attr]
     return per_kg
+
+
+def sigkill_when(script: Path, args: list[str], marker: Path, what: str) -> None:
+    """Run ``script`` with ``args`` and SIGKILL it as soon as it creates ``marker`` (it must do
+    so within two minutes; ``what`` names the awaited moment in failures)."""
+    proc = subprocess.Popen([sys.executable, str(script), *args])
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists():
+            assert proc.poll() is None, f"the child died before {what}"
+            assert time.monotonic() < deadline, f"the child never reached {what}"
+            time.sleep(0.02)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL

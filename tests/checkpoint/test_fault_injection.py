@@ -4,18 +4,14 @@ the last good checkpoint)."""
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 import textwrap
-import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 import fsspec
 import pytest
-from _support import AllKinds, all_kinds_records, runner_content
+from _support import AllKinds, all_kinds_records, runner_content, sigkill_when
 from fsspec.implementations.memory import MemoryFileSystem
 
 from streamstate import ValueStateDescriptor
@@ -98,17 +94,7 @@ def test_sigkill_during_an_asynchronous_write(tmp_path: Path) -> None:
     marker = tmp_path / "writing"
     script = tmp_path / "child.py"
     script.write_text(CHILD.format(src=SRC, here=HERE))
-    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "ck"), str(marker)])
-    try:
-        deadline = time.monotonic() + 120
-        while not marker.exists():
-            assert proc.poll() is None, "the child died before writing checkpoint 2"
-            assert time.monotonic() < deadline, "the child never started writing checkpoint 2"
-            time.sleep(0.02)
-        os.kill(proc.pid, signal.SIGKILL)
-    finally:
-        proc.wait(timeout=30)
-    assert proc.returncode == -signal.SIGKILL
+    sigkill_when(script, [str(tmp_path / "ck"), str(marker)], marker, "writing checkpoint 2")
     storage = FileSystemCheckpointStorage(str(tmp_path / "ck"))
     partial = list((tmp_path / "ck" / "job" / "chk-2").rglob("*.state"))
     assert partial and not (tmp_path / "ck" / "job" / "chk-2" / "_metadata").exists()

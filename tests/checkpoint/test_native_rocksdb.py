@@ -7,18 +7,13 @@ at any parallelism, the CLI, and faults (a killed upload, a flipped byte, a dele
 
 from __future__ import annotations
 
-import os
 import posixpath
-import signal
-import subprocess
-import sys
 import textwrap
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from _support import AllKinds, all_kinds_records, runner_content
+from _support import AllKinds, all_kinds_records, runner_content, sigkill_when
 from typer.testing import CliRunner
 
 from streamstate import KeyedProcessFunction, RocksDBStateBackend, ValueStateDescriptor
@@ -323,17 +318,7 @@ def test_sigkill_during_an_upload_keeps_the_last_checkpoint(tmp_path: Path) -> N
     marker = tmp_path / "uploading"
     script = tmp_path / "child.py"
     script.write_text(CHILD.format(src=SRC, here=HERE))
-    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "ck"), str(marker)])
-    try:
-        deadline = time.monotonic() + 120
-        while not marker.exists():
-            assert proc.poll() is None, "the child died before uploading checkpoint 2"
-            assert time.monotonic() < deadline, "the child never uploaded checkpoint 2"
-            time.sleep(0.02)
-        os.kill(proc.pid, signal.SIGKILL)
-    finally:
-        proc.wait(timeout=30)
-    assert proc.returncode == -signal.SIGKILL
+    sigkill_when(script, [str(tmp_path / "ck"), str(marker)], marker, "uploading checkpoint 2")
     storage = FileSystemCheckpointStorage(str(tmp_path / "ck"))
     orphans = [p for p in storage.walk_files("shared") if "-2-" in posixpath.basename(p)]
     assert orphans and storage.read_metadata("chk-2") is None

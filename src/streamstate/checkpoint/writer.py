@@ -408,7 +408,6 @@ class SubtaskCheckpointer:
         operator_snapshot: OperatorStateSnapshot,
         pending: list[str],
     ) -> SubtaskStateHandle:
-        t = self.target
         written: list[str] = []
         try:
             path = self._resolve(directory, handle_path)
@@ -417,16 +416,7 @@ class SubtaskCheckpointer:
             )
             written.append(path)
             chain = [link.handle() for link in before] + [keyed_handle]
-            op_path = self.storage.subtask_file(
-                t.operator_name, t.subtask_index, self.attempt, "opstate"
-            )
-            op_handle = write_operator_file(
-                self.storage,
-                self._resolve(directory, op_path),
-                op_path,
-                operator_snapshot,
-                checkpoint_id,
-            )
+            op_handle = self._write_operator_state(checkpoint_id, directory, operator_snapshot)
         except BaseException:
             keyed.release()
             for p in written:
@@ -446,7 +436,6 @@ class SubtaskCheckpointer:
         """Upload a RocksDB snapshot's new SST files and its manifest (``native.py``)."""
         from streamstate.checkpoint.native import job_file_store, native_file_handles
 
-        t = self.target
         path = self._resolve(directory, handle_path)
         store = job_file_store(self.storage, directory)
         manifest = posixpath.relpath(path, store.prefix or ".")
@@ -457,22 +446,24 @@ class SubtaskCheckpointer:
             keyed.release()
             raise
         try:
-            op_path = self.storage.subtask_file(
-                t.operator_name, t.subtask_index, self.attempt, "opstate"
-            )
-            op_handle = write_operator_file(
-                self.storage,
-                self._resolve(directory, op_path),
-                op_path,
-                operator_snapshot,
-                checkpoint_id,
-            )
+            op_handle = self._write_operator_state(checkpoint_id, directory, operator_snapshot)
         except BaseException:
             with contextlib.suppress(Exception):
                 self.storage.delete(path)
             raise
         chain = native_file_handles(incremental, directory, states)
         return self._subtask_handle(checkpoint_id, chain, op_handle, [])
+
+    def _write_operator_state(
+        self, checkpoint_id: int, directory: str, snapshot: OperatorStateSnapshot
+    ) -> StateFileHandle | None:
+        t = self.target
+        op_path = self.storage.subtask_file(
+            t.operator_name, t.subtask_index, self.attempt, "opstate"
+        )
+        return write_operator_file(
+            self.storage, self._resolve(directory, op_path), op_path, snapshot, checkpoint_id
+        )
 
     def _subtask_handle(
         self,
