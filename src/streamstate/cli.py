@@ -99,6 +99,8 @@ def inspect(path: PathArg) -> None:
             continue
         loaded.append(cp)
         files = cp.metadata.files()
+        # a native RocksDB snapshot does not count its entries
+        native_files = any(f.kind == MANIFEST_KIND for f in files)
         taken = datetime.datetime.fromtimestamp(cp.metadata.timestamp / 1000, datetime.UTC)
         overview.add_row(
             d,
@@ -107,7 +109,7 @@ def inspect(path: PathArg) -> None:
             status if status == "complete" else f"[red]{escape(status)}[/]",
             taken.strftime("%Y-%m-%d %H:%M:%S"),
             ", ".join(f"{n} (p={o.parallelism})" for n, o in cp.metadata.operators.items()),
-            f"{sum(f.total_entries for f in files):,}",
+            "n/a" if native_files else f"{sum(f.total_entries for f in files):,}",
             _size(sum(f.size for f in files)),
         )
     console.print(overview)
