@@ -13,7 +13,9 @@ An incremental snapshot of one subtask is
 Manifest bytes: ``"SSRI" | u16 version | u32 crc32c(body) | body`` where ``body`` is msgpack.
 
 Shared files are deleted only when no retained checkpoint references them
-(:class:`SharedStateRegistry`, reference counts per retained checkpoint).
+(:class:`SharedStateRegistry`, reference counts per retained checkpoint, for programs driving the
+backend directly; the runtimes list every SST in ``_metadata`` and the checkpoint storage's
+retention keeps what retained checkpoints list).
 """
 
 from __future__ import annotations
