@@ -206,6 +206,57 @@ def test_a_native_snapshot_the_heap_cannot_convert_names_file_and_remedy(tmp_pat
     rocks.close()
 
 
+class PickledSetAndCount(PickledSet):
+    """PickledSet plus a count in a built-in value state."""
+
+    def open(self, runtime_context: Any) -> None:
+        super().open(runtime_context)
+        self.count = runtime_context.get_state(ValueStateDescriptor("count", int))
+
+    def process_element(self, record: Any, ctx: Any) -> None:
+        super().process_element(record, ctx)
+        self.count.update((self.count.value() or 0) + 1)
+
+
+def test_reading_one_state_converts_only_that_state(tmp_path: Path) -> None:
+    from streamstate.spark.reader import _read_subtask
+
+    storage = FileSystemCheckpointStorage(str(tmp_path))
+    runner = _runner(storage, p=1, fn=PickledSetAndCount())
+    runner.run([("a", 1), ("b", 2), ("a", 3)], final_watermark=False)
+    runner.checkpoint()
+    runner.close()
+    url = str(tmp_path / "job")
+    rows = list(_read_subtask(url, "chk-1", "keyed-process", 0, "count", "string", "bigint", {}))
+    assert {r["key"]: r["value"] for r in rows} == {"a": 2, "b": 1}
+    with pytest.raises(CheckpointError, match="'seen'.*PickleSerializer.*savepoint taken there"):
+        list(_read_subtask(url, "chk-1", "keyed-process", 0, "seen", "string", None, {}))
+
+
+def test_checkpoints_to_a_new_storage_upload_every_file_again(tmp_path: Path) -> None:
+    runner = _runner(FileSystemCheckpointStorage(str(tmp_path / "a")))
+    runner.run(all_kinds_records(100), final_watermark=False)
+    runner.checkpoint()
+    runner.checkpoint()  # chk-2 in a/ references chk-1's files
+    runner.savepoint(str(tmp_path / "b"))  # from now on the runner checkpoints to b/
+    runner.run(all_kinds_records(10, per_key=1), final_watermark=False)
+    first_in_b = runner.checkpoint()
+    runner.run(all_kinds_records(5, per_key=1), final_watermark=False)
+    second_in_b = runner.checkpoint()
+    expected = runner_content(runner)
+    runner.close()
+    b = FileSystemCheckpointStorage(str(tmp_path / "b"))
+    assert first_in_b.checkpoint_id == 1 and second_in_b.checkpoint_id == 2
+    assert all(f.checkpoint_id == 1 for f in _ssts(b.load(1)))  # nothing from a/
+    assert any(f.checkpoint_id == 1 for f in _ssts(b.load(2)))  # b's own files are reused
+    for cid in (1, 2):
+        assert b.problems(b.load(cid), deep=True) == []
+    fresh = _runner(b, p=3)
+    fresh.restore()
+    assert runner_content(fresh) == expected
+    fresh.close()
+
+
 def _two_checkpoints(storage: Any) -> dict[Any, Any]:
     runner = _runner(storage)
     runner.run(all_kinds_records(60), final_watermark=False)

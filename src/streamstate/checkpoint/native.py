@@ -24,6 +24,8 @@ import shutil
 import tempfile
 from typing import IO, TYPE_CHECKING, Any
 
+import msgspec
+
 from streamstate.checkpoint.format import KeyedSnapshotReader, write_keyed_snapshot
 from streamstate.checkpoint.metadata import StateFileHandle, SubtaskStateHandle
 from streamstate.checkpoint.restore import FileKeyedStateRestore
@@ -115,6 +117,8 @@ class NativeKeyedStateRestore(FileKeyedStateRestore):
     ) -> None:
         super().__init__(checkpoint, handle, key_groups)
         self.store = job_file_store(checkpoint.storage, checkpoint.directory)
+        #: convert only these states (and no timers); None: everything (a restore needs it all)
+        self.only_states: set[str] | None = None
         self._manifest: IncrementalManifest | None = None
         self._tmp: str | None = None
 
@@ -163,6 +167,11 @@ class NativeKeyedStateRestore(FileKeyedStateRestore):
             manifest = self.manifest
             database = os.path.join(tmp, "db")
             download_snapshot(self.store, manifest, database, f"RocksDB snapshot {self.path}")
+            if self.only_states is not None:
+                wanted = self.only_states
+                manifest = msgspec.structs.replace(
+                    manifest, states=[d for d in manifest.states if d["name"] in wanted], timers=[]
+                )
             try:
                 snapshot = RocksDBKeyedStateSnapshot.of_manifest(manifest, database)
                 canonical = os.path.join(tmp, "canonical.state")
@@ -175,9 +184,10 @@ class NativeKeyedStateRestore(FileKeyedStateRestore):
                     snapshot.release()
             except (CheckpointError, StateMigrationException) as exc:
                 raise type(exc)(
-                    f"{self.path} is a native RocksDB snapshot and could not be converted for a "
-                    f"backend other than RocksDB: {exc}. Restore it with state_backend='rocksdb', "
-                    "or take a savepoint (canonical format) to change backends"
+                    f"{self.path} is a native RocksDB snapshot and could not be converted to the "
+                    f"canonical format outside the RocksDB backend: {exc}. Restore it with "
+                    "state_backend='rocksdb'; a savepoint taken there is canonical and can be "
+                    "restored or read anywhere"
                 ) from exc
             f = open(canonical, "rb")  # noqa: SIM115 - closed by close()
             size = os.fstat(f.fileno()).st_size

@@ -238,9 +238,16 @@ class LocalRunner:
 
             storage = checkpoint_storage_from(storage_or_url)
             if storage is not self._storage:
+                moved = self._storage is None or storage.url != self._storage.url
                 self._close_checkpointers()
                 self._close_coordinator()
                 self._storage = storage
+                if moved:
+                    # shared files of the old storage cannot be referenced from the new one
+                    for op in self.subtasks:
+                        forget = getattr(op.keyed_backend, "forget_uploads", None)
+                        if forget is not None:
+                            forget()
         return self.checkpoint_storage
 
     @property
@@ -346,7 +353,7 @@ class LocalRunner:
         for op in self.subtasks:
             op.dispose()
         self._create_subtasks(self.parallelism)
-        same_storage = not cp.is_savepoint and cp.storage is self.checkpoint_storage
+        same_storage = not cp.is_savepoint and cp.storage.url == self.checkpoint_storage.url
         for op in self.subtasks:
             restore_subtask(op, cp, reuse_shared_files=same_storage)
         watermark = cp.metadata.properties.get("watermark", MIN_WATERMARK)

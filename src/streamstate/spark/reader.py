@@ -98,6 +98,7 @@ def _read_subtask(
 ) -> Iterator[dict[str, Any]]:
     """Rows of ``state`` in the key groups of old subtask ``subtask``."""
     from streamstate.backends.heap.backend import HeapKeyedStateBackend
+    from streamstate.checkpoint.native import NativeKeyedStateRestore
     from streamstate.checkpoint.restore import keyed_restore_files, operator_metadata
     from streamstate.checkpoint.storage import FileSystemCheckpointStorage
     from streamstate.keygroups import KeyGroupRange
@@ -118,6 +119,9 @@ def _read_subtask(
         key_serializer, op.max_parallelism, kg_range, table_kind="nested_maps"
     )
     files = keyed_restore_files(cp, operator, kg_range, op.max_parallelism)
+    for f in files:
+        if isinstance(f, NativeKeyedStateRestore):
+            f.only_states = {state}  # the other states' serializers do not matter here
     try:
         backend.restore(files)
     finally:

@@ -366,6 +366,13 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         for cid in [c for c in self._pending_uploads if c < checkpoint_id]:
             del self._pending_uploads[cid]
 
+    def forget_uploads(self) -> None:
+        """Checkpoints go to another storage now: the next one uploads every file again (the
+        files uploaded so far are in the old storage, and checkpoint ids start over there)."""
+        self.confirmed_uploads = {}
+        self._pending_uploads.clear()
+        self._last_confirmed_checkpoint = -1
+
     def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
         self._pending_uploads.pop(checkpoint_id, None)
 
