@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import posixpath
-import re
 import shutil
 import tempfile
 from typing import IO, TYPE_CHECKING, Any
@@ -29,6 +28,7 @@ import msgspec
 from streamstate.checkpoint.format import KeyedSnapshotReader, write_keyed_snapshot
 from streamstate.checkpoint.metadata import StateFileHandle, SubtaskStateHandle
 from streamstate.checkpoint.restore import FileKeyedStateRestore
+from streamstate.checkpoint.storage import shared_file_checkpoint_id
 from streamstate.errors import CheckpointError, StateMigrationException
 from streamstate.keygroups import KeyGroupRange
 
@@ -51,9 +51,6 @@ __all__ = [
 
 MANIFEST_KIND = "rocksdb-manifest"
 SST_KIND = "rocksdb-sst"
-
-#: ``<subtask>-<attempt>-<checkpoint id>-<token>.sst``: the checkpoint that uploaded the file
-_SST_NAME = re.compile(r"^\d+-\d+-(\d+)-[0-9a-f]+\.sst$")
 
 
 def is_native(subtask: SubtaskStateHandle) -> bool:
@@ -91,14 +88,14 @@ def native_file_handles(
         )
     ]
     for f in handle.shared:
-        m = _SST_NAME.match(posixpath.basename(f.path))
+        writer = shared_file_checkpoint_id(f.path)
         out.append(
             StateFileHandle(
                 path=relative(f.path),
                 size=f.size,
                 checksum=f.crc32c,
                 kind=SST_KIND,
-                checkpoint_id=int(m.group(1)) if m else handle.checkpoint_id,
+                checkpoint_id=handle.checkpoint_id if writer is None else writer,
             )
         )
     return out

@@ -49,6 +49,7 @@ __all__ = [
     "checkpoint_storage_from",
     "open_location",
     "resolve_checkpoint",
+    "shared_file_checkpoint_id",
 ]
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,17 @@ _SP = re.compile(r"^sp-(\d+)$")
 #: "<subtask>-<attempt>-<checkpoint id>-<token>"
 _SHARED = re.compile(r"^\d+-\d+-(\d+)-[0-9a-f]+\.(?:full\.state|delta\.state|sst)$")
 _OBJECT_STORES = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss", "r2"})
+
+
+def shared_file_checkpoint_id(path: str) -> int | None:
+    """The id of the checkpoint that wrote a shared file (from its name), or None if the name is
+    not one of a shared file.
+
+    >>> shared_file_checkpoint_id("shared/op/0-1-7-0a1b2c3d.sst")
+    7
+    """
+    m = _SHARED.match(posixpath.basename(path))
+    return None if m is None else int(m.group(1))
 
 
 class CompletedCheckpoint:
@@ -321,8 +333,8 @@ class CheckpointStorage(ABC):
             referenced.update(cp.resolve(f.path) for f in cp.metadata.files())
             referenced.update(cp.resolve(p) for p in cp.metadata.pending_files())
         for path in self.walk_files("shared"):
-            m = _SHARED.match(posixpath.basename(path))
-            if m is None or path in referenced or int(m.group(1)) > latest:
+            writer = shared_file_checkpoint_id(path)
+            if writer is None or path in referenced or writer > latest:
                 continue  # unknown, needed, or written for a checkpoint still in progress
             self.delete(path)
             deleted.append(path)
