@@ -223,7 +223,7 @@ def restore_subtask(
             handles = [f.incremental_handle for f in native]
             backend.restore_from_incremental(native[0].store, handles)
             if not reuse_shared_files:
-                backend.confirmed_uploads = {}
+                backend.forget_uploads()
         else:
             backend.restore(files)
     finally:
