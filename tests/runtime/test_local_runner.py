@@ -211,3 +211,50 @@ def test_runtime_context_information() -> None:
     assert out == {(i, 3, 128, "info", True) for i in range(3)}
     runner2 = LocalRunner(MapUser(), key_selector=lambda r: r[0])
     assert runner2.run([("a", "x"), ("a", "y")]) == [{"x": 1}, {"x": 1, "y": 1}]
+
+
+class _Owner(KeyedProcessFunction):
+    """Emits the key, its count and the subtask that processed it."""
+
+    def open(self, ctx: Any) -> None:
+        self.count = ctx.get_state(ValueStateDescriptor("count", int, default=0))
+        self.subtask = ctx.index_of_this_subtask
+
+    def process_element(self, value: Any, ctx: Any) -> Any:
+        n = self.count.value() + 1
+        self.count.update(n)
+        yield (ctx.get_current_key(), n, self.subtask)
+
+
+def _expected_owner(key: Any, max_parallelism: int, parallelism: int) -> int:
+    kg = assign_to_key_group(key, max_parallelism)
+    return kg * parallelism // max_parallelism
+
+
+@pytest.mark.parametrize("method", ["run", "process"])
+def test_key_group_cache_follows_a_restored_max_parallelism(method: str) -> None:
+    """Key groups are cached per distinct key; a restore that changes max_parallelism must not
+    route by key groups of the old max_parallelism."""
+    keys = [f"k{i}" for i in range(300)]
+    writer = LocalRunner(_Owner(), key_selector=lambda r: r, parallelism=2, max_parallelism=256)
+    writer.run(keys)
+    cp = writer.checkpoint()
+
+    runner = LocalRunner(_Owner(), key_selector=lambda r: r, parallelism=3)
+    assert runner.max_parallelism == 128
+    runner.run(keys)  # fills the cache with key groups out of 128
+    runner.restore(cp)
+    assert runner.max_parallelism == 256
+    if method == "run":
+        out = runner.run(keys)
+    else:
+        out = [o for k in keys for o in runner.process(k)]
+    assert out == [(k, 2, _expected_owner(k, 256, 3)) for k in keys]
+
+
+def test_key_group_cache_distinguishes_equal_keys_of_other_types() -> None:
+    """``1`` and ``True`` are equal dict keys with different key groups in Flink's hashing."""
+    runner = LocalRunner(_Owner(), key_selector=lambda r: r, parallelism=4, key_type=int)
+    assert runner.key_group_of(1) == assign_to_key_group(1, runner.max_parallelism)
+    assert runner.key_group_of(True) == assign_to_key_group(True, runner.max_parallelism)
+    assert runner.key_group_of(1.0) == assign_to_key_group(1.0, runner.max_parallelism)

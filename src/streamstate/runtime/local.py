@@ -50,6 +50,12 @@ __all__ = ["LocalRunner"]
 
 MAX_WATERMARK = (1 << 63) - 1
 
+#: key types whose key group is cached per distinct key. Only exact types: ``1``, ``1.0`` and
+#: ``True`` are equal dict keys but serialize, and so hash to key groups, differently.
+_CACHED_KEY_TYPES = frozenset({str, int, bytes})
+#: distinct keys remembered before the cache starts over (bounds its memory on unbounded keys)
+KEY_GROUP_CACHE_LIMIT = 1 << 20
+
 
 class LocalRunner:
     """Runs a :class:`KeyedProcessFunction` with ``parallelism`` subtasks in this process.
@@ -122,6 +128,10 @@ class LocalRunner:
         self.watermark = MIN_WATERMARK
         self._max_timestamp = MIN_WATERMARK
         self._side_outputs: dict[OutputTag, list[Any]] = {}
+        # the murmur hash of a key costs more than the state access: compute it once per key
+        self._key_groups: dict[Any, int] = {}
+        self._key_groups_of: int = self.max_parallelism
+        self._subtask_of_kg: list[KeyedProcessOperator] = []
 
     # ---- set-up --------------------------------------------------------------------------------
 
@@ -154,38 +164,93 @@ class LocalRunner:
             )
             for i in range(parallelism)
         ]
+        mp = self.max_parallelism
+        self._subtask_of_kg = [
+            self.subtasks[compute_operator_index_for_key_group(mp, parallelism, kg)]
+            for kg in range(mp)
+        ]
+        if self._key_groups_of != mp:
+            self._key_groups = {}
+            self._key_groups_of = mp
 
     def subtask_for_key(self, key: Any) -> int:
-        kg = assign_to_key_group(key, self.max_parallelism)
-        return compute_operator_index_for_key_group(self.max_parallelism, self.parallelism, kg)
+        return compute_operator_index_for_key_group(
+            self.max_parallelism, self.parallelism, self.key_group_of(key)
+        )
 
     # ---- processing ----------------------------------------------------------------------------
 
+    def key_group_of(self, key: Any) -> int:
+        """The key group of ``key``, computed once per distinct key of a cached type."""
+        if type(key) in _CACHED_KEY_TYPES:
+            kg = self._key_groups.get(key)
+            if kg is None:
+                if len(self._key_groups) >= KEY_GROUP_CACHE_LIMIT:
+                    self._key_groups.clear()
+                kg = self._key_groups[key] = assign_to_key_group(key, self.max_parallelism)
+            return kg
+        return assign_to_key_group(key, self.max_parallelism)
+
     def process(self, record: Any) -> list[Any]:
         """Process one record; returns the outputs it (and any timers it made due) produced."""
+        out: list[Any] = []
+        self._process_into(record, out)
+        return out
+
+    def _process_into(self, record: Any, out: list[Any]) -> None:
         key = self.key_selector(record)
         self._ensure_started(key)
-        kg = assign_to_key_group(key, self.max_parallelism)
-        op = self.subtasks[
-            compute_operator_index_for_key_group(self.max_parallelism, self.parallelism, kg)
-        ]
+        kg = self.key_group_of(key)
+        op = self._subtask_of_kg[kg]
         ts = None
         if self.timestamp_assigner is not None:
             ts = int(self.timestamp_assigner(record))
         op.process_element(key, record, ts, kg)
-        out = op.drain_output()
-        self._collect_side_outputs(op)
+        self._drain(op, out)
         if ts is not None and self.watermark_delay is not None and ts > self._max_timestamp:
             self._max_timestamp = ts
             out.extend(self.advance_watermark(ts - self.watermark_delay - 1))
-        return out
+
+    def _drain(self, op: KeyedProcessOperator, out: list[Any]) -> None:
+        if op.output:
+            out.extend(op.output)
+            op.output.clear()
+        if op.side_outputs:
+            self._collect_side_outputs(op)
 
     def run(self, records: Iterable[Any], *, final_watermark: bool = True) -> list[Any]:
         """Process every record; with ``final_watermark`` fire all event-time timers at the end
         (as Flink does when a bounded input ends). Returns all outputs in order."""
         out: list[Any] = []
-        for record in records:
-            out.extend(self.process(record))
+        it = iter(records)
+        if not self.subtasks:
+            for record in it:
+                self._process_into(record, out)  # starts the subtasks
+                break
+        if self.timestamp_assigner is not None:
+            for record in it:
+                self._process_into(record, out)
+        else:
+            # the common path with the per-record work of _process_into bound to locals
+            selector = self.key_selector
+            cache = self._key_groups
+            cached_types = _CACHED_KEY_TYPES
+            subtask_of_kg = self._subtask_of_kg
+            key_group_of = self.key_group_of
+            extend = out.extend
+            for record in it:
+                key = selector(record)
+                kg = cache.get(key) if type(key) in cached_types else None
+                if kg is None:
+                    kg = key_group_of(key)
+                op = subtask_of_kg[kg]
+                op.process_element(key, record, None, kg)
+                result = op.output
+                if result:
+                    extend(result)
+                    result.clear()
+                if op.side_outputs:
+                    self._collect_side_outputs(op)
         if final_watermark and self.subtasks and self.timestamp_assigner is not None:
             out.extend(self.advance_watermark(MAX_WATERMARK))
         return out
