@@ -76,8 +76,9 @@ class StateTtlConfig:
     update_type: StateTtlConfig.UpdateType = UpdateType.OnCreateAndWrite
     state_visibility: StateTtlConfig.StateVisibility = StateVisibility.NeverReturnExpired
     ttl_time_characteristic: TtlTimeCharacteristic = TtlTimeCharacteristic.ProcessingTime
-    #: drop expired entries when a full snapshot is written
-    cleanup_full_snapshot: bool = True
+    #: drop expired entries when a full snapshot is written; off unless asked for, as in Flink
+    #: (``StateTtlConfig.Builder.cleanupFullSnapshot()``)
+    cleanup_full_snapshot: bool = False
     #: heap backend: entries visited per state access (0 disables incremental cleanup)
     cleanup_size: int = 5
     #: heap backend: also run an incremental cleanup step for every processed record
