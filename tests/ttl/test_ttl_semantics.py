@@ -297,6 +297,32 @@ def test_map_values_expire_one_by_one(backend, clock, update_type, visibility):
     assert backend.num_entries("m") == 0
 
 
+@pytest.mark.parametrize("visibility", [SV.NeverReturnExpired, SV.ReturnExpiredIfNotCleanedUp])
+def test_map_put_none_is_a_contained_mapping(backend, clock, visibility):
+    # as Flink's TtlMapState (and the map state without TTL): None is a value, the key is there
+    d = MapStateDescriptor("m", str, int | None).enable_time_to_live(
+        config(visibility=visibility, cleanup_size=0)
+    )
+    s = ttl_state(backend, d)
+    s.put("a", None)
+    s.put_all({"b": None, "c": 3})
+    assert s.get("a") is None and s.contains("a") and s.contains("b")
+    assert dict(s.items()) == {"a": None, "b": None, "c": 3}
+    assert not s.contains("x")
+    clock.advance(TTL)
+    assert s.contains("a") is (visibility is SV.ReturnExpiredIfNotCleanedUp)
+    assert not s.contains("a")  # removed by the read that found it expired
+
+
+def test_map_put_none_refused_when_the_value_type_has_no_none(backend):
+    s = ttl_state(backend, MapStateDescriptor("m", str, int).enable_time_to_live(config()))
+    with pytest.raises(StateAccessError, match="'m'.*'k' -> None.*T \\| None"):
+        s.put("k", None)
+    with pytest.raises(StateAccessError, match="'m'.*'j' -> None"):
+        s.put_all({"i": 1, "j": None})
+    assert backend.num_entries("m") == 0
+
+
 def test_map_is_empty_with_return_expired(backend, clock):
     d = MapStateDescriptor("m", str, int).enable_time_to_live(
         config(visibility=SV.ReturnExpiredIfNotCleanedUp, cleanup_size=0)

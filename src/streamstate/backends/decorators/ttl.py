@@ -394,7 +394,21 @@ class TtlMapState(_TtlState, InternalMapState[Any, Any]):
             original.put(key, (now, tv[1]))
         return tv[1]
 
+    def _check_none(self, key: Any) -> None:
+        """A None value is stored as ``(ts, None)``, which only the value type can tell is
+        valid; check it now rather than when a checkpoint reads it back."""
+        ser = self._descriptor.value_serializer  # type: ignore[attr-defined]
+        try:
+            ser.deserialize(ser.serialize(None))
+        except Exception as exc:
+            raise StateAccessError(
+                f"map state {self._descriptor.name!r}: cannot put {key!r} -> None, the value "
+                f"type does not admit None (declare it as `T | None`): {exc}"
+            ) from exc
+
     def put(self, key: Any, value: Any) -> None:
+        if value is None:
+            self._check_none(key)
         if self._access is not None:
             self._access()
         self._original.put(key, (self._policy.now(), value))
@@ -402,6 +416,9 @@ class TtlMapState(_TtlState, InternalMapState[Any, Any]):
     def put_all(self, mapping: dict[Any, Any]) -> None:
         if not mapping:
             return
+        for k, v in mapping.items():
+            if v is None:
+                self._check_none(k)
         if self._access is not None:
             self._access()
         now = self._policy.now()
@@ -413,7 +430,21 @@ class TtlMapState(_TtlState, InternalMapState[Any, Any]):
         self._original.remove(key)
 
     def contains(self, key: Any) -> bool:
-        return self.get(key) is not None
+        # as Flink's TtlMapState: a mapping whose value is None is still contained
+        if self._access is not None:
+            self._access()
+        original = self._original
+        tv = original.get(key)
+        if tv is None:
+            return False
+        policy = self._policy
+        now = policy.now()
+        if tv[0] <= policy.cutoff(now):
+            original.remove(key)
+            return policy.return_expired
+        if policy.update_on_read:
+            original.put(key, (now, tv[1]))
+        return True
 
     def _items(self) -> list[tuple[Any, Any]]:
         if self._access is not None:
