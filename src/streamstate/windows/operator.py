@@ -78,6 +78,23 @@ class _WindowStateStore(KeyedStateStore):
     get_reducing_state = get_aggregating_state = _get  # type: ignore[assignment]
 
 
+class _MergingWindowStateStore(KeyedStateStore):
+    """``window_state()`` under a merging assigner: refused, as in Flink, since a merge would
+    strand the per-window state of the windows merged away."""
+
+    __slots__ = ()
+
+    def _get(self, descriptor: StateDescriptor) -> Any:
+        raise StateAccessError(
+            "Per-window state is not allowed when using merging windows. "
+            f"(state {descriptor.name!r}: a merge would leave it behind in the merged windows; "
+            "use global_state() or the window contents)"
+        )
+
+    get_state = get_list_state = get_map_state = _get  # type: ignore[assignment]
+    get_reducing_state = get_aggregating_state = _get  # type: ignore[assignment]
+
+
 class _Context(OnMergeContext, WindowAssignerContext):
     """The trigger context (and assigner context) of the current key and window."""
 
@@ -126,6 +143,8 @@ class _Context(OnMergeContext, WindowAssignerContext):
     # -- used by the process window function's context --
     def window_state(self) -> KeyedStateStore:
         op = self.op
+        if op._merging:
+            return _MergingWindowStateStore()
         return _WindowStateStore(op._backend, self.window, op._window_serializer)
 
     def global_state(self) -> KeyedStateStore:
