@@ -49,7 +49,7 @@ from streamstate.windows.assigners import (
     WindowAssigner,
     WindowAssignerContext,
 )
-from streamstate.windows.contents import WindowContents
+from streamstate.windows.contents import WINDOW_CONTENTS, WindowContents
 from streamstate.windows.functions import InternalWindowFunction, ProcessWindowFunction
 from streamstate.windows.merging_window_set import MergingWindowSet
 from streamstate.windows.time_window import MAX_TIMESTAMP
@@ -233,6 +233,17 @@ class WindowOperator(KeyedProcessFunction[Any, Any]):
         self._window_state: Any = None
         if self.contents.kind == "aggregating" or self.contents.element_type is not None:
             self._create_window_state(None, False)
+        else:
+            # restored contents: their element serializer comes from the checkpoint, so pending
+            # windows can fire on the first watermark, before any new element
+            meta = self._backend.restored_state_meta(WINDOW_CONTENTS)
+            descriptor = None if meta is None else self.contents.restored_descriptor(
+                meta.state_serializer
+            )
+            if descriptor is not None:
+                self._window_state = self._backend.get_or_create_keyed_state(
+                    self._window_serializer, descriptor
+                )
         if self._merging:
             ser = self._window_serializer
             self._merging_sets = self._backend.get_or_create_keyed_state(
