@@ -417,3 +417,37 @@ def test_per_window_state_is_refused_with_merging_windows():
 
     runner = event_runner(window(EventTimeSessionWindows.with_gap(10)).process(GlobalOnly()))
     assert runner.run([("a", 1, 0), ("a", 5, 0), ("a", 100, 0)]) == [("a", 2), ("a", 3)]
+
+
+def test_spark_rows_as_window_elements_are_kept_as_tuples():
+    # a Spark record (a tuple subclass without a class msgspec can rebuild) is inferred as the
+    # tuple of its fields, as element_type=tuple[...] would give
+    from collections import namedtuple
+
+    from streamstate.spark.records import row_class
+    from streamstate.windows.contents import infer_serializer
+
+    row = row_class(["user", "v"])(("a", 3))
+    ser = infer_serializer(row)
+    assert type(ser).__name__ == "TupleSerializer"
+    assert ser.deserialize(ser.serialize(row)) == ("a", 3)
+    point = namedtuple("Point", ["x", "y"])
+    assert type(infer_serializer(point(1, 2))).__name__ == "StructSerializer"
+
+    class Sizes(ProcessWindowFunction):
+        def process(self, key, context, elements):
+            yield key, context.window().start, sorted(e[1] for e in elements)
+
+    make = row_class(["user", "v"])
+    fn = window(TumblingEventTimeWindows.of(10)).process(Sizes())
+    runner = LocalRunner(
+        fn,
+        key_selector=lambda r: r[0],
+        timestamp_assigner=lambda r: r[1],
+        watermark_delay=0,
+        state_backend="rocksdb",
+    )
+    assert runner.run([make(("a", 1)), make(("a", 4)), make(("b", 12))]) == [
+        ("a", 0, [1, 4]),
+        ("b", 10, [12]),
+    ]

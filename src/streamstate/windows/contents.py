@@ -54,7 +54,9 @@ def infer_serializer(value: Any) -> TypeSerializer[Any]:
         return StrSerializer()
     if isinstance(value, bytes):
         return BytesSerializer()
-    if isinstance(value, tuple) and type(value) is tuple:
+    if isinstance(value, tuple) and not hasattr(type(value), "_field_defaults"):
+        # a plain tuple, or a Spark record (streamstate.spark.Row): stored as the tuple of its
+        # fields (a named tuple, which has _field_defaults, keeps its class below)
         return TupleSerializer(*(infer_serializer(v) for v in value))
     if isinstance(value, list) and value:
         return ListSerializer(infer_serializer(value[0]))
