@@ -124,7 +124,7 @@ class StateTtlConfig:
             ttl=d["ttl"],
             update_type=cls.UpdateType(d["update_type"]),
             state_visibility=cls.StateVisibility(d["state_visibility"]),
-            cleanup_full_snapshot=d.get("cleanup_full_snapshot", True),
+            cleanup_full_snapshot=d.get("cleanup_full_snapshot", False),
             cleanup_size=d.get("cleanup_size", 5),
             run_cleanup_for_every_record=d.get("run_cleanup_for_every_record", False),
             rocksdb_sweep_per_checkpoint=d.get("rocksdb_sweep_per_checkpoint", 1000),

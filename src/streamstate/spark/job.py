@@ -161,9 +161,12 @@ def _referenced_modules(root: Any, limit: int = 10_000) -> list[str]:
             continue
         stack.extend(getattr(obj, "__dict__", {}).values())
         for c in cls.__mro__:
-            for slot in getattr(c, "__slots__", ()):
-                if isinstance(slot, str) and slot not in ("__dict__", "__weakref__"):
-                    stack.append(getattr(obj, slot, None))
+            slots = getattr(c, "__slots__", ())
+            stack.extend(
+                getattr(obj, slot, None)
+                for slot in ((slots,) if isinstance(slots, str) else slots)
+                if slot not in ("__dict__", "__weakref__")
+            )
     return modules
 
 

@@ -237,8 +237,8 @@ class WindowOperator(KeyedProcessFunction[Any, Any]):
             # restored contents: their element serializer comes from the checkpoint, so pending
             # windows can fire on the first watermark, before any new element
             meta = self._backend.restored_state_meta(WINDOW_CONTENTS)
-            descriptor = None if meta is None else self.contents.restored_descriptor(
-                meta.state_serializer
+            descriptor = (
+                None if meta is None else self.contents.restored_descriptor(meta.state_serializer)
             )
             if descriptor is not None:
                 self._window_state = self._backend.get_or_create_keyed_state(
