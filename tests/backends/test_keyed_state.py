@@ -15,6 +15,7 @@ from streamstate import (
     ListStateDescriptor,
     MapStateDescriptor,
     ReducingStateDescriptor,
+    StateTtlConfig,
     ValueStateDescriptor,
 )
 from streamstate.errors import (
@@ -199,6 +200,25 @@ def test_aggregating_state(make_backend: Any) -> None:
     assert s.get() == 3.0
     s.clear()
     assert s.get() is None
+
+
+@pytest.mark.parametrize("ttl", [False, True])
+def test_aggregating_add_none_clears(make_backend: Any, ttl: bool) -> None:
+    # Flink's HeapAggregatingState.add(null) clears the state; the user's add never sees None
+    b = make_backend()
+    d = AggregatingStateDescriptor("avg", Average(), list[int])
+    if ttl:
+        d.enable_time_to_live(StateTtlConfig(ttl=60_000))
+    s = state(b, d)
+    b.set_current_key("k")
+    s.add(2)
+    b.set_current_key("j")
+    s.add(4)
+    s.add(None)
+    assert s.get() is None
+    b.set_current_key("k")
+    assert s.get() == 2.0
+    assert b.num_entries("avg") == 1
 
 
 # ---- namespaces --------------------------------------------------------------------------------

@@ -128,6 +128,28 @@ def test_equal_parallelism_without_union_keeps_assignment() -> None:
     assert repartition_operator_state(old, 3) == old
 
 
+def test_equal_parallelism_with_union_keeps_split_and_broadcast_state() -> None:
+    old = [
+        OperatorStateSnapshot(
+            {
+                "a": _split("a", [i] * (i + 1)),
+                "u": ListStateSnapshot("u", UNION, StrSerializer(), [f"s{i}"]),
+            },
+            {"b": BroadcastStateSnapshot("b", StrSerializer(), Int64Serializer(), {"copy": i})},
+        )
+        for i in range(3)
+    ]
+    new = repartition_operator_state(old, 3)
+    assert [s.list_states["a"].elements for s in new] == [[0], [1, 1], [2, 2, 2]]
+    assert all(s.list_states["u"].elements == ["s0", "s1", "s2"] for s in new)
+    assert [s.broadcast_states["b"].entries["copy"] for s in new] == [0, 1, 2]
+    # the old snapshots are not modified
+    assert [s.list_states["u"].elements for s in old] == [["s0"], ["s1"], ["s2"]]
+    # a subtask without broadcast state (it had none) keeps having none
+    old[1].broadcast_states.clear()
+    assert "b" not in repartition_operator_state(old, 3)[1].broadcast_states
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     st.lists(st.lists(st.integers(0, 100), max_size=8), min_size=1, max_size=6),

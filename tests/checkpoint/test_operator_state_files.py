@@ -145,6 +145,32 @@ def test_equal_parallelism_keeps_the_assignment() -> None:
     assert got == [[0], [1, 1], [2, 2, 2]]
 
 
+def test_equal_parallelism_failover_moves_no_split_or_broadcast_state() -> None:
+    # Flink's repartitionState at unchanged parallelism: split-distribute and broadcast state stay
+    # with their subtask even when union state exists; only the union state is spread
+    storage = MemoryCheckpointStorage()
+    old = _runner(3, storage)
+
+    def fill(i: int, ob: Any) -> None:
+        ob.get_list_state(ListStateDescriptor("a", int)).update([i] * (i + 1))
+        ob.get_union_list_state(ListStateDescriptor("u", str)).update([f"s{i}"])
+        ob.get_broadcast_state(MapStateDescriptor("rules", str, int)).put("copy", i)
+
+    _fill(old, fill)
+    old.checkpoint()
+    new = _restored(3, storage)
+    backends = [op.operator_backend for op in new.subtasks]
+    assert [b.get_list_state(ListStateDescriptor("a", int)).get() for b in backends] == [
+        [0],
+        [1, 1],
+        [2, 2, 2],
+    ]
+    for b in backends:
+        assert b.get_union_list_state(ListStateDescriptor("u", str)).get() == ["s0", "s1", "s2"]
+    rules = MapStateDescriptor("rules", str, int)
+    assert [b.get_broadcast_state(rules).get("copy") for b in backends] == [0, 1, 2]
+
+
 @dataclasses.dataclass
 class Offset:
     partition: int

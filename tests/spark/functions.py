@@ -13,6 +13,7 @@ from streamstate import (
     ListStateDescriptor,
     ValueStateDescriptor,
 )
+from streamstate.windows import ProcessWindowFunction
 
 
 class Count(KeyedProcessFunction):
@@ -85,3 +86,10 @@ class BadOutput(KeyedProcessFunction):
 
     def process_element(self, value: Any, ctx: Any) -> Any:
         yield ctx.get_current_key(), "not a number"
+
+
+class WindowSize(ProcessWindowFunction):
+    """``(key, window start, number of elements)`` per firing."""
+
+    def process(self, key: Any, context: Any, elements: Any) -> Any:
+        yield key, context.window().start, len(list(elements))

@@ -194,3 +194,41 @@ def _wait_gone(pid: int, timeout: float = 5.0) -> None:
             return
         time.sleep(0.05)
     raise AssertionError(f"process {pid} is still alive after {timeout} s")
+
+
+def test_a_window_functions_module_travels_by_value(tmp_path: Any) -> None:
+    # the operator (streamstate's WindowOperator) only refers to the user's window and reduce
+    # functions: their module, which state hosts cannot import, must be pickled by value too
+    import subprocess
+    import sys
+
+    (tmp_path / "my_windows.py").write_text(
+        "from streamstate.windows import ProcessWindowFunction, TumblingEventTimeWindows, window\n"
+        "class Size(ProcessWindowFunction):\n"
+        "    def process(self, key, context, elements):\n"
+        "        yield key, len(elements)\n"
+        "def build():\n"
+        "    return window(TumblingEventTimeWindows.of(10)).process(Size())\n"
+        "def build_reduce():\n"
+        "    return window(TumblingEventTimeWindows.of(10)).reduce(lambda a, b: a + b)\n"
+    )
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import my_windows
+
+        blobs = [pickle_function(my_windows.build()), pickle_function(my_windows.build_reduce())]
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("my_windows", None)
+    for blob in blobs:
+        (tmp_path / "f.pkl").write_bytes(blob)
+        probe = (
+            "import cloudpickle, sys; "
+            f"op = cloudpickle.loads(open({str(tmp_path / 'f.pkl')!r}, 'rb').read()); "
+            "assert 'my_windows' not in sys.modules; print(type(op).__name__)"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", probe], capture_output=True, text=True, cwd="/", check=False
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == "WindowOperator"

@@ -10,11 +10,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from data import final_counts, make_batches, running_counts, write_batches
-from functions import Count, CountWithRecordLog
+from functions import Count, CountWithRecordLog, WindowSize
 
 from streamstate.checkpoint.storage import FileSystemCheckpointStorage
 from streamstate.demo import HOUR_MS, generate_events, page_views_per_hour
 from streamstate.spark import FileSink, keyed_process, read_state
+from streamstate.windows import TumblingEventTimeWindows, window
 
 pytestmark = pytest.mark.spark
 
@@ -142,3 +143,31 @@ def test_event_time_windows_fire_as_the_watermark_crosses_batches(
     fired = {k: v for k, v in expected.items() if (k[1] + 1) * HOUR_MS - 1 <= watermark}
     assert fired and len(fired) < len(expected)  # some hours closed, the last one is open
     assert sorted(results) == sorted((a, h, v) for (a, h), v in fired.items())
+
+
+@pytest.mark.parametrize("state_backend", ["heap", "rocksdb"])
+def test_windows_fire_after_a_restart_on_a_batch_that_only_advances_the_watermark(
+    spark: Any, tmp_path: Any, state_backend: str
+) -> None:
+    # no element_type: the restarted query's state hosts reload the window contents and must
+    # get their element serializer from the checkpoint, as the watermark fires them first
+    directory = str(tmp_path / "in")
+    results = []
+    for phase, batches in enumerate(([[("a", 1), ("b", 2), ("a", 5)], [("a", 30)]], [[("c", 31)]])):
+        write_batches(directory, batches, start=2 * phase)
+        query = keyed_process(
+            _source(spark, directory),
+            key="user",
+            function=window(TumblingEventTimeWindows.of(10)).process(WindowSize()),
+            output_schema="user string, start long, n long",
+            event_time="v",
+            watermark_delay=0,
+            checkpoint=str(tmp_path / "ck"),
+            parallelism=2,
+            state_backend=state_backend,
+        ).write_stream("memory", trigger={"availableNow": True})
+        query.await_termination()
+        results.append(sorted((r["user"], r["start"], r["n"]) for r in query.sink.rows()))
+        if phase == 1:
+            assert [b["restore"] for b in query.batches] == [["reload"]]
+    assert results == [[], [("a", 0, 2), ("b", 0, 1)]]

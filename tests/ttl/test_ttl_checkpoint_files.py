@@ -26,7 +26,7 @@ codec_mod = pytest.importorskip("streamstate.checkpoint.codec")
 if not hasattr(LocalRunner, "checkpoint"):  # pragma: no cover - depends on the branch
     pytest.skip("LocalRunner has no checkpoints here", allow_module_level=True)
 
-CFG = StateTtlConfig(ttl=100, cleanup_size=0)
+CFG = StateTtlConfig(ttl=100, cleanup_size=0, cleanup_full_snapshot=True)
 
 
 class Writes(KeyedProcessFunction):

@@ -55,7 +55,7 @@ def snapshot_entries(backend) -> dict[str, dict]:
 
 def test_snapshot_drops_expired_entries_elements_and_values(heap_backend, clock):
     backend = heap_backend
-    cfg = StateTtlConfig(ttl=TTL, cleanup_size=0)
+    cfg = StateTtlConfig(ttl=TTL, cleanup_size=0, cleanup_full_snapshot=True)
     v = ValueStateDescriptor("v", int).enable_time_to_live(cfg)
     lst = ListStateDescriptor("l", int).enable_time_to_live(cfg)
     m = MapStateDescriptor("m", str, int).enable_time_to_live(cfg)
@@ -102,6 +102,19 @@ def test_snapshot_keeps_expired_entries_without_full_snapshot_cleanup(heap_backe
     v = ValueStateDescriptor("v", int).enable_time_to_live(cfg)
     state_of(backend, v, "a").update(1)
     clock.advance(TTL)
+    assert snapshot_entries(backend)["v"] == {("a", VOID_NAMESPACE): (1000, 1)}
+
+
+def test_full_snapshot_cleanup_is_off_by_default_as_in_flink(heap_backend, clock):
+    # Flink turns it on only with StateTtlConfig.Builder.cleanupFullSnapshot()
+    assert StateTtlConfig(ttl=TTL).cleanup_full_snapshot is False
+    assert StateTtlConfig.new_builder(TTL).build().cleanup_full_snapshot is False
+    assert StateTtlConfig.new_builder(TTL).cleanup_full_snapshot().build().cleanup_full_snapshot
+    backend = heap_backend
+    v = ValueStateDescriptor("v", int).enable_time_to_live(StateTtlConfig(ttl=TTL, cleanup_size=0))
+    state_of(backend, v, "a").update(1)
+    clock.advance(TTL)
+    assert backend.state_table("v").snapshot_transformer is None
     assert snapshot_entries(backend)["v"] == {("a", VOID_NAMESPACE): (1000, 1)}
 
 
@@ -253,7 +266,12 @@ class SweepingBackend:
 def test_backends_without_heap_tables_get_a_cleanup_hook(heap_backend, clock):
     inner = heap_backend
     b = SweepingBackend(inner)
-    cfg = StateTtlConfig.new_builder(TTL).cleanup_in_rocksdb_compact_filter(3).build()
+    cfg = (
+        StateTtlConfig.new_builder(TTL)
+        .cleanup_full_snapshot()
+        .cleanup_in_rocksdb_compact_filter(3)
+        .build()
+    )
     d = ValueStateDescriptor("v", int).enable_time_to_live(cfg)
     create_ttl_state(b, NS, d)
     (hook,) = b.hooks

@@ -228,6 +228,8 @@ def test_list_elements_expire_one_by_one(heap_backend, clock):
 
 
 def test_list_return_expired_returns_then_cleans(backend, clock):
+    # Flink's IteratorWithCleanup: expired elements are returned until cleanup removes them;
+    # a read clears the list only when nothing unexpired is left
     d = ListStateDescriptor("l", int).enable_time_to_live(
         config(visibility=SV.ReturnExpiredIfNotCleanedUp, cleanup_size=0)
     )
@@ -237,6 +239,28 @@ def test_list_return_expired_returns_then_cleans(backend, clock):
     s.add(2)
     clock.time = 1100
     assert s.get() == [1, 2]
+    assert s.get() == [1, 2]  # 2 is unexpired: nothing is cleaned up by reading
+    assert backend.num_entries("l") == 1
+    clock.time = 1150
+    assert s.get() == [1, 2]  # all expired: returned once more, then cleared
+    assert backend.num_entries("l") == 0
+    assert s.get() == []
+
+
+def test_list_return_expired_with_read_refresh_keeps_only_unexpired(backend, clock):
+    # Flink's TtlListState.updateTs: a read under OnReadAndWrite rewrites the unexpired elements
+    # with the new timestamp, so the expired ones are returned by this read only
+    d = ListStateDescriptor("l", int).enable_time_to_live(
+        config(UT.OnReadAndWrite, SV.ReturnExpiredIfNotCleanedUp, cleanup_size=0)
+    )
+    s = ttl_state(backend, d)
+    s.add(1)
+    clock.time = 1050
+    s.add(2)
+    clock.time = 1100
+    assert s.get() == [1, 2]
+    assert s.get() == [2]
+    clock.time = 1199  # 2 was refreshed at 1100
     assert s.get() == [2]
 
 
@@ -297,6 +321,32 @@ def test_map_values_expire_one_by_one(backend, clock, update_type, visibility):
     assert backend.num_entries("m") == 0
 
 
+@pytest.mark.parametrize("visibility", [SV.NeverReturnExpired, SV.ReturnExpiredIfNotCleanedUp])
+def test_map_put_none_is_a_contained_mapping(backend, clock, visibility):
+    # as Flink's TtlMapState (and the map state without TTL): None is a value, the key is there
+    d = MapStateDescriptor("m", str, int | None).enable_time_to_live(
+        config(visibility=visibility, cleanup_size=0)
+    )
+    s = ttl_state(backend, d)
+    s.put("a", None)
+    s.put_all({"b": None, "c": 3})
+    assert s.get("a") is None and s.contains("a") and s.contains("b")
+    assert dict(s.items()) == {"a": None, "b": None, "c": 3}
+    assert not s.contains("x")
+    clock.advance(TTL)
+    assert s.contains("a") is (visibility is SV.ReturnExpiredIfNotCleanedUp)
+    assert not s.contains("a")  # removed by the read that found it expired
+
+
+def test_map_put_none_refused_when_the_value_type_has_no_none(backend):
+    s = ttl_state(backend, MapStateDescriptor("m", str, int).enable_time_to_live(config()))
+    with pytest.raises(StateAccessError, match="'m'.*'k' -> None.*T \\| None"):
+        s.put("k", None)
+    with pytest.raises(StateAccessError, match="'m'.*'j' -> None"):
+        s.put_all({"i": 1, "j": None})
+    assert backend.num_entries("m") == 0
+
+
 def test_map_is_empty_with_return_expired(backend, clock):
     d = MapStateDescriptor("m", str, int).enable_time_to_live(
         config(visibility=SV.ReturnExpiredIfNotCleanedUp, cleanup_size=0)
@@ -308,10 +358,9 @@ def test_map_is_empty_with_return_expired(backend, clock):
     assert s.is_empty() is True
 
 
-@pytest.mark.parametrize("visibility", [SV.NeverReturnExpired, SV.ReturnExpiredIfNotCleanedUp])
-def test_reducing_add_after_expiry_starts_afresh(backend, clock, visibility):
+def test_reducing_add_after_expiry_starts_afresh(backend, clock):
     d = ReducingStateDescriptor("r", lambda a, b: a + b, int).enable_time_to_live(
-        config(visibility=visibility, cleanup_size=0)
+        config(visibility=SV.NeverReturnExpired, cleanup_size=0)
     )
     s = ttl_state(backend, d)
     s.add(1)
@@ -326,10 +375,9 @@ def test_reducing_add_after_expiry_starts_afresh(backend, clock, visibility):
     assert s.get() is None and backend.num_entries("r") == 0
 
 
-@pytest.mark.parametrize("visibility", [SV.NeverReturnExpired, SV.ReturnExpiredIfNotCleanedUp])
-def test_aggregating_add_after_expiry_starts_afresh(backend, clock, visibility):
+def test_aggregating_add_after_expiry_starts_afresh(backend, clock):
     d = AggregatingStateDescriptor("g", ListAcc(), list[int]).enable_time_to_live(
-        config(visibility=visibility, cleanup_size=0)
+        config(visibility=SV.NeverReturnExpired, cleanup_size=0)
     )
     s = ttl_state(backend, d)
     s.add(1)
@@ -345,6 +393,52 @@ def test_aggregating_add_after_expiry_starts_afresh(backend, clock, visibility):
     assert s.get() == [7, 8]
     s.update_internal(None)
     assert backend.num_entries("g") == 0
+
+
+@pytest.mark.parametrize("kind", ["reducing", "aggregating"])
+def test_add_builds_on_an_expired_value_not_cleaned_up(backend, clock, kind):
+    # Flink's TtlReduceFunction / TtlAggregateFunction use getUnexpired: with
+    # ReturnExpiredIfNotCleanedUp an expired value still stored is built upon
+    make, write, read, _, _ = KINDS[kind]
+    d = make().enable_time_to_live(
+        config(visibility=SV.ReturnExpiredIfNotCleanedUp, cleanup_size=0)
+    )
+    s = ttl_state(backend, d)
+    write(s, 1)
+    clock.time = 1050
+    write(s, 2)  # (1050, 3)
+    clock.time = 1150  # expired, not cleaned up
+    write(s, 10)
+    assert read(s) == 13
+    clock.time = 1249  # the add refreshed the timestamp
+    assert read(s) == 13
+
+
+@pytest.mark.parametrize("kind", ["reducing", "aggregating"])
+def test_merge_builds_on_expired_values_not_cleaned_up(backend, clock, kind):
+    make, write, read, _, _ = KINDS[kind]
+    d = make().enable_time_to_live(
+        config(visibility=SV.ReturnExpiredIfNotCleanedUp, cleanup_size=0)
+    )
+    s = ttl_state(backend, d, "a", "w1", StrSerializer())
+    write(s, 1)  # 1000
+    clock.time = 1060
+    s.set_current_namespace("w2")
+    write(s, 2)
+    s.set_current_namespace("w3")
+    write(s, 4)
+    clock.time = 1100  # w1 expired but still stored
+    s.merge_namespaces("w3", ["w1", "w2"])
+    s.set_current_namespace("w3")
+    assert read(s) == 7
+    assert backend.num_entries("s") == 1
+    clock.time = 5000  # every part expired: the merge still yields their values
+    s.set_current_namespace("w4")
+    write(s, 1)
+    clock.time = 9000
+    s.merge_namespaces("w5", ["w3", "w4"])
+    s.set_current_namespace("w5")
+    assert read(s) == 8
 
 
 @pytest.mark.parametrize("kind", ["list", "reducing", "aggregating"])

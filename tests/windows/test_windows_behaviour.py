@@ -13,6 +13,7 @@ from streamstate import (
     ValueStateDescriptor,
 )
 from streamstate.backends.base import Clock
+from streamstate.errors import StateAccessError
 from streamstate.runtime.operator import KeyedProcessOperator
 from streamstate.serializers import StrSerializer
 from streamstate.windows import (
@@ -391,3 +392,62 @@ def test_window_state_and_global_state_of_process_window_functions():
     backend = runner.subtasks[0].keyed_backend
     assert backend.num_entries("n") == 0  # cleared by clear() at cleanup
     assert backend.num_entries("total") == 1
+
+
+def test_per_window_state_is_refused_with_merging_windows():
+    # Flink's MergingWindowStateStore: a merge would strand the windows' per-window state
+    class PerSession(ProcessWindowFunction):
+        def process(self, key, context, elements):
+            context.window_state().get_state(ValueStateDescriptor("n", int, default=0))
+            yield key
+
+    fn = window(EventTimeSessionWindows.with_gap(10)).process(PerSession())
+    runner = event_runner(fn)
+    with pytest.raises(
+        StateAccessError,
+        match="Per-window state is not allowed when using merging windows.*'n'",
+    ):
+        runner.run([("a", 1, 0), ("a", 5, 0), ("a", 100, 0)])
+
+    class GlobalOnly(ProcessWindowFunction):
+        def process(self, key, context, elements):
+            total = context.global_state().get_state(ValueStateDescriptor("total", int, default=0))
+            total.update(total.value() + len(elements))
+            yield key, total.value()
+
+    runner = event_runner(window(EventTimeSessionWindows.with_gap(10)).process(GlobalOnly()))
+    assert runner.run([("a", 1, 0), ("a", 5, 0), ("a", 100, 0)]) == [("a", 2), ("a", 3)]
+
+
+def test_spark_rows_as_window_elements_are_kept_as_tuples():
+    # a Spark record (a tuple subclass without a class msgspec can rebuild) is inferred as the
+    # tuple of its fields, as element_type=tuple[...] would give
+    from collections import namedtuple
+
+    from streamstate.spark.records import row_class
+    from streamstate.windows.contents import infer_serializer
+
+    row = row_class(["user", "v"])(("a", 3))
+    ser = infer_serializer(row)
+    assert type(ser).__name__ == "TupleSerializer"
+    assert ser.deserialize(ser.serialize(row)) == ("a", 3)
+    point = namedtuple("Point", ["x", "y"])
+    assert type(infer_serializer(point(1, 2))).__name__ == "StructSerializer"
+
+    class Sizes(ProcessWindowFunction):
+        def process(self, key, context, elements):
+            yield key, context.window().start, sorted(e[1] for e in elements)
+
+    make = row_class(["user", "v"])
+    fn = window(TumblingEventTimeWindows.of(10)).process(Sizes())
+    runner = LocalRunner(
+        fn,
+        key_selector=lambda r: r[0],
+        timestamp_assigner=lambda r: r[1],
+        watermark_delay=0,
+        state_backend="rocksdb",
+    )
+    assert runner.run([make(("a", 1)), make(("a", 4)), make(("b", 12))]) == [
+        ("a", 0, [1, 4]),
+        ("b", 10, [12]),
+    ]

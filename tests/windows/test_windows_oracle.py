@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from oracle import Oracle
 
-from streamstate import AggregateFunction, LocalRunner, OutputTag
+from streamstate import AggregateFunction, LocalRunner, OutputTag, ValueStateDescriptor
 from streamstate.windows import (
     EventTimeSessionWindows,
     ProcessWindowFunction,
@@ -28,15 +28,28 @@ records_strategy = st.lists(
 
 
 class Describe(ProcessWindowFunction):
-    """(key, start, end, contents) for every firing."""
+    """(key, start, end, contents) for every firing; with ``count_firings`` also the number of
+    the firing, kept in per-window state (``window_state()``) and cleared in ``clear``."""
 
-    def __init__(self, sort: bool = False) -> None:
+    FIRINGS = ValueStateDescriptor("firings", int, default=0)
+
+    def __init__(self, sort: bool = False, count_firings: bool = False) -> None:
         self.sort = sort
+        self.count_firings = count_firings
 
     def process(self, key, context, elements):
         w = context.window()
         items = list(elements)
-        yield (key, w.start, w.end, tuple(sorted(items) if self.sort else items))
+        described = (key, w.start, w.end, tuple(sorted(items) if self.sort else items))
+        if self.count_firings:
+            firings = context.window_state().get_state(self.FIRINGS)
+            firings.update(firings.value() + 1)
+            described += (firings.value(),)
+        yield described
+
+    def clear(self, context):
+        if self.count_firings:
+            context.window_state().get_state(self.FIRINGS).clear()
 
 
 class DescribeAggregate(ProcessWindowFunction):
@@ -77,8 +90,9 @@ def run_windows(fn, records, delay, parallelism, end_watermark):
     return out, late, leaks, runner
 
 
-def expected(oracle, kind):
+def expected(oracle, kind, count_firings=False):
     out = Counter()
+    firings = Counter()
     for key, w, elems in oracle.fired:
         if kind == "process":
             what = tuple(sorted(elems))
@@ -86,14 +100,16 @@ def expected(oracle, kind):
             what = sum(e[2] for e in elems)
         else:
             what = (len(elems), sum(e[2] for e in elems))
-        out[(key, w.start, w.end, what)] += 1
+        firings[(key, w)] += 1
+        extra = (firings[(key, w)],) if count_firings else ()
+        out[(key, w.start, w.end, what, *extra)] += 1
     return out
 
 
-def build(assigner, kind, lateness):
+def build(assigner, kind, lateness, count_firings=False):
     ws = window(assigner).allowed_lateness(lateness).side_output_late_data(LATE)
     if kind == "process":
-        return ws.process(Describe(sort=True))
+        return ws.process(Describe(sort=True, count_firings=count_firings))
     if kind == "reduce":
         return ws.reduce(lambda a, b: (a[0], max(a[1], b[1]), a[2] + b[2]), _ReduceDescribe())
     return ws.aggregate(CountAndSum(), DescribeAggregate())
@@ -112,10 +128,12 @@ def check(assigner, assign, gap, records, kind, lateness, delay, parallelism):
     for r in records:
         oracle.process(r, r[0], r[1], assign)
     oracle.advance(horizon)
+    # per-window state (not allowed with merging windows) must be cleaned up with its window too
+    count_firings = kind == "process" and gap is None
     out, late, leaks, _ = run_windows(
-        build(assigner, kind, lateness), records, delay, parallelism, horizon
+        build(assigner, kind, lateness, count_firings), records, delay, parallelism, horizon
     )
-    assert Counter(out) == expected(oracle, kind)
+    assert Counter(out) == expected(oracle, kind, count_firings)
     assert Counter(late) == Counter(oracle.late)
     assert leaks == [(0, 0)] * parallelism  # no state and no timer of a closed window is left
 

@@ -109,7 +109,10 @@ class ReducingState(MergingState[T, T]):
 
 
 class AggregatingState(MergingState[IN, OUT]):
-    """An accumulator folded with an ``AggregateFunction``; ``get`` returns its result."""
+    """An accumulator folded with an ``AggregateFunction``; ``get`` returns its result.
+
+    ``add(None)`` clears the state (as Flink's heap backend; the function never sees None).
+    """
 
     __slots__ = ()
 

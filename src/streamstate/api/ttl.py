@@ -76,8 +76,9 @@ class StateTtlConfig:
     update_type: StateTtlConfig.UpdateType = UpdateType.OnCreateAndWrite
     state_visibility: StateTtlConfig.StateVisibility = StateVisibility.NeverReturnExpired
     ttl_time_characteristic: TtlTimeCharacteristic = TtlTimeCharacteristic.ProcessingTime
-    #: drop expired entries when a full snapshot is written
-    cleanup_full_snapshot: bool = True
+    #: drop expired entries when a full snapshot is written; off unless asked for, as in Flink
+    #: (``StateTtlConfig.Builder.cleanupFullSnapshot()``)
+    cleanup_full_snapshot: bool = False
     #: heap backend: entries visited per state access (0 disables incremental cleanup)
     cleanup_size: int = 5
     #: heap backend: also run an incremental cleanup step for every processed record
@@ -123,7 +124,7 @@ class StateTtlConfig:
             ttl=d["ttl"],
             update_type=cls.UpdateType(d["update_type"]),
             state_visibility=cls.StateVisibility(d["state_visibility"]),
-            cleanup_full_snapshot=d.get("cleanup_full_snapshot", True),
+            cleanup_full_snapshot=d.get("cleanup_full_snapshot", False),
             cleanup_size=d.get("cleanup_size", 5),
             run_cleanup_for_every_record=d.get("run_cleanup_for_every_record", False),
             rocksdb_sweep_per_checkpoint=d.get("rocksdb_sweep_per_checkpoint", 1000),

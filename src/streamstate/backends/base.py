@@ -331,6 +331,11 @@ class KeyedStateBackend(ABC):
             )
         return compat
 
+    def restored_state_meta(self, name: str) -> RestoredStateMeta | None:
+        """What the restored checkpoint says about state ``name`` (None if it had no such state):
+        lets a program rebuild a serializer it would otherwise infer from data not seen yet."""
+        return self._restored_meta.get(name)
+
     def registered_state_names(self) -> list[str]:
         return list(self._states)
 

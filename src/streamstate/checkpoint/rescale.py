@@ -10,7 +10,9 @@ state follows Flink's round-robin rules:
   subtask 0. State names are visited in sorted order, so the result is deterministic.
 * ``UNION``: every new subtask gets all elements of all old subtasks.
 * ``BROADCAST``: new subtask ``i`` gets the copy of old subtask ``i % p``.
-* With ``p' == p`` and no union or broadcast state, every subtask keeps its own state.
+* With ``p' == p`` every subtask keeps its own split-distribute and broadcast state (Flink's
+  ``RoundRobinOperatorStateRepartitioner.repartitionState`` at unchanged parallelism); only union
+  state is spread, every subtask getting all of it. Without union state nothing changes.
 
 >>> from streamstate.serializers import Int64Serializer
 >>> from streamstate.backends.operator import (
@@ -68,13 +70,8 @@ def repartition_operator_state(
     if new_parallelism < 1:
         raise ValueError(f"new parallelism must be >= 1, got {new_parallelism}")
     old_parallelism = len(old)
-    has_union_or_broadcast = any(
-        s.broadcast_states
-        or any(ls.mode is OperatorStateMode.UNION for ls in s.list_states.values())
-        for s in old
-    )
-    if old_parallelism == new_parallelism and not has_union_or_broadcast:
-        return list(old)
+    if old_parallelism == new_parallelism:
+        return _spread_union_state(old)
 
     split: dict[str, list[ListStateSnapshot]] = {}
     union: dict[str, list[ListStateSnapshot]] = {}
@@ -127,4 +124,35 @@ def repartition_operator_state(
             snap.broadcast_states[name] = BroadcastStateSnapshot(
                 name, chosen.key_serializer, chosen.value_serializer, dict(chosen.entries)
             )
+    return result
+
+
+def _spread_union_state(old: Sequence[OperatorStateSnapshot]) -> list[OperatorStateSnapshot]:
+    """Unchanged parallelism: each subtask keeps its own split-distribute and broadcast state,
+    so a plain failover moves nothing; union state, if any, goes to every subtask in full."""
+    union: dict[str, list[ListStateSnapshot]] = {}
+    for snap in old:
+        for name, ls in snap.list_states.items():
+            if ls.mode is OperatorStateMode.UNION:
+                union.setdefault(name, []).append(ls)
+    if not union:
+        return list(old)
+    for snap in old:
+        for name, ls in snap.list_states.items():
+            if name in union and ls.mode is not OperatorStateMode.UNION:
+                raise CheckpointError(
+                    f"operator state {name!r} appears with different modes in different subtasks"
+                )
+    result = []
+    for snap in old:
+        own = OperatorStateSnapshot(dict(snap.list_states), dict(snap.broadcast_states))
+        for name in sorted(union):
+            parts = union[name]
+            own.list_states[name] = ListStateSnapshot(
+                name,
+                OperatorStateMode.UNION,
+                parts[0].element_serializer,
+                [e for ls in parts for e in ls.elements],
+            )
+        result.append(own)
     return result

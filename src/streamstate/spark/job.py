@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+import types
 from typing import Any
 
 import msgspec
@@ -128,16 +129,65 @@ def _by_value(module_name: str) -> bool:
     return not any(marker in path for marker in ("site-packages", "dist-packages"))
 
 
+def _referenced_modules(root: Any, limit: int = 10_000) -> list[str]:
+    """The modules of the classes and functions reachable from ``root`` through attributes,
+    slots, containers and closures: a window operator holds the user's window, reduce and
+    aggregate functions, whose modules are not the operator's."""
+    modules: list[str] = []
+    seen: set[int] = set()
+    stack = [root]
+    while stack and len(seen) < limit:
+        obj = stack.pop()
+        if id(obj) in seen or obj is None or isinstance(obj, (str, bytes, int, float, bool)):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, (list, tuple, set, frozenset)):
+            stack.extend(obj)
+            continue
+        if isinstance(obj, dict):
+            stack.extend(obj.keys())
+            stack.extend(obj.values())
+            continue
+        if isinstance(obj, types.FunctionType):
+            modules.append(obj.__module__)
+            stack.extend(c.cell_contents for c in obj.__closure__ or () if _cell_filled(c))
+            stack.extend(obj.__defaults__ or ())
+            continue
+        if isinstance(obj, (types.ModuleType, types.BuiltinFunctionType)):
+            continue
+        cls = obj if isinstance(obj, type) else type(obj)
+        modules.extend(c.__module__ for c in cls.__mro__)
+        if isinstance(obj, type):
+            continue
+        stack.extend(getattr(obj, "__dict__", {}).values())
+        for c in cls.__mro__:
+            slots = getattr(c, "__slots__", ())
+            stack.extend(
+                getattr(obj, slot, None)
+                for slot in ((slots,) if isinstance(slots, str) else slots)
+                if slot not in ("__dict__", "__weakref__")
+            )
+    return modules
+
+
+def _cell_filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018 - an empty cell raises
+    except ValueError:
+        return False
+    return True
+
+
 def pickle_function(function: Any) -> bytes:
-    """cloudpickle ``function``; classes of modules that are not installed packages (a
-    notebook's helper module, a test module) travel by value, so that executors and state
-    hosts need not import them."""
+    """cloudpickle ``function``; classes and functions of modules that are not installed
+    packages (a notebook's helper module, a test module) travel by value, so that executors and
+    state hosts need not import them — also those the function only refers to, such as a
+    window operator's window function."""
     import cloudpickle
 
     registered = []
-    for cls in type(function).__mro__:
-        name = cls.__module__
-        if _by_value(name) and name in sys.modules and name not in registered:
+    for name in _referenced_modules(function):
+        if name and _by_value(name) and name in sys.modules and name not in registered:
             try:
                 cloudpickle.register_pickle_by_value(sys.modules[name])
             except ValueError:

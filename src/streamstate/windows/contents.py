@@ -29,7 +29,9 @@ from streamstate.serializers import (
     TupleSerializer,
     TypeSerializer,
     serializer_for,
+    serializer_from_snapshot,
 )
+from streamstate.serializers.base import SerializerSnapshot
 
 __all__ = ["WINDOW_CONTENTS", "WindowContents", "infer_serializer"]
 
@@ -52,7 +54,9 @@ def infer_serializer(value: Any) -> TypeSerializer[Any]:
         return StrSerializer()
     if isinstance(value, bytes):
         return BytesSerializer()
-    if isinstance(value, tuple) and type(value) is tuple:
+    if isinstance(value, tuple) and not hasattr(type(value), "_field_defaults"):
+        # a plain tuple, or a Spark record (streamstate.spark.Row): stored as the tuple of its
+        # fields (a named tuple, which has _field_defaults, keeps its class below)
         return TupleSerializer(*(infer_serializer(v) for v in value))
     if isinstance(value, list) and value:
         return ListSerializer(infer_serializer(value[0]))
@@ -100,3 +104,19 @@ class WindowContents:
         if self.kind == "reducing":
             return ReducingStateDescriptor(WINDOW_CONTENTS, self.function, t)
         return ListStateDescriptor(WINDOW_CONTENTS, t)
+
+    def restored_descriptor(self, state_serializer: SerializerSnapshot) -> StateDescriptor | None:
+        """The descriptor of contents restored from a checkpoint whose state serializer is
+        ``state_serializer``, so that windows restored before any new element can fire; None if
+        the element type cannot be rebuilt from it (it is then inferred as usual)."""
+        if self.kind == "aggregating" or self.element_type is not None:
+            return self.descriptor()
+        try:
+            restored = serializer_from_snapshot(state_serializer)
+        except Exception:  # e.g. pickle, or a record class that no longer imports
+            return None
+        if self.kind == "reducing":
+            return ReducingStateDescriptor(WINDOW_CONTENTS, self.function, restored)
+        if not isinstance(restored, ListSerializer):
+            return None
+        return ListStateDescriptor(WINDOW_CONTENTS, restored.element)

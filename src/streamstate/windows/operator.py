@@ -49,7 +49,7 @@ from streamstate.windows.assigners import (
     WindowAssigner,
     WindowAssignerContext,
 )
-from streamstate.windows.contents import WindowContents
+from streamstate.windows.contents import WINDOW_CONTENTS, WindowContents
 from streamstate.windows.functions import InternalWindowFunction, ProcessWindowFunction
 from streamstate.windows.merging_window_set import MergingWindowSet
 from streamstate.windows.time_window import MAX_TIMESTAMP
@@ -73,6 +73,23 @@ class _WindowStateStore(KeyedStateStore):
 
     def _get(self, descriptor: StateDescriptor) -> Any:
         return self._backend.get_partitioned_state(self._namespace, self._serializer, descriptor)
+
+    get_state = get_list_state = get_map_state = _get  # type: ignore[assignment]
+    get_reducing_state = get_aggregating_state = _get  # type: ignore[assignment]
+
+
+class _MergingWindowStateStore(KeyedStateStore):
+    """``window_state()`` under a merging assigner: refused, as in Flink, since a merge would
+    strand the per-window state of the windows merged away."""
+
+    __slots__ = ()
+
+    def _get(self, descriptor: StateDescriptor) -> Any:
+        raise StateAccessError(
+            "Per-window state is not allowed when using merging windows. "
+            f"(state {descriptor.name!r}: a merge would leave it behind in the merged windows; "
+            "use global_state() or the window contents)"
+        )
 
     get_state = get_list_state = get_map_state = _get  # type: ignore[assignment]
     get_reducing_state = get_aggregating_state = _get  # type: ignore[assignment]
@@ -126,6 +143,8 @@ class _Context(OnMergeContext, WindowAssignerContext):
     # -- used by the process window function's context --
     def window_state(self) -> KeyedStateStore:
         op = self.op
+        if op._merging:
+            return _MergingWindowStateStore()
         return _WindowStateStore(op._backend, self.window, op._window_serializer)
 
     def global_state(self) -> KeyedStateStore:
@@ -214,6 +233,17 @@ class WindowOperator(KeyedProcessFunction[Any, Any]):
         self._window_state: Any = None
         if self.contents.kind == "aggregating" or self.contents.element_type is not None:
             self._create_window_state(None, False)
+        else:
+            # restored contents: their element serializer comes from the checkpoint, so pending
+            # windows can fire on the first watermark, before any new element
+            meta = self._backend.restored_state_meta(WINDOW_CONTENTS)
+            descriptor = (
+                None if meta is None else self.contents.restored_descriptor(meta.state_serializer)
+            )
+            if descriptor is not None:
+                self._window_state = self._backend.get_or_create_keyed_state(
+                    self._window_serializer, descriptor
+                )
         if self._merging:
             ser = self._window_serializer
             self._merging_sets = self._backend.get_or_create_keyed_state(

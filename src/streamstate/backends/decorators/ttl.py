@@ -24,10 +24,11 @@ A value is *expired* iff ``ts + ttl <= now`` where ``ts + ttl`` saturates at the
 
 * ``update_type``: ``OnCreateAndWrite`` refreshes ``ts`` on every write; ``OnReadAndWrite`` also on
   every read of an unexpired value (``Disabled`` turns TTL off: the descriptor then has no TTL).
-* ``state_visibility``: ``NeverReturnExpired`` hides expired values; with
-  ``ReturnExpiredIfNotCleanedUp`` a read returns an expired value that is still stored (and then
-  removes it). Writes never build on an expired value: adding to an expired reducing/aggregating
-  state starts afresh.
+* ``state_visibility``: ``NeverReturnExpired`` hides expired values, and adding to an expired
+  reducing/aggregating state starts afresh; with ``ReturnExpiredIfNotCleanedUp`` a read returns
+  an expired value that is still stored (and then removes it), and adds and merges build on it
+  (Flink's ``getUnexpired``). A list read returns every stored element, expired ones included,
+  and clears the list only when none is unexpired (Flink's ``IteratorWithCleanup``).
 * **cleanup on read**: an expired value met by a read is removed (list elements and map values
   individually).
 * **full-snapshot cleanup** (``cleanup_full_snapshot``): on the heap backend the state table's
@@ -117,7 +118,8 @@ def ttl_state_serializer(descriptor: StateDescriptor) -> TypeSerializer[Any]:
 
 
 class TtlReduceFunction(ReduceFunction[Any]):
-    """Reduces ``(ts, value)`` pairs with the user's function; expired sides are ignored."""
+    """Reduces ``(ts, value)`` pairs with the user's function; expired sides are ignored
+    unless the visibility is ``ReturnExpiredIfNotCleanedUp`` (Flink's ``getUnexpired``)."""
 
     __slots__ = ("original", "policy")
 
@@ -127,7 +129,7 @@ class TtlReduceFunction(ReduceFunction[Any]):
 
     def reduce(self, value1: Any, value2: Any) -> Any:
         now = self.policy.now()
-        cutoff = self.policy.cutoff(now)
+        cutoff = self.policy.unexpired_cutoff(now)
         live1 = value1 is not None and value1[0] > cutoff
         live2 = value2 is not None and value2[0] > cutoff
         if live1 and live2:
@@ -140,7 +142,8 @@ class TtlReduceFunction(ReduceFunction[Any]):
 
 
 class TtlAggregateFunction(AggregateFunction[Any, Any, Any]):
-    """Aggregates into ``(ts, accumulator)``; an expired accumulator is replaced by a new one."""
+    """Aggregates into ``(ts, accumulator)``; an expired accumulator is replaced by a new one
+    unless the visibility is ``ReturnExpiredIfNotCleanedUp`` (Flink's ``getUnexpired``)."""
 
     __slots__ = ("original", "policy")
 
@@ -153,7 +156,7 @@ class TtlAggregateFunction(AggregateFunction[Any, Any, Any]):
 
     def add(self, value: Any, accumulator: Any) -> Any:
         now = self.policy.now()
-        if accumulator is None or accumulator[0] <= self.policy.cutoff(now):
+        if accumulator is None or accumulator[0] <= self.policy.unexpired_cutoff(now):
             acc = self.original.create_accumulator()
         else:
             acc = accumulator[1]
@@ -164,7 +167,7 @@ class TtlAggregateFunction(AggregateFunction[Any, Any, Any]):
 
     def merge(self, acc_a: Any, acc_b: Any) -> Any:
         now = self.policy.now()
-        cutoff = self.policy.cutoff(now)
+        cutoff = self.policy.unexpired_cutoff(now)
         live_a = acc_a is not None and acc_a[0] > cutoff
         live_b = acc_b is not None and acc_b[0] > cutoff
         if live_a and live_b:
@@ -323,15 +326,22 @@ class TtlListState(_TtlState, InternalListState[Any]):
         now = policy.now()
         cutoff = policy.cutoff(now)
         live = [e for e in stored if e[0] > cutoff]
-        if len(live) != len(stored):  # cleanup on read
-            result = [e[1] for e in (stored if policy.return_expired else live)]
+        if len(live) == len(stored):
             if policy.update_on_read:
-                live = [(now, e[1]) for e in live]
-            original.update_internal(live)
-            return result
-        if policy.update_on_read:
-            original.update_internal([(now, e[1]) for e in stored])
-        return [e[1] for e in stored]
+                original.update_internal([(now, e[1]) for e in stored])
+            return [e[1] for e in stored]
+        if policy.return_expired:
+            # Flink's IteratorWithCleanup: every element stored is returned, expired ones too,
+            # and the list is cleared only once nothing unexpired is left; reading with
+            # OnReadAndWrite rewrites the unexpired elements (updateTs), dropping the others.
+            if not live:
+                original.clear()
+            elif policy.update_on_read:
+                original.update_internal([(now, e[1]) for e in live])
+            return [e[1] for e in stored]
+        # cleanup on read: the expired elements are removed (see docs/state.md, deviations)
+        original.update_internal([(now, e[1]) for e in live] if policy.update_on_read else live)
+        return [e[1] for e in live]
 
     def add(self, value: Any) -> None:
         if value is None:
@@ -394,7 +404,21 @@ class TtlMapState(_TtlState, InternalMapState[Any, Any]):
             original.put(key, (now, tv[1]))
         return tv[1]
 
+    def _check_none(self, key: Any) -> None:
+        """A None value is stored as ``(ts, None)``, which only the value type can tell is
+        valid; check it now rather than when a checkpoint reads it back."""
+        ser = self._descriptor.value_serializer  # type: ignore[attr-defined]
+        try:
+            ser.deserialize(ser.serialize(None))
+        except Exception as exc:
+            raise StateAccessError(
+                f"map state {self._descriptor.name!r}: cannot put {key!r} -> None, the value "
+                f"type does not admit None (declare it as `T | None`): {exc}"
+            ) from exc
+
     def put(self, key: Any, value: Any) -> None:
+        if value is None:
+            self._check_none(key)
         if self._access is not None:
             self._access()
         self._original.put(key, (self._policy.now(), value))
@@ -402,6 +426,9 @@ class TtlMapState(_TtlState, InternalMapState[Any, Any]):
     def put_all(self, mapping: dict[Any, Any]) -> None:
         if not mapping:
             return
+        for k, v in mapping.items():
+            if v is None:
+                self._check_none(k)
         if self._access is not None:
             self._access()
         now = self._policy.now()
@@ -413,7 +440,21 @@ class TtlMapState(_TtlState, InternalMapState[Any, Any]):
         self._original.remove(key)
 
     def contains(self, key: Any) -> bool:
-        return self.get(key) is not None
+        # as Flink's TtlMapState: a mapping whose value is None is still contained
+        if self._access is not None:
+            self._access()
+        original = self._original
+        tv = original.get(key)
+        if tv is None:
+            return False
+        policy = self._policy
+        now = policy.now()
+        if tv[0] <= policy.cutoff(now):
+            original.remove(key)
+            return policy.return_expired
+        if policy.update_on_read:
+            original.put(key, (now, tv[1]))
+        return True
 
     def _items(self) -> list[tuple[Any, Any]]:
         if self._access is not None:

@@ -25,6 +25,9 @@ __all__ = [
 LONG_MAX = (1 << 63) - 1
 
 
+_NO_CUTOFF = float("-inf")
+
+
 class TtlPolicy:
     """The parts of a :class:`StateTtlConfig` the hot path needs, plus the clock.
 
@@ -58,6 +61,22 @@ class TtlPolicy:
 
     def expired(self, ts: int, now: int) -> bool:
         return ts <= self.cutoff(now)
+
+    def unexpired_cutoff(self, now: int) -> float:
+        """Flink's ``getUnexpired``: a stored value is built upon (by a reduce, an aggregate's
+        ``add``, a merge) iff its timestamp is ``> unexpired_cutoff(now)``; with
+        ``ReturnExpiredIfNotCleanedUp`` that is any value still stored, expired or not.
+
+        >>> class FixedClock:
+        ...     def now(self): return 1_000
+        >>> visible = StateTtlConfig.StateVisibility.ReturnExpiredIfNotCleanedUp
+        >>> TtlPolicy(StateTtlConfig(ttl=100), FixedClock()).unexpired_cutoff(1_000)
+        900
+        >>> TtlPolicy(StateTtlConfig(ttl=100, state_visibility=visible), FixedClock()
+        ...           ).unexpired_cutoff(1_000)
+        -inf
+        """
+        return _NO_CUTOFF if self.return_expired else self.cutoff(now)
 
 
 def snapshot_transform(kind: StateKind, policy: TtlPolicy) -> Callable[[Any], Any]:

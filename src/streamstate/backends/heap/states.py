@@ -369,6 +369,9 @@ class HeapAggregatingState(_HeapState, InternalAggregatingState[Any, Any]):
 
     def add(self, value: Any) -> None:
         ctx = self._ctx
+        if value is None:  # as Flink's HeapAggregatingState: adding null clears
+            self._maps[ctx.kg_index].remove(ctx.key, self._ns)
+            return
         self._maps[ctx.kg_index].transform(ctx.key, self._ns, value, self._add)
 
     def merge_namespaces(self, target: Any, sources: Iterable[Any]) -> None:

@@ -402,6 +402,11 @@ class RocksDBAggregatingState(_SingleValueState, InternalAggregatingState[Any, A
         return None if acc is ABSENT else self._agg.get_result(acc)
 
     def add(self, value: Any) -> None:
+        if value is None:
+            # as Flink's heap backend (its RocksDB state would hand None to the user's add):
+            # adding None clears, on every backend alike
+            self.clear()
+            return
         kgi, ck, acc = self._load()
         agg = self._agg
         if acc is ABSENT:
