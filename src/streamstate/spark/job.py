@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+import types
 from typing import Any
 
 import msgspec
@@ -128,15 +129,48 @@ def _by_value(module_name: str) -> bool:
     return not any(marker in path for marker in ("site-packages", "dist-packages"))
 
 
+_SCALARS = (str, bytes, int, float, bool, type(None))
+
+
+def _modules_of(function: Any, limit: int = 10_000) -> list[str]:
+    """The modules of the classes and functions reachable from ``function`` through attributes
+    and containers: a window operator holds the user's window, reduce or aggregate function,
+    trigger and evictor, whose modules must travel by value too."""
+    names: list[str] = []
+    seen: set[int] = set()
+    todo = [function]
+    while todo and len(seen) < limit:
+        obj = todo.pop()
+        if isinstance(obj, _SCALARS) or id(obj) in seen or isinstance(obj, types.ModuleType):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, type):
+            names.extend(c.__module__ for c in obj.__mro__)
+            continue
+        if isinstance(obj, (types.FunctionType, types.MethodType)):
+            names.append(getattr(obj, "__module__", None) or "")
+            todo.append(getattr(obj, "__self__", None))
+            continue
+        names.extend(c.__module__ for c in type(obj).__mro__)
+        if isinstance(obj, dict):
+            todo.extend(obj.values())
+        elif isinstance(obj, (list, tuple, set, frozenset)):
+            todo.extend(obj)
+        else:
+            todo.extend(getattr(obj, "__dict__", {}).values())
+            slots = [s for c in type(obj).__mro__ for s in getattr(c, "__slots__", ())]
+            todo.extend(getattr(obj, s) for s in slots if isinstance(s, str) and hasattr(obj, s))
+    return list(dict.fromkeys(n for n in names if n))
+
+
 def pickle_function(function: Any) -> bytes:
     """cloudpickle ``function``; classes of modules that are not installed packages (a
     notebook's helper module, a test module) travel by value, so that executors and state
     hosts need not import them."""
     import cloudpickle
 
-    registered = []
-    for cls in type(function).__mro__:
-        name = cls.__module__
+    registered: list[str] = []
+    for name in _modules_of(function):
         if _by_value(name) and name in sys.modules and name not in registered:
             try:
                 cloudpickle.register_pickle_by_value(sys.modules[name])

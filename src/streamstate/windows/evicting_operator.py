@@ -24,6 +24,7 @@ from streamstate.serializers import (
     Int64Serializer,
     OptionalSerializer,
     TupleSerializer,
+    serializer_for,
 )
 from streamstate.windows.contents import WINDOW_CONTENTS, infer_serializer
 from streamstate.windows.evictors import Evictor, EvictorContext, TimestampedValue
@@ -81,6 +82,8 @@ class EvictingWindowOperator(WindowOperator):
                     f"the window builder (state {WINDOW_CONTENTS!r} of an evicting window)"
                 )
             t = infer_serializer(element)
+        else:
+            t = serializer_for(t)
         descriptor = ListStateDescriptor(
             WINDOW_CONTENTS, TupleSerializer(OptionalSerializer(Int64Serializer()), t)
         )
