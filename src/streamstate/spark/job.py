@@ -63,6 +63,8 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True):
     function_sha: str = ""
     #: savepoint or checkpoint the first batch starts from when no checkpoint exists yet
     initial_state: str | None = None
+    #: side-output tag id -> Arrow IPC bytes of its schema (the side outputs delivered)
+    side_outputs: dict[str, bytes] = {}
 
     @property
     def identity(self) -> str:
