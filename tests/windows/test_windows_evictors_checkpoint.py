@@ -7,8 +7,10 @@ from __future__ import annotations
 import pytest
 
 from streamstate import AggregateFunction, LocalRunner
+from streamstate.backends.base import Clock
 from streamstate.windows import (
     ContinuousEventTimeTrigger,
+    ContinuousProcessingTimeTrigger,
     CountEvictor,
     DeltaEvictor,
     DeltaTrigger,
@@ -18,6 +20,7 @@ from streamstate.windows import (
     SlidingEventTimeWindows,
     TimeEvictor,
     TumblingEventTimeWindows,
+    TumblingProcessingTimeWindows,
     window,
 )
 
@@ -121,4 +124,44 @@ def test_evictor_and_trigger_state_survive_checkpoint_restore_and_rescale(
         r2.advance_watermark(10_000)
         assert all(op.keyed_backend.num_entries() == 0 for op in r2.subtasks)
         assert all(op.num_timers() == 0 for op in r2.subtasks)
+    r2.close()
+
+
+class _Clock(Clock):
+    def __init__(self, now: int) -> None:
+        self.t = now
+
+    def now(self) -> int:
+        return self.t
+
+
+@pytest.mark.parametrize(
+    ("backend_before", "backend_after"), [("heap", "rocksdb"), ("rocksdb", "heap")]
+)
+def test_continuous_processing_time_trigger_state_survives_restore(
+    backend_before, backend_after, tmp_path
+):
+    def build(clock, backend):
+        fn = (
+            window(TumblingProcessingTimeWindows.of(20))
+            .trigger(ContinuousProcessingTimeTrigger.of(6))
+            .evictor(CountEvictor.of(2))
+            .process(Summary(), element_type=Record)
+        )
+        return LocalRunner(fn, key_selector=lambda r: r[0], clock=clock, state_backend=backend)
+
+    clock = _Clock(103)
+    r1 = build(clock, backend_before)
+    r1.run([("a", 0, 1), ("a", 0, 2), ("a", 0, 3)])
+    assert [o[3] for o in r1.advance_processing_time(108)] == [[("a", 0, 2), ("a", 0, 3)]]
+    cp = r1.checkpoint(str(tmp_path))
+    r1.close()
+    r2 = build(_Clock(110), backend_after)
+    r2.restore(cp)
+    r2.process(("a", 0, 4))
+    # the restored fire time 114 and the window's end 119 fire with the restored, evicted list
+    out = r2.advance_processing_time(200)
+    assert [o[3] for o in out] == [[("a", 0, 3), ("a", 0, 4)]] * 2
+    assert all(op.keyed_backend.num_entries() == 0 for op in r2.subtasks)
+    assert all(op.num_timers() == 0 for op in r2.subtasks)
     r2.close()
