@@ -16,6 +16,8 @@ what the next batch needs:
 ``outputs``
     the Parquet files the subtasks staged: the sink reads them after the commit, and reads
     them again if Spark replays the batch after a crash between our commit and Spark's.
+``side_outputs``
+    the same for each side output the query delivers (tag id -> files), when there are any.
 
 Cases at the start of batch ``b`` (:meth:`CheckpointLog.plan`): the latest complete checkpoint
 is ``b - 1`` (normal), ``b`` (the driver died after our commit and Spark replays: only the sink
@@ -56,6 +58,8 @@ class BatchPlan:
     replay: bool = False
     #: the staged outputs of a replayed batch
     outputs: list[StagedOutput] = dataclasses.field(default_factory=list)
+    #: the staged side outputs of a replayed batch, per tag id
+    side_outputs: dict[str, list[StagedOutput]] = dataclasses.field(default_factory=dict)
 
 
 class CheckpointLog:
@@ -104,8 +108,12 @@ class CheckpointLog:
         props = latest.metadata.properties
         if cid == batch:
             outputs = [msgspec.convert(o, StagedOutput) for o in props.get("outputs", [])]
+            side = {
+                tag: [msgspec.convert(o, StagedOutput) for o in files]
+                for tag, files in props.get("side_outputs", {}).items()
+            }
             return BatchPlan(
-                batch, cid, props["lineage"], props["lineage"], {}, 0, now, 0, True, outputs
+                batch, cid, props["lineage"], props["lineage"], {}, 0, now, 0, True, outputs, side
             )
         if cid != batch - 1:
             raise CheckpointError(
@@ -166,6 +174,12 @@ class CheckpointLog:
             "processing_time": plan.processing_time,
             "outputs": outputs,
         }
+        side: dict[str, list[Any]] = {}
+        for r in sorted(results, key=lambda r: r.subtask):
+            for tag, staged in r.side_outputs.items():
+                side.setdefault(tag, []).append(msgspec.to_builtins(staged))
+        if side:  # the staged side outputs, delivered again if Spark replays the batch
+            properties["side_outputs"] = side
         completed = self.coordinator.commit(
             plan.batch, handles, expected={self.operator: self.parallelism}, properties=properties
         )

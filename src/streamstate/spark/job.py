@@ -63,6 +63,8 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True):
     function_sha: str = ""
     #: savepoint or checkpoint the first batch starts from when no checkpoint exists yet
     initial_state: str | None = None
+    #: side-output tag id -> Arrow IPC bytes of its schema (the side outputs delivered)
+    side_outputs: dict[str, bytes] = {}
 
     @property
     def identity(self) -> str:
@@ -153,6 +155,10 @@ def _referenced_modules(root: Any, limit: int = 10_000) -> list[str]:
             stack.extend(c.cell_contents for c in obj.__closure__ or () if _cell_filled(c))
             stack.extend(obj.__defaults__ or ())
             continue
+        if isinstance(obj, types.MethodType):
+            stack.append(obj.__func__)
+            stack.append(obj.__self__)
+            continue
         if isinstance(obj, (types.ModuleType, types.BuiltinFunctionType)):
             continue
         cls = obj if isinstance(obj, type) else type(obj)
@@ -185,7 +191,7 @@ def pickle_function(function: Any) -> bytes:
     window operator's window function."""
     import cloudpickle
 
-    registered = []
+    registered: list[str] = []
     for name in _referenced_modules(function):
         if name and _by_value(name) and name in sys.modules and name not in registered:
             try:

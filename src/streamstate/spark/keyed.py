@@ -38,6 +38,8 @@ class KeyedOptions:
     retained_checkpoints: int
     host_idle_timeout: float
     adaptive: bool
+    #: side-output tag id -> Spark schema (StructType) of the side outputs delivered
+    side_output_structs: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def spark(self) -> Any:
@@ -51,6 +53,16 @@ class KeyedOptions:
         tz = self.spark.conf.get("spark.sql.session.timeZone")
         inp = StructType([*self.df.schema.fields, StructField(KEY_GROUP_COLUMN, IntegerType())])
         return to_arrow_schema(inp, timezone=tz), to_arrow_schema(self.output_struct, timezone=tz)
+
+    def side_output_schemas(self) -> dict[str, Any]:
+        """Side-output tag id -> Arrow schema."""
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        tz = self.spark.conf.get("spark.sql.session.timeZone")
+        return {
+            tag: to_arrow_schema(struct, timezone=tz)
+            for tag, struct in self.side_output_structs.items()
+        }
 
     def job_spec(self, checkpoint_url: str, function_path: str = "", sha: str = "") -> JobSpec:
         inp, out = self.arrow_schemas()
@@ -71,6 +83,10 @@ class KeyedOptions:
             function_path=function_path,
             function_sha=sha,
             initial_state=self.initial_state,
+            side_outputs={
+                tag: arrow_schema_to_bytes(schema)
+                for tag, schema in self.side_output_schemas().items()
+            },
         )
 
 
@@ -144,6 +160,7 @@ def keyed_process(
     retained_checkpoints: int = 3,
     host_idle_timeout: float = 600.0,
     adaptive: bool = False,
+    side_outputs: dict[Any, Any] | None = None,
 ) -> Any:
     """Run ``function`` keyed by ``key`` over ``df``, with its state kept by streamstate.
 
@@ -179,6 +196,10 @@ def keyed_process(
         host_idle_timeout: seconds after which an unused state host exits.
         adaptive: leave Spark's adaptive query execution on for the keyed job (off by default:
             the placed shuffle gains nothing from it and pays its planning cost every batch).
+        side_outputs: ``{OutputTag: schema}`` (streaming only): the side outputs to deliver,
+            each to its own sink (``write_stream(side_sinks={tag: sink})``), exactly-once like
+            the main output; e.g. a window's ``side_output_late_data(tag)``. Values emitted to
+            other tags are dropped and counted (``query.batches``: ``side_outputs_dropped``).
     """
     from pyspark.sql.types import StructType
 
@@ -198,6 +219,12 @@ def keyed_process(
             f"output_schema must be a StructType or a DDL string, got {output_schema!r}"
         )
     streaming = df.isStreaming
+    side_structs = _side_output_structs(side_outputs, struct_type=StructType)
+    if side_structs and not streaming:
+        raise ValueError(
+            "side_outputs= is for streaming queries (delivered to write_stream's side_sinks=); "
+            "in batch mode nothing is late, and other side outputs are not exposed"
+        )
     if streaming and checkpoint is None:
         raise ValueError("a streaming keyed_process needs checkpoint= (a directory path or URL)")
     if streaming and savepoint is not None:
@@ -240,6 +267,7 @@ def keyed_process(
         retained_checkpoints=retained_checkpoints,
         host_idle_timeout=host_idle_timeout,
         adaptive=adaptive,
+        side_output_structs=side_structs,
     )
     ensure_worker_path(df.sparkSession)
     if streaming:
@@ -249,6 +277,28 @@ def keyed_process(
     from streamstate.spark.batch import run_bounded
 
     return run_bounded(options, savepoint=_absolute(savepoint) if savepoint else None)
+
+
+def _side_output_structs(side_outputs: dict[Any, Any] | None, struct_type: Any) -> dict[str, Any]:
+    """``{OutputTag or tag id: StructType or DDL}`` -> ``{tag id: StructType}``."""
+    from streamstate.api.functions import OutputTag
+
+    out: dict[str, Any] = {}
+    for tag, schema in (side_outputs or {}).items():
+        if isinstance(tag, OutputTag):
+            tag_id = tag.tag_id
+        elif isinstance(tag, str) and tag:
+            tag_id = tag
+        else:
+            raise TypeError(f"side_outputs keys must be OutputTags, got {tag!r}")
+        struct = struct_type.fromDDL(schema) if isinstance(schema, str) else schema
+        if not isinstance(struct, struct_type):
+            raise TypeError(
+                f"the schema of side output {tag_id!r} must be a StructType or a DDL string, "
+                f"got {schema!r}"
+            )
+        out[tag_id] = struct
+    return out
 
 
 def ensure_worker_path(spark: Any) -> None:

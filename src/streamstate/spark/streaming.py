@@ -11,7 +11,8 @@ The query is driven by ``foreachBatch``. Micro-batch ``b`` on the driver
    subtask's state host, which applies it, writes the incremental checkpoint ``chk-b`` of the
    subtask and stages the outputs, and the task yields one acknowledgement row.
 3. Commit: ``chk-b/_metadata`` is written only when all subtasks acknowledged version ``b``.
-4. The sink gets the staged outputs (idempotent per batch id); Spark then commits its own log.
+4. The sink gets the staged outputs (idempotent per batch id), each side sink its side
+   output's; Spark then commits its own log.
 
 A task that fails (host killed, user function raised, worker lost) is retried by Spark; its
 host has dropped the half-applied batch and reloads ``chk-(b-1)``. Old staged outputs and
@@ -58,6 +59,7 @@ class KeyedStream:
         query_name: str | None = None,
         run_dir: str | None = None,
         storage_options: dict[str, Any] | None = None,
+        side_sinks: dict[Any, Any] | None = None,
     ) -> KeyedStreamingQuery:
         """Start the query, writing outputs to ``sink`` (see :mod:`streamstate.spark.sinks`).
 
@@ -71,6 +73,10 @@ class KeyedStream:
                 ``$STREAMSTATE_RUN_DIR`` or ``/tmp/streamstate-<uid>``).
             storage_options: fsspec options of the ``"parquet"`` sink's ``path`` (default: the
                 checkpoint's ``storage_options``).
+            side_sinks: ``{OutputTag: sink}`` for every side output declared with
+                ``keyed_process(side_outputs=...)``: a ``Sink``, ``"memory"``, ``"console"``
+                or ``("parquet", path)``. Each gets its side output's committed values of
+                every micro-batch after the main sink, exactly-once like it.
         """
         if storage_options is None:
             storage_options = self.options.storage_options
@@ -80,9 +86,38 @@ class KeyedStream:
             trigger,
             query_name,
             run_dir,
+            _side_sinks(self.options, side_sinks, storage_options),
         )
 
     start = write_stream
+
+
+def _side_sinks(
+    options: KeyedOptions, side_sinks: dict[Any, Any] | None, storage_options: Any
+) -> dict[str, Sink]:
+    """``{tag id: Sink}``, one for every declared side output and no other."""
+    from streamstate.api.functions import OutputTag
+
+    out: dict[str, Sink] = {}
+    for tag, sink in (side_sinks or {}).items():
+        tag_id = tag.tag_id if isinstance(tag, OutputTag) else tag
+        if tag_id not in options.side_output_structs:
+            raise ValueError(
+                f"side_sinks names side output {tag_id!r}, which keyed_process(side_outputs=...) "
+                f"does not declare (declared: {sorted(options.side_output_structs)})"
+            )
+        if isinstance(sink, tuple):
+            name, path = sink
+            out[tag_id] = sink_from(name, path, None, storage_options)
+        else:
+            out[tag_id] = sink_from(sink, None, None, storage_options)
+    missing = sorted(set(options.side_output_structs) - set(out))
+    if missing:
+        raise ValueError(
+            f"side outputs {missing} are declared in keyed_process(side_outputs=...) but have "
+            "no sink: pass write_stream(side_sinks={tag: sink})"
+        )
+    return out
 
 
 class KeyedStreamingQuery:
@@ -95,9 +130,12 @@ class KeyedStreamingQuery:
         trigger: dict[str, Any] | None,
         query_name: str | None,
         run_dir: str | None,
+        side_sinks: dict[str, Sink] | None = None,
     ) -> None:
         self.options = options
         self.sink = sink
+        #: side-output tag id -> its sink
+        self.side_sinks = dict(side_sinks or {})
         self.run_dir = run_dir
         self.spark = options.spark
         checkpoint = options.checkpoint
@@ -117,6 +155,9 @@ class KeyedStreamingQuery:
         self._hosts_stopped = False
         self._lock = threading.Lock()
         sink.open(query_name or options.operator_name)
+        self.side_schemas = options.side_output_schemas()
+        for tag, side_sink in self.side_sinks.items():
+            side_sink.open(f"{query_name or options.operator_name}.{tag}")
         writer = options.df.writeStream.foreachBatch(self._run_batch).option(
             "checkpointLocation",
             spark_readable(self.storage.url_of(SPARK_CHECKPOINT_DIR)),
@@ -151,12 +192,17 @@ class KeyedStreamingQuery:
         figures: dict[str, Any] = {"batch": batch_id, "replayed": plan.replay}
         if plan.replay:
             files = plan.outputs
+            side_files = plan.side_outputs
         else:
             results = self._compute(df, plan, figures)
             t_commit = time.perf_counter()
             self.log.commit(plan, results)
             figures["commit_ms"] = (time.perf_counter() - t_commit) * 1e3
             files = [r.outputs for r in results if r.outputs is not None]
+            side_files = {}
+            for r in sorted(results, key=lambda r: r.subtask):
+                for tag, staged in r.side_outputs.items():
+                    side_files.setdefault(tag, []).append(staged)
         t_sink = time.perf_counter()
         self.sink.write(
             StagedBatch(
@@ -168,6 +214,20 @@ class KeyedStreamingQuery:
                 self.spark,
             )
         )
+        for tag, side_sink in self.side_sinks.items():
+            side_sink.write(
+                StagedBatch(
+                    batch_id,
+                    side_files.get(tag, []),
+                    self.storage,
+                    self.side_schemas[tag],
+                    self.options.side_output_structs[tag],
+                    self.spark,
+                )
+            )
+        figures["side_output_rows"] = {
+            tag: sum(f.rows for f in side_files.get(tag, [])) for tag in self.side_sinks
+        }
         figures["sink_ms"] = (time.perf_counter() - t_sink) * 1e3
         self._delete_old_outputs(batch_id)
         figures["batch_ms"] = (time.perf_counter() - t0) * 1e3
@@ -202,6 +262,8 @@ class KeyedStreamingQuery:
         results = [msgspec.msgpack.decode(r["result"], type=BatchResult) for r in rows]
         figures["rows"] = sum(r.rows for r in results)
         figures["output_rows"] = sum(r.output_rows for r in results)
+        figures["late_records_dropped"] = sum(r.late_records_dropped for r in results)
+        figures["side_outputs_dropped"] = sum(r.side_outputs_dropped for r in results)
         figures["restore"] = sorted({r.restore for r in results})
         figures["subtasks"] = [
             {"subtask": r.subtask, "restore": r.restore, "rows": r.rows, **r.stats}

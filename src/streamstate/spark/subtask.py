@@ -72,6 +72,12 @@ class BatchResult(msgspec.Struct, kw_only=True):
     max_event_time: int | None = None
     restore: str = ""
     stats: dict[str, float] = {}
+    #: side-output tag id -> its staged outputs (only the tags the job declares)
+    side_outputs: dict[str, StagedOutput] = {}
+    #: values emitted to side outputs the job does not declare (dropped)
+    side_outputs_dropped: int = 0
+    #: late elements the window operator dropped in this batch (no late-data side output)
+    late_records_dropped: int = 0
 
 
 def job_storage(job: JobSpec) -> Any:
@@ -140,6 +146,11 @@ class SubtaskRuntime:
         self.storage = storage
         self.input_schema = arrow_schema_from_bytes(job.input_schema)
         self.converter = OutputConverter(arrow_schema_from_bytes(job.output_schema))
+        #: side-output tag id -> converter, for the side outputs the job delivers
+        self.side_converters = {
+            tag: OutputConverter(arrow_schema_from_bytes(schema))
+            for tag, schema in job.side_outputs.items()
+        }
         self.key_serializer = key_serializer_for(self.input_schema, job.key_columns)
         self.row_type = row_class(job.value_columns)
         self.op: Any = None
@@ -149,6 +160,9 @@ class SubtaskRuntime:
         self.lineage: str | None = None
         self.attempt: int | None = None
         self._pending: list[Any] = []
+        self._pending_side: dict[str, list[Any]] = {}
+        self._side_dropped = 0
+        self._late_dropped_before = 0
         self._max_event_time: int | None = None
         self._rows = 0
         self._output_rows = 0
@@ -270,6 +284,9 @@ class SubtaskRuntime:
             raise RuntimeError("prepare() must run before a batch begins")
         self.version = None  # the state is being changed: no version until finish()
         self._pending = []
+        self._pending_side = {}
+        self._side_dropped = 0
+        self._late_dropped_before = self._late_records_dropped()
         self._max_event_time = None
         self._rows = self._output_rows = 0
         if watermark is not None and watermark > MIN_WATERMARK:
@@ -310,10 +327,23 @@ class SubtaskRuntime:
 
     def _collect(self) -> None:
         out = self.op.drain_output()
-        self.op.side_outputs.clear()  # side outputs are not exposed on Spark
+        side = self.op.side_outputs
+        if side:
+            for tag, values in side.items():
+                converter = self.side_converters.get(tag.tag_id)
+                if converter is None:
+                    self._side_dropped += len(values)  # the job does not deliver this tag
+                elif values:
+                    self._pending_side.setdefault(tag.tag_id, []).append(converter.to_batch(values))
+            side.clear()
         if out:
             self._output_rows += len(out)
             self._pending.append(self.converter.to_batch(out))
+
+    def _late_records_dropped(self) -> int:
+        """The operator's ``num_late_records_dropped`` counter (windows count late elements
+        they drop there; it lives as long as the operator)."""
+        return self.op.metric_group.counter("num_late_records_dropped").value()  # type: ignore[no-any-return]
 
     def output_batches(self) -> Iterator[Any]:
         """Take the outputs produced so far as Arrow batches (batch mode streams them out)."""
@@ -341,6 +371,7 @@ class SubtaskRuntime:
         else:
             future = self.checkpointer.savepoint(savepoint, batch_id)
         outputs = self._stage(batch_id, attempt, savepoint)
+        side_outputs = self._stage_side(batch_id, attempt, savepoint)
         t1 = time.perf_counter()
         handle = future.result()
         t2 = time.perf_counter()
@@ -356,23 +387,58 @@ class SubtaskRuntime:
             output_rows=self._output_rows,
             max_event_time=self._max_event_time,
             stats={"stage_ms": (t1 - t0) * 1e3, "checkpoint_wait_ms": (t2 - t1) * 1e3},
+            side_outputs=side_outputs,
+            side_outputs_dropped=self._side_dropped,
+            late_records_dropped=self._late_records_dropped() - self._late_dropped_before,
         )
 
     def _stage(self, batch_id: int, attempt: int, savepoint: str | None) -> StagedOutput | None:
+        pending, self._pending = self._pending, []
+        directory = f"{savepoint}/{OUTPUTS_DIR}" if savepoint else f"{OUTPUTS_DIR}/batch-{batch_id}"
+        return self._write_staged(pending, self.converter.schema, directory, attempt)
+
+    def _stage_side(
+        self, batch_id: int, attempt: int, savepoint: str | None
+    ) -> dict[str, StagedOutput]:
+        """Each declared side output's values of the batch, staged as its own Parquet file
+        under the batch's outputs (deleted with them)."""
+        pending, self._pending_side = self._pending_side, {}
+        base = f"{savepoint}/{OUTPUTS_DIR}" if savepoint else f"{OUTPUTS_DIR}/batch-{batch_id}"
+        staged = {}
+        for tag, batches in pending.items():
+            directory = f"{base}/side-{_safe_name(tag)}"
+            out = self._write_staged(batches, self.side_converters[tag].schema, directory, attempt)
+            if out is not None:
+                staged[tag] = out
+        return staged
+
+    def _write_staged(
+        self, pending: list[Any], schema: Any, directory: str, attempt: int
+    ) -> StagedOutput | None:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        pending, self._pending = self._pending, []
         rows = sum(b.num_rows for b in pending)
         if not rows:
             return None
-        directory = f"{savepoint}/{OUTPUTS_DIR}" if savepoint else f"{OUTPUTS_DIR}/batch-{batch_id}"
         token = uuid.uuid4().hex[:6]
         path = f"{directory}/part-{self.index:05d}-{attempt}-{token}.parquet"
         storage = self._storage()
         with storage.open_write(path) as f:
-            pq.write_table(pa.Table.from_batches(pending, schema=self.converter.schema), f)
+            pq.write_table(pa.Table.from_batches(pending, schema=schema), f)
         return StagedOutput(path=path, size=storage.size(path) or 0, rows=rows)
+
+
+def _safe_name(tag: str) -> str:
+    """A side-output tag id as a file-name part (other characters become ``_`` plus a short
+    digest, so that two tags never share a directory)."""
+    import hashlib
+    import re
+
+    clean = re.sub(r"[^A-Za-z0-9_.-]", "_", tag)
+    if clean == tag:
+        return tag
+    return f"{clean}-{hashlib.sha1(tag.encode()).hexdigest()[:8]}"
 
 
 def _event_time_ms(column: Any) -> Any:

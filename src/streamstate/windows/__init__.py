@@ -20,6 +20,16 @@ from streamstate.windows.assigners import (
     TumblingEventTimeWindows,
     TumblingProcessingTimeWindows,
     WindowAssigner,
+    WindowStagger,
+)
+from streamstate.windows.evicting_operator import EvictingWindowOperator
+from streamstate.windows.evictors import (
+    CountEvictor,
+    DeltaEvictor,
+    Evictor,
+    EvictorContext,
+    TimeEvictor,
+    TimestampedValue,
 )
 from streamstate.windows.functions import ProcessWindowFunction, WindowFunction
 from streamstate.windows.merging_window_set import MergingWindowSet
@@ -31,7 +41,10 @@ from streamstate.windows.time_window import (
     TimeWindowSerializer,
 )
 from streamstate.windows.triggers import (
+    ContinuousEventTimeTrigger,
+    ContinuousProcessingTimeTrigger,
     CountTrigger,
+    DeltaTrigger,
     EventTimeTrigger,
     NeverTrigger,
     ProcessingTimeTrigger,
@@ -42,11 +55,19 @@ from streamstate.windows.triggers import (
 from streamstate.windows.windowed_stream import WindowedStream, window
 
 __all__ = [
+    "ContinuousEventTimeTrigger",
+    "ContinuousProcessingTimeTrigger",
+    "CountEvictor",
     "CountTrigger",
+    "DeltaEvictor",
+    "DeltaTrigger",
     "DynamicEventTimeSessionWindows",
     "DynamicProcessingTimeSessionWindows",
     "EventTimeSessionWindows",
     "EventTimeTrigger",
+    "EvictingWindowOperator",
+    "Evictor",
+    "EvictorContext",
     "GlobalWindow",
     "GlobalWindowSerializer",
     "GlobalWindows",
@@ -59,8 +80,10 @@ __all__ = [
     "PurgingTrigger",
     "SlidingEventTimeWindows",
     "SlidingProcessingTimeWindows",
+    "TimeEvictor",
     "TimeWindow",
     "TimeWindowSerializer",
+    "TimestampedValue",
     "Trigger",
     "TriggerResult",
     "TumblingEventTimeWindows",
@@ -68,6 +91,7 @@ __all__ = [
     "WindowAssigner",
     "WindowFunction",
     "WindowOperator",
+    "WindowStagger",
     "WindowedStream",
     "window",
 ]

@@ -13,6 +13,8 @@ Sizes, slides, offsets and gaps are milliseconds (an ``int``, ``Time.hours(1)`` 
 
 from __future__ import annotations
 
+import enum
+import random
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from datetime import timedelta
@@ -46,6 +48,7 @@ __all__ = [
     "TumblingProcessingTimeWindows",
     "WindowAssigner",
     "WindowAssignerContext",
+    "WindowStagger",
 ]
 
 
@@ -146,11 +149,63 @@ class TumblingEventTimeWindows(WindowAssigner):
         return True
 
 
+class WindowStagger(enum.Enum):
+    """How the panes of processing-time tumbling windows are staggered across subtasks (Flink's
+    ``WindowStagger``); the offset is chosen once per subtask, at its first element, and added
+    to the assigner's offset. It is not checkpointed: a restored subtask chooses again."""
+
+    #: no stagger: every subtask's windows start together
+    ALIGNED = "aligned"
+    #: a uniformly random offset in ``[0, size)``
+    RANDOM = "random"
+    #: the first element's lag in its un-offset window: ``now - window_start(now)``, so
+    #: that the subtask's windows start at the processing time of its first element
+    NATURAL = "natural"
+
+    def get_stagger_offset(self, current_processing_time: int, size: int) -> int:
+        if self is WindowStagger.RANDOM:
+            return int(random.random() * size)
+        if self is WindowStagger.NATURAL:
+            start = TimeWindow.get_window_start_with_offset(current_processing_time, 0, size)
+            return max(0, current_processing_time - start)
+        return 0
+
+
 class TumblingProcessingTimeWindows(TumblingEventTimeWindows):
-    """Fixed-size, non-overlapping processing-time windows."""
+    """Fixed-size, non-overlapping processing-time windows, optionally staggered per subtask
+    (``window_stagger``)."""
+
+    def __init__(
+        self, size: int, offset: int = 0, window_stagger: WindowStagger = WindowStagger.ALIGNED
+    ) -> None:
+        super().__init__(size, offset)
+        if not isinstance(window_stagger, WindowStagger):
+            raise TypeError(f"expected a WindowStagger, got {window_stagger!r}")
+        self.window_stagger = window_stagger
+        #: chosen at the first element this copy of the assigner (one subtask's) sees
+        self.stagger_offset: int | None = None
+
+    @classmethod
+    def of(  # type: ignore[override]
+        cls,
+        size: int | timedelta,
+        offset: int | timedelta = 0,
+        window_stagger: WindowStagger = WindowStagger.ALIGNED,
+    ) -> TumblingProcessingTimeWindows:
+        return cls(_millis(size, "size"), _millis(offset, "offset"), window_stagger)
 
     def _timestamp(self, timestamp: int | None, context: Any) -> int:
         return int(context.get_current_processing_time())
+
+    def assign_windows(self, element: Any, timestamp: Any, context: Any) -> list[TimeWindow]:
+        now = self._timestamp(timestamp, context)
+        stagger = self.stagger_offset
+        if stagger is None:
+            stagger = self.stagger_offset = self.window_stagger.get_stagger_offset(now, self.size)
+        start = TimeWindow.get_window_start_with_offset(
+            now, (self.offset + stagger) % self.size, self.size
+        )
+        return [TimeWindow(start, start + self.size)]
 
     def get_default_trigger(self, *_: Any) -> Trigger:
         return ProcessingTimeTrigger.create()

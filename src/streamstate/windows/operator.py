@@ -231,7 +231,7 @@ class WindowOperator(KeyedProcessFunction[Any, Any]):
         self._ctx = _Context(self)
         self._fn_ctx = _FunctionContext(self._ctx)
         self._window_state: Any = None
-        if self.contents.kind == "aggregating" or self.contents.element_type is not None:
+        if self._contents_type_known():
             self._create_window_state(None, False)
         else:
             # restored contents: their element serializer comes from the checkpoint, so pending
@@ -257,6 +257,15 @@ class WindowOperator(KeyedProcessFunction[Any, Any]):
 
     def close(self) -> None:
         self.window_function.close()
+
+    def _contents_type_known(self) -> bool:
+        """Whether the contents state can be created before the first element."""
+        return self.contents.kind == "aggregating" or self.contents.element_type is not None
+
+    def _stored_element(self, value: Any, timestamp: int | None) -> Any:
+        """What is added to the contents state for an element (the evicting operator keeps
+        its timestamp too)."""
+        return value
 
     def _create_window_state(self, element: Any, has_element: bool) -> Any:
         descriptor = self.contents.descriptor(element, has_element)
@@ -317,6 +326,7 @@ class WindowOperator(KeyedProcessFunction[Any, Any]):
         state = self._window_state
         if state is None:
             state = self._create_window_state(value, True)
+        element = self._stored_element(value, timestamp)
         trigger = self.trigger
         skipped = True
         if self._merging:
@@ -331,7 +341,7 @@ class WindowOperator(KeyedProcessFunction[Any, Any]):
                 if state_window is None:
                     raise StateAccessError(f"window {actual!r} is not in the in-flight set")
                 state.set_current_namespace(state_window)
-                state.add(value)
+                state.add(element)
                 tctx.window = actual
                 result = trigger.on_element(value, timestamp, actual, tctx)
                 if result.is_fire():
@@ -346,7 +356,7 @@ class WindowOperator(KeyedProcessFunction[Any, Any]):
                     continue
                 skipped = False
                 state.set_current_namespace(window)
-                state.add(value)
+                state.add(element)
                 tctx.window = window
                 result = trigger.on_element(value, timestamp, window, tctx)
                 if result.is_fire():

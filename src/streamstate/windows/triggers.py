@@ -10,12 +10,21 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
+from datetime import timedelta
 from typing import Any
 
-from streamstate.api.descriptors import ReducingStateDescriptor, StateDescriptor
+from streamstate.api.descriptors import (
+    ReducingStateDescriptor,
+    StateDescriptor,
+    ValueStateDescriptor,
+)
+from streamstate.windows.evictors import delta_function
 
 __all__ = [
+    "ContinuousEventTimeTrigger",
+    "ContinuousProcessingTimeTrigger",
     "CountTrigger",
+    "DeltaTrigger",
     "EventTimeTrigger",
     "NeverTrigger",
     "OnMergeContext",
@@ -277,3 +286,203 @@ class NeverTrigger(Trigger):
 
     def clear(self, window: Any, ctx: TriggerContext) -> None:
         return None
+
+
+def _min(a: int, b: int) -> int:
+    return a if a <= b else b
+
+
+def _java_rem(a: int, b: int) -> int:
+    """``a % b`` as Java computes it (the sign of ``a``): Flink aligns fire times with it, so a
+    negative timestamp rounds towards zero."""
+    r = abs(a) % b
+    return r if a >= 0 else -r
+
+
+def _interval(interval: Any, who: str) -> int:
+    if isinstance(interval, timedelta):
+        interval = int(interval.total_seconds() * 1000)
+    if isinstance(interval, bool) or not isinstance(interval, int) or interval <= 0:
+        raise ValueError(f"{who} needs an interval > 0 ms, got {interval!r}")
+    return interval
+
+
+class ContinuousEventTimeTrigger(Trigger):
+    """Fires every ``interval`` ms of event time while the window is open, and when the
+    watermark passes the window's end (as Flink 1.13.6+).
+
+    The first fire time is ``timestamp - timestamp % interval + interval`` (Java's remainder)
+    for the window's first element, then every ``interval``, capped at the window's
+    ``max_timestamp``; the pending fire time is the reducing state ``fire-time`` (min), so
+    merged sessions keep the earliest."""
+
+    def __init__(self, interval: int) -> None:
+        self.interval = _interval(interval, type(self).__name__)
+        self.state_descriptor = ReducingStateDescriptor("fire-time", _min, int)
+
+    @classmethod
+    def of(cls, interval: Any) -> ContinuousEventTimeTrigger:
+        return cls(_interval(interval, cls.__name__))
+
+    def _register_next(self, time: int, window: Any, ctx: TriggerContext, state: Any) -> None:
+        next_fire = min(time + self.interval, window.max_timestamp())
+        state.add(next_fire)
+        ctx.register_event_time_timer(next_fire)
+
+    def on_element(
+        self, element: Any, timestamp: int | None, window: Any, ctx: TriggerContext
+    ) -> TriggerResult:
+        if window.max_timestamp() <= ctx.get_current_watermark():
+            return TriggerResult.FIRE  # the watermark is past the window already
+        ctx.register_event_time_timer(window.max_timestamp())
+        state = ctx.get_partitioned_state(self.state_descriptor)
+        if state.get() is None:
+            if timestamp is None:
+                raise ValueError(
+                    "ContinuousEventTimeTrigger needs event timestamps: give the runner a "
+                    "timestamp_assigner"
+                )
+            self._register_next(timestamp - _java_rem(timestamp, self.interval), window, ctx, state)
+        return TriggerResult.CONTINUE
+
+    def on_event_time(self, time: int, window: Any, ctx: TriggerContext) -> TriggerResult:
+        if time == window.max_timestamp():
+            return TriggerResult.FIRE
+        state = ctx.get_partitioned_state(self.state_descriptor)
+        if state.get() == time:
+            state.clear()
+            self._register_next(time, window, ctx, state)
+            return TriggerResult.FIRE
+        return TriggerResult.CONTINUE
+
+    def on_processing_time(self, time: int, window: Any, ctx: TriggerContext) -> TriggerResult:
+        return TriggerResult.CONTINUE
+
+    def can_merge(self) -> bool:
+        return True
+
+    def on_merge(self, window: Any, ctx: OnMergeContext) -> None:
+        ctx.merge_partitioned_state(self.state_descriptor)
+        next_fire = ctx.get_partitioned_state(self.state_descriptor).get()
+        if next_fire is not None:
+            ctx.register_event_time_timer(next_fire)
+
+    def clear(self, window: Any, ctx: TriggerContext) -> None:
+        state = ctx.get_partitioned_state(self.state_descriptor)
+        fire_time = state.get()
+        if fire_time is not None:
+            ctx.delete_event_time_timer(fire_time)
+            state.clear()
+
+    def __repr__(self) -> str:
+        return f"ContinuousEventTimeTrigger({self.interval})"
+
+
+class ContinuousProcessingTimeTrigger(Trigger):
+    """Fires every ``interval`` ms of processing time (as Flink 1.13.6+): the first fire time is
+    aligned on the processing time of the window's first element
+    (``now - now % interval + interval``), later ones follow every ``interval``, capped at the
+    window's ``max_timestamp``; the pending fire time is the reducing state ``fire-time`` (min).
+
+    One deviation: once the window fired at its ``max_timestamp``, no further timer is
+    registered at that same time (Flink would register it again while firing it, which fires
+    again at once, forever, for an event-time window that the watermark has not closed)."""
+
+    def __init__(self, interval: int) -> None:
+        self.interval = _interval(interval, type(self).__name__)
+        self.state_descriptor = ReducingStateDescriptor("fire-time", _min, int)
+
+    @classmethod
+    def of(cls, interval: Any) -> ContinuousProcessingTimeTrigger:
+        return cls(_interval(interval, cls.__name__))
+
+    def _register_next(self, time: int, window: Any, ctx: TriggerContext, state: Any) -> None:
+        next_fire = min(time + self.interval, window.max_timestamp())
+        state.add(next_fire)
+        ctx.register_processing_time_timer(next_fire)
+
+    def on_element(
+        self, element: Any, timestamp: int | None, window: Any, ctx: TriggerContext
+    ) -> TriggerResult:
+        state = ctx.get_partitioned_state(self.state_descriptor)
+        if state.get() is None:
+            now = ctx.get_current_processing_time()
+            self._register_next(now - _java_rem(now, self.interval), window, ctx, state)
+        return TriggerResult.CONTINUE
+
+    def on_event_time(self, time: int, window: Any, ctx: TriggerContext) -> TriggerResult:
+        return TriggerResult.CONTINUE
+
+    def on_processing_time(self, time: int, window: Any, ctx: TriggerContext) -> TriggerResult:
+        state = ctx.get_partitioned_state(self.state_descriptor)
+        if state.get() == time:
+            state.clear()
+            if time < window.max_timestamp():
+                self._register_next(time, window, ctx, state)
+            return TriggerResult.FIRE
+        return TriggerResult.CONTINUE
+
+    def can_merge(self) -> bool:
+        return True
+
+    def on_merge(self, window: Any, ctx: OnMergeContext) -> None:
+        ctx.merge_partitioned_state(self.state_descriptor)
+        next_fire = ctx.get_partitioned_state(self.state_descriptor).get()
+        if next_fire is not None:
+            ctx.register_processing_time_timer(next_fire)
+
+    def clear(self, window: Any, ctx: TriggerContext) -> None:
+        state = ctx.get_partitioned_state(self.state_descriptor)
+        fire_time = state.get()
+        if fire_time is not None:
+            ctx.delete_processing_time_timer(fire_time)
+            state.clear()
+
+    def __repr__(self) -> str:
+        return f"ContinuousProcessingTimeTrigger({self.interval})"
+
+
+class DeltaTrigger(Trigger):
+    """Fires when ``delta_function(last_fired_element, element) > threshold``; the element it
+    compares with is kept in the value state ``last-element`` (typed by ``state_serializer``), set
+    by the window's first element and by every firing element (as Flink). It does not support
+    merging windows."""
+
+    def __init__(self, threshold: float, delta_fn: Any, state_serializer: Any) -> None:
+        if state_serializer is None:
+            raise ValueError(
+                "DeltaTrigger needs the type (or serializer) of the elements it keeps in its "
+                "'last-element' state"
+            )
+        self.threshold = threshold
+        self.delta_function = delta_function(delta_fn)
+        self.state_descriptor = ValueStateDescriptor("last-element", state_serializer)
+
+    @classmethod
+    def of(cls, threshold: float, delta_fn: Any, state_serializer: Any) -> DeltaTrigger:
+        return cls(threshold, delta_fn, state_serializer)
+
+    def on_element(
+        self, element: Any, timestamp: int | None, window: Any, ctx: TriggerContext
+    ) -> TriggerResult:
+        last = ctx.get_partitioned_state(self.state_descriptor)
+        previous = last.value()
+        if previous is None:
+            last.update(element)
+            return TriggerResult.CONTINUE
+        if self.delta_function(previous, element) > self.threshold:
+            last.update(element)
+            return TriggerResult.FIRE
+        return TriggerResult.CONTINUE
+
+    def on_processing_time(self, time: int, window: Any, ctx: TriggerContext) -> TriggerResult:
+        return TriggerResult.CONTINUE
+
+    def on_event_time(self, time: int, window: Any, ctx: TriggerContext) -> TriggerResult:
+        return TriggerResult.CONTINUE
+
+    def clear(self, window: Any, ctx: TriggerContext) -> None:
+        ctx.get_partitioned_state(self.state_descriptor).clear()
+
+    def __repr__(self) -> str:
+        return f"DeltaTrigger({self.threshold!r}, {self.delta_function!r})"

@@ -20,6 +20,8 @@ from typing import Any
 from streamstate.api.functions import AggregateFunction, OutputTag, ReduceFunction
 from streamstate.windows.assigners import WindowAssigner
 from streamstate.windows.contents import WindowContents
+from streamstate.windows.evicting_operator import EvictingWindowOperator
+from streamstate.windows.evictors import Evictor
 from streamstate.windows.functions import internal_window_function
 from streamstate.windows.operator import WindowOperator
 from streamstate.windows.triggers import Trigger
@@ -43,12 +45,22 @@ class WindowedStream:
         self._trigger: Trigger | None = None
         self._allowed_lateness = 0
         self._late_tag: OutputTag | None = None
+        self._evictor: Evictor | None = None
 
     def trigger(self, trigger: Trigger) -> WindowedStream:
         """Replace the assigner's default trigger."""
         if not isinstance(trigger, Trigger):
             raise TypeError(f"expected a Trigger, got {trigger!r}")
         self._trigger = trigger
+        return self
+
+    def evictor(self, evictor: Evictor) -> WindowedStream:
+        """Evict elements before and/or after the window function runs. As in Flink, the
+        windows then keep every element (list state), also for ``reduce`` and ``aggregate``,
+        which run over the remaining elements when a window fires."""
+        if not isinstance(evictor, Evictor):
+            raise TypeError(f"expected an Evictor, got {evictor!r}")
+        self._evictor = evictor
         return self
 
     def allowed_lateness(self, time_ms: int | timedelta) -> WindowedStream:
@@ -68,7 +80,7 @@ class WindowedStream:
         return self
 
     def _build(self, contents: WindowContents, function: Any) -> WindowOperator:
-        return WindowOperator(
+        args = (
             self._assigner,
             self._trigger or self._assigner.get_default_trigger(),
             contents,
@@ -76,6 +88,9 @@ class WindowedStream:
             self._allowed_lateness,
             self._late_tag,
         )
+        if self._evictor is not None:
+            return EvictingWindowOperator(*args, evictor=self._evictor)
+        return WindowOperator(*args)
 
     def reduce(
         self, reduce_function: Any, window_function: Any = None, element_type: Any = None
