@@ -206,13 +206,31 @@ def _collect(out: list[Any], result: Any, where: str) -> None:
             f"{where} returned a {type(result).__name__}; return a list of outputs or use "
             "`yield` (a single output must be wrapped: `return [row]` or `yield row`)"
         )
-    try:
+    if result.__class__ is list:
         out.extend(result)
+        return
+    try:
+        outputs = iter(result)
     except TypeError:
         raise StateAccessError(
             f"{where} returned {result!r}, which is not iterable; return a list of outputs, "
             "use `yield`, or return None"
         ) from None
+    # outside the try: a generator runs the function's body here, and what that body raises
+    # is the user's error, not a bad return value
+    out.extend(outputs)
+
+
+def _note(exc: BaseException, where: str) -> None:
+    """Name the key and the record (or timer) in an error raised by the user's function."""
+    if any(n.startswith("streamstate: ") for n in getattr(exc, "__notes__", ())):
+        return  # an inner operator named it already
+    exc.add_note(f"streamstate: raised in {where}")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 class KeyedProcessOperator:
@@ -299,19 +317,31 @@ class KeyedProcessOperator:
         self.keyed_backend.set_current_key(key, key_group)
         ctx = self._ctx
         ctx._ts = timestamp
-        _collect(self.output, self.function.process_element(value, ctx), "process_element")
+        try:
+            _collect(self.output, self.function.process_element(value, ctx), "process_element")
+        except Exception as exc:
+            _note(exc, f"process_element of key {_short(key)}, record {_short(value)}")
+            raise
 
     def on_event_time(self, timestamp: int, key: Any, namespace: Any) -> None:
         ctx = self._ctx
         ctx._ts = timestamp
         ctx._domain = TimeDomain.EVENT_TIME
-        _collect(self.output, self.function.on_timer(timestamp, ctx), "on_timer")
+        try:
+            _collect(self.output, self.function.on_timer(timestamp, ctx), "on_timer")
+        except Exception as exc:
+            _note(exc, f"on_timer of key {_short(key)}, event-time timer {timestamp}")
+            raise
 
     def on_processing_time(self, timestamp: int, key: Any, namespace: Any) -> None:
         ctx = self._ctx
         ctx._ts = None
         ctx._domain = TimeDomain.PROCESSING_TIME
-        _collect(self.output, self.function.on_timer(timestamp, ctx), "on_timer")
+        try:
+            _collect(self.output, self.function.on_timer(timestamp, ctx), "on_timer")
+        except Exception as exc:
+            _note(exc, f"on_timer of key {_short(key)}, processing-time timer {timestamp}")
+            raise
         ctx._domain = TimeDomain.EVENT_TIME
 
     def get_internal_timer_service(
