@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import functools
 import json
 import os
 import platform
@@ -85,8 +86,8 @@ def main() -> None:
         base, checked = [], []
         for r in range(args.repeat):  # AB BA AB ...
             pair = [
-                lambda: baseline(schema, outputs),
-                lambda: conv.to_batch(outputs),
+                functools.partial(baseline, schema, outputs),
+                functools.partial(conv.to_batch, outputs),
             ]
             order = (0, 1) if r % 2 == 0 else (1, 0)
             times = {i: cpu(pair[i]) for i in order}
