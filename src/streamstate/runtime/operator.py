@@ -64,7 +64,7 @@ class _KeyedStateStore(KeyedStateStore):
 
     def _get(self, descriptor: StateDescriptor, cls: type) -> Any:
         if not isinstance(descriptor, cls):
-            raise TypeError(f"expected a {cls.__name__}, got {descriptor!r}")
+            raise TypeError(_wrong_descriptor(descriptor, cls))
         return self._backend.get_partitioned_state(VOID_NAMESPACE, _VOID_SERIALIZER, descriptor)
 
     def get_state(self, descriptor: ValueStateDescriptor) -> Any:
@@ -81,6 +81,26 @@ class _KeyedStateStore(KeyedStateStore):
 
     def get_aggregating_state(self, descriptor: AggregatingStateDescriptor) -> Any:
         return self._get(descriptor, AggregatingStateDescriptor)
+
+
+#: the getter of each descriptor kind, for errors that name the right one
+_GETTERS: dict[type, str] = {
+    ValueStateDescriptor: "get_state",
+    ListStateDescriptor: "get_list_state",
+    MapStateDescriptor: "get_map_state",
+    ReducingStateDescriptor: "get_reducing_state",
+    AggregatingStateDescriptor: "get_aggregating_state",
+}
+
+
+def _wrong_descriptor(descriptor: Any, expected: type) -> str:
+    for cls, getter in _GETTERS.items():
+        if isinstance(descriptor, cls):
+            return (
+                f"{_GETTERS[expected]}() takes a {expected.__name__}, got the {cls.__name__} "
+                f"{descriptor.name!r}: use runtime_context.{getter}(...) for it"
+            )
+    return f"{_GETTERS[expected]}() takes a {expected.__name__}, got {descriptor!r}"
 
 
 class _RuntimeContext(_KeyedStateStore, RuntimeContext):
