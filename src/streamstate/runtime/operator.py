@@ -96,9 +96,10 @@ _GETTERS: dict[type, str] = {
 def _wrong_descriptor(descriptor: Any, expected: type) -> str:
     for cls, getter in _GETTERS.items():
         if isinstance(descriptor, cls):
+            name = getattr(descriptor, "name", "")
             return (
                 f"{_GETTERS[expected]}() takes a {expected.__name__}, got the {cls.__name__} "
-                f"{descriptor.name!r}: use runtime_context.{getter}(...) for it"
+                f"{name!r}: use runtime_context.{getter}(...) for it"
             )
     return f"{_GETTERS[expected]}() takes a {expected.__name__}, got {descriptor!r}"
 
