@@ -85,3 +85,10 @@ class BadOutput(KeyedProcessFunction):
 
     def process_element(self, value: Any, ctx: Any) -> Any:
         yield ctx.get_current_key(), "not a number"
+
+
+class HalfCount(KeyedProcessFunction):
+    """Emits ``(key, v / 2)``: a float with a fraction for odd ``v``, declared ``long``."""
+
+    def process_element(self, value: Any, ctx: Any) -> Any:
+        yield ctx.get_current_key(), value.v / 2
