@@ -501,3 +501,52 @@ def test_disposed_backend(make_backend: Any) -> None:
     b.dispose()
     with pytest.raises(StateBackendError, match="disposed"):
         state(b, value_d("late"))
+
+
+# ---- a value of the wrong type is refused where it is written --------------------------------
+
+
+def test_a_value_of_the_wrong_type_raises_at_the_write(make_backend: Any) -> None:
+    from streamstate import StateTtlConfig, Time
+    from streamstate.errors import StateAccessError
+
+    b = make_backend()
+    value = state(b, value_d("count"))
+    lst = state(b, ListStateDescriptor("pages", str))
+    mapping = state(b, MapStateDescriptor("per-page", str, int))
+    reducing = state(b, ReducingStateDescriptor("total", lambda x, y: x + y, float))
+    ttl = StateTtlConfig.new_builder(Time.seconds(10)).build()
+    with_ttl = state(b, ValueStateDescriptor("last", int).enable_time_to_live(ttl))
+    pair = state(b, ValueStateDescriptor("pair", tuple[int, int]))
+    b.set_current_key("user-7")
+    writes = [
+        (lambda: value.update("x"), r"state 'count' of key 'user-7': the value 'x' "),
+        (lambda: lst.add(3), r"state 'pages' of key 'user-7': the element 3 "),
+        (lambda: lst.add_all(["a", 3]), r"state 'pages' .* the element 3 "),
+        (lambda: lst.update(["a", b"b"]), r"state 'pages' .* the element b'b' "),
+        (lambda: mapping.put(1, 2), r"state 'per-page' .* the map key 1 "),
+        (lambda: mapping.put("/", "x"), r"state 'per-page' .* the map value 'x' "),
+        (lambda: mapping.put_all({"/": 1, "/a": "x"}), r"the map value 'x' "),
+        (lambda: reducing.add("x"), r"state 'total' .* the value 'x' "),
+        (lambda: with_ttl.update("x"), r"state 'last' of key 'user-7': the value 'x' "),
+        (lambda: pair.update("x"), r"state 'pair' .* the value 'x' "),
+    ]
+    for write, message in writes:
+        with pytest.raises(StateAccessError, match=message):
+            write()
+    # nothing was written, and values of the declared types (ints into a float state too) are
+    assert value.value() is None and lst.get() == [] and mapping.is_empty()
+    value.update(3)
+    reducing.add(1)
+    reducing.add(0.5)
+    lst.add_all(["a", "b"])
+    mapping.put_all({"/": 1})
+    pair.update((1, 2))
+    with_ttl.update(4)
+    assert (value.value(), reducing.get(), lst.get(), dict(mapping.items())) == (
+        3,
+        1.5,
+        ["a", "b"],
+        {"/": 1},
+    )
+    assert (pair.value(), with_ttl.value()) == ((1, 2), 4)

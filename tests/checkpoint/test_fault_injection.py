@@ -129,6 +129,42 @@ def test_flipped_byte_in_a_state_file(tmp_path: Path) -> None:
     assert runner_content(runner) == expected
 
 
+@pytest.mark.parametrize("where", ["header", "block", "index"])
+def test_a_corrupt_delta_file_names_its_key_groups(tmp_path: Path, where: str) -> None:
+    storage = FileSystemCheckpointStorage(str(tmp_path))
+
+    def runner(p: int) -> LocalRunner:
+        return LocalRunner(
+            AllKinds(),
+            key_selector=lambda r: r[0],
+            parallelism=p,
+            max_parallelism=128,
+            checkpoint_storage=storage,
+            incremental_checkpoints=True,
+        )
+
+    first = runner(2)
+    first.run(all_kinds_records(60), final_watermark=False)
+    first.checkpoint()
+    first.run(all_kinds_records(80, per_key=2), final_watermark=False)
+    first.checkpoint()
+    first.close()
+    chain = storage.load(2).metadata.operators["keyed-process"].subtasks[1].keyed
+    assert [h.kind for h in chain] == ["full", "delta"]
+    path = next((tmp_path / "job").rglob(Path(chain[1].path).name))
+    with path.open("rb") as f:
+        reader = KeyedSnapshotReader(f, str(path))
+        kg = reader.key_groups()[2]
+        block = reader._offsets[kg - reader.key_group_range.start]
+    data = bytearray(path.read_bytes())
+    data[{"header": 10, "block": block + 20, "index": len(data) - 20}[where]] ^= 0x10
+    path.write_bytes(bytes(data))
+    # subtask 1 of 2 held key groups 64-127; restoring at parallelism 1 reads all of them
+    expected = rf"key group {kg}\)" if where == "block" else r"key groups 64-127\)"
+    with pytest.raises(CorruptCheckpointError, match=rf"delta\.state \({expected}"):
+        runner(1).restore()
+
+
 def test_deleted_state_file(tmp_path: Path) -> None:
     storage = FileSystemCheckpointStorage(str(tmp_path))
     expected = _two_checkpoints(storage)

@@ -174,6 +174,41 @@ def test_bad_return_values_are_clear_errors() -> None:
         LocalRunner(ReturnsInt(), key_selector=lambda r: r).run(["a"])
 
 
+class RaisesWhileYielding(KeyedProcessFunction):
+    def process_element(self, value: Any, ctx: Any) -> Any:
+        yield value, 1
+        if value[1] == "bad":
+            yield value + None  # the body's own TypeError, raised while its generator is drained
+
+
+class RaisesInTimer(KeyedProcessFunction):
+    def process_element(self, value: Any, ctx: Any) -> Any:
+        ctx.timer_service().register_event_time_timer(10)
+        return None
+
+    def on_timer(self, timestamp: int, ctx: Any) -> Any:
+        raise KeyError("no such page")
+
+
+def test_an_error_raised_by_a_generator_body_surfaces_as_itself() -> None:
+    runner = LocalRunner(RaisesWhileYielding(), key_selector=lambda r: r[0])
+    with pytest.raises(TypeError, match="can only concatenate tuple") as e:
+        runner.run([("a", "ok"), ("b", "bad")])
+    assert "not iterable" not in str(e.value)
+    notes = getattr(e.value, "__notes__", [])
+    assert notes == ["streamstate: raised in process_element of key 'b', record ('b', 'bad')"]
+
+
+def test_an_error_raised_by_on_timer_names_the_key_and_timer() -> None:
+    runner = LocalRunner(
+        RaisesInTimer(), key_selector=lambda r: r, timestamp_assigner=lambda r: 1, watermark_delay=0
+    )
+    with pytest.raises(KeyError, match="no such page") as e:
+        runner.run(["k"])
+        runner.advance_watermark(100)
+    assert e.value.__notes__ == ["streamstate: raised in on_timer of key 'k', event-time timer 10"]
+
+
 def test_function_type_and_parallelism_are_checked() -> None:
     with pytest.raises(TypeError, match="KeyedProcessFunction"):
         LocalRunner(lambda x: x, key_selector=lambda r: r).run(["a"])  # type: ignore[arg-type]

@@ -93,3 +93,10 @@ class WindowSize(ProcessWindowFunction):
 
     def process(self, key: Any, context: Any, elements: Any) -> Any:
         yield key, context.window().start, len(list(elements))
+
+
+class HalfCount(KeyedProcessFunction):
+    """Emits ``(key, v / 2)``: a float with a fraction for odd ``v``, declared ``long``."""
+
+    def process_element(self, value: Any, ctx: Any) -> Any:
+        yield ctx.get_current_key(), value.v / 2

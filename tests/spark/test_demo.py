@@ -49,6 +49,8 @@ def test_demo_resumes_from_its_checkpoint_and_counts_every_view(
         state_backend=second_backend,
     )
     assert "resuming from checkpoint 4" in out.getvalue()
+    switched = "switching backends: the heap backend's checkpoint is restored into the rocksdb"
+    assert (switched in out.getvalue()) == (second_backend == "rocksdb")
     assert second.resumed_from == 4 and second.checkpoint_id == 9
     assert [b["batch"] for b in second.batches] == [5, 6, 7, 8, 9]
     assert second.batches[0]["restore"] == ["reload"]  # a new query: hosts load checkpoint 4

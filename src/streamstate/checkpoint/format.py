@@ -320,11 +320,20 @@ class BlockState:
 class KeyedSnapshotReader:
     """Reads a keyed snapshot file; verifies every checksum it reads.
 
-    ``f`` is a seekable binary file; ``path`` names it in errors.
+    ``f`` is a seekable binary file; ``path`` names it in errors, and so does ``key_groups``
+    (the key groups a restore reads from it) when the damage is not inside one key group's
+    block (header, index, truncation).
     """
 
-    def __init__(self, f: IO[bytes], path: str, file_size: int | None = None) -> None:
+    def __init__(
+        self,
+        f: IO[bytes],
+        path: str,
+        file_size: int | None = None,
+        key_groups: KeyGroupRange | None = None,
+    ) -> None:
         self.path = path
+        self._wanted = key_groups
         self._f = f
         if file_size is None:
             f.seek(0, 2)
@@ -339,7 +348,8 @@ class KeyedSnapshotReader:
             raise self._corrupt(f"not a keyed snapshot file (magic {magic!r}, expected b'SSKS')")
         if version not in SUPPORTED_VERSIONS:
             raise CheckpointError(
-                f"{path}: keyed snapshot format version {version} is not supported by this "
+                f"{path}{self._where()}: keyed snapshot format version {version} is not "
+                "supported by this "
                 f"streamstate (it reads versions {sorted(SUPPORTED_VERSIONS)}); "
                 + (
                     "upgrade streamstate to read it"
@@ -369,8 +379,15 @@ class KeyedSnapshotReader:
         self._data_start = _PREFIX.size + header_len + 4
         self._read_footer()
 
+    def _where(self, key_group: int | None = None) -> str:
+        if key_group is not None:
+            return f" (key group {key_group})"
+        if self._wanted is not None:
+            return f" (key groups {self._wanted.start}-{self._wanted.end})"
+        return ""
+
     def _corrupt(self, what: str, key_group: int | None = None) -> CorruptCheckpointError:
-        where = f" (key group {key_group})" if key_group is not None else ""
+        where = self._where(key_group)
         return CorruptCheckpointError(f"corrupt checkpoint file {self.path}{where}: {what}")
 
     def _read_footer(self) -> None:

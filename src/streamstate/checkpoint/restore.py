@@ -63,11 +63,12 @@ class FileKeyedStateRestore(KeyedStateRestore):
                 f.seek(0, 2)
                 size = f.tell()
                 if size != self.handle.size:
+                    kgs = self.key_groups
                     raise CorruptCheckpointError(
-                        f"corrupt checkpoint file {self.path}: it has {size} bytes but the "
-                        f"checkpoint metadata says {self.handle.size}"
+                        f"corrupt checkpoint file {self.path} (key groups {kgs.start}-{kgs.end}): "
+                        f"it has {size} bytes but the checkpoint metadata says {self.handle.size}"
                     )
-                self._reader = KeyedSnapshotReader(f, self.path, size)
+                self._reader = KeyedSnapshotReader(f, self.path, size, self.key_groups)
             except BaseException:
                 f.close()
                 raise

@@ -249,6 +249,12 @@ def run_streaming(
             console.print(
                 f"rescaling by key group from {resumed_parallelism} to {parallelism} subtasks"
             )
+        previous = None if op is None else _checkpoint_backend(op)
+        if previous is not None and previous != state_backend:
+            console.print(
+                f"switching backends: the {previous} backend's checkpoint is restored into the "
+                f"{state_backend} backend (converted by key group)"
+            )
     first = int(info["slices"])
     new_events = _write_slices(directory, first, batches, events // batches, apps, seed)
     info.update(
@@ -284,6 +290,17 @@ def run_streaming(
     run.resumed_parallelism = resumed_parallelism
     print_run(run, console)
     return run
+
+
+def _checkpoint_backend(op: Any) -> str | None:
+    """The backend that wrote an operator's checkpoint: RocksDB writes native snapshots, the
+    heap canonical files (None: no keyed state to tell)."""
+    from streamstate.checkpoint.native import is_native
+
+    written = [sub for sub in op.subtasks if sub.keyed]
+    if not written:
+        return None
+    return "rocksdb" if any(is_native(sub) for sub in written) else "heap"
 
 
 def _stream(

@@ -64,7 +64,7 @@ class _KeyedStateStore(KeyedStateStore):
 
     def _get(self, descriptor: StateDescriptor, cls: type) -> Any:
         if not isinstance(descriptor, cls):
-            raise TypeError(f"expected a {cls.__name__}, got {descriptor!r}")
+            raise TypeError(_wrong_descriptor(descriptor, cls))
         return self._backend.get_partitioned_state(VOID_NAMESPACE, _VOID_SERIALIZER, descriptor)
 
     def get_state(self, descriptor: ValueStateDescriptor) -> Any:
@@ -81,6 +81,27 @@ class _KeyedStateStore(KeyedStateStore):
 
     def get_aggregating_state(self, descriptor: AggregatingStateDescriptor) -> Any:
         return self._get(descriptor, AggregatingStateDescriptor)
+
+
+#: the getter of each descriptor kind, for errors that name the right one
+_GETTERS: dict[type, str] = {
+    ValueStateDescriptor: "get_state",
+    ListStateDescriptor: "get_list_state",
+    MapStateDescriptor: "get_map_state",
+    ReducingStateDescriptor: "get_reducing_state",
+    AggregatingStateDescriptor: "get_aggregating_state",
+}
+
+
+def _wrong_descriptor(descriptor: Any, expected: type) -> str:
+    for cls, getter in _GETTERS.items():
+        if isinstance(descriptor, cls):
+            name = getattr(descriptor, "name", "")
+            return (
+                f"{_GETTERS[expected]}() takes a {expected.__name__}, got the {cls.__name__} "
+                f"{name!r}: use runtime_context.{getter}(...) for it"
+            )
+    return f"{_GETTERS[expected]}() takes a {expected.__name__}, got {descriptor!r}"
 
 
 class _RuntimeContext(_KeyedStateStore, RuntimeContext):
@@ -206,13 +227,31 @@ def _collect(out: list[Any], result: Any, where: str) -> None:
             f"{where} returned a {type(result).__name__}; return a list of outputs or use "
             "`yield` (a single output must be wrapped: `return [row]` or `yield row`)"
         )
-    try:
+    if result.__class__ is list:
         out.extend(result)
+        return
+    try:
+        outputs = iter(result)
     except TypeError:
         raise StateAccessError(
             f"{where} returned {result!r}, which is not iterable; return a list of outputs, "
             "use `yield`, or return None"
         ) from None
+    # outside the try: a generator runs the function's body here, and what that body raises
+    # is the user's error, not a bad return value
+    out.extend(outputs)
+
+
+def _note(exc: BaseException, where: str) -> None:
+    """Name the key and the record (or timer) in an error raised by the user's function."""
+    if any(n.startswith("streamstate: ") for n in getattr(exc, "__notes__", ())):
+        return  # an inner operator named it already
+    exc.add_note(f"streamstate: raised in {where}")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 class KeyedProcessOperator:
@@ -299,19 +338,31 @@ class KeyedProcessOperator:
         self.keyed_backend.set_current_key(key, key_group)
         ctx = self._ctx
         ctx._ts = timestamp
-        _collect(self.output, self.function.process_element(value, ctx), "process_element")
+        try:
+            _collect(self.output, self.function.process_element(value, ctx), "process_element")
+        except Exception as exc:
+            _note(exc, f"process_element of key {_short(key)}, record {_short(value)}")
+            raise
 
     def on_event_time(self, timestamp: int, key: Any, namespace: Any) -> None:
         ctx = self._ctx
         ctx._ts = timestamp
         ctx._domain = TimeDomain.EVENT_TIME
-        _collect(self.output, self.function.on_timer(timestamp, ctx), "on_timer")
+        try:
+            _collect(self.output, self.function.on_timer(timestamp, ctx), "on_timer")
+        except Exception as exc:
+            _note(exc, f"on_timer of key {_short(key)}, event-time timer {timestamp}")
+            raise
 
     def on_processing_time(self, timestamp: int, key: Any, namespace: Any) -> None:
         ctx = self._ctx
         ctx._ts = None
         ctx._domain = TimeDomain.PROCESSING_TIME
-        _collect(self.output, self.function.on_timer(timestamp, ctx), "on_timer")
+        try:
+            _collect(self.output, self.function.on_timer(timestamp, ctx), "on_timer")
+        except Exception as exc:
+            _note(exc, f"on_timer of key {_short(key)}, processing-time timer {timestamp}")
+            raise
         ctx._domain = TimeDomain.EVENT_TIME
 
     def get_internal_timer_service(

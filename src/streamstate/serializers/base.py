@@ -65,6 +65,10 @@ class TypeSerializer(ABC, Generic[T]):
     immutable: bool = False
     #: values can be handed to msgspec as they are (see module docstring)
     wire_native: bool = True
+    #: the class of this serializer's values: a value of exactly this class passes
+    #: :meth:`check` with one comparison, which the states make on every write (None: no
+    #: such class, every value is checked in full)
+    value_class: type | None = None
 
     # -- bytes ------------------------------------------------------------------------------
 
@@ -121,6 +125,22 @@ class TypeSerializer(ABC, Generic[T]):
 
     # -- conveniences -----------------------------------------------------------------------
 
+    def check(self, value: Any) -> None:
+        """Raise ``TypeError`` if ``value`` cannot be written by this serializer.
+
+        The states call it on every write whose value is not exactly a :attr:`value_class`
+        (so ``"x"`` into an ``int`` state fails where it is written, not at the next
+        checkpoint); an instance of :attr:`value_class` is taken as it is, and what is inside
+        a container is checked when the state is serialized. Cost: a serialize/deserialize
+        round trip.
+        """
+        if value.__class__ is self.value_class:
+            return
+        try:
+            self.deserialize(self.serialize(value))
+        except Exception as exc:  # serializers raise what their codec raises
+            raise TypeError(f"{_short(value)} cannot be written by {self!r}: {exc}") from None
+
     def validate(self, value: Any) -> None:
         """Raise ``TypeError`` if ``value`` cannot be written by this serializer."""
         try:
@@ -137,3 +157,8 @@ class TypeSerializer(ABC, Generic[T]):
     def __repr__(self) -> str:
         params = ", ".join(f"{k}={v!r}" for k, v in self.params().items())
         return f"{type(self).__name__}({params})"
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 200 else text[:197] + "..."

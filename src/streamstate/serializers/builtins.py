@@ -40,6 +40,7 @@ class Int64Serializer(TypeSerializer[int]):
     type_name = "int64"
     fixed_length = 8
     immutable = True
+    value_class = int
 
     def serialize(self, value: int) -> bytes:
         try:
@@ -64,6 +65,7 @@ class Float64Serializer(TypeSerializer[float]):
     type_name = "float64"
     fixed_length = 8
     immutable = True
+    value_class = float
 
     def serialize(self, value: float) -> bytes:
         try:
@@ -88,6 +90,7 @@ class BoolSerializer(TypeSerializer[bool]):
     type_name = "bool"
     fixed_length = 1
     immutable = True
+    value_class = bool
 
     def serialize(self, value: bool) -> bytes:
         if type(value) is not bool:
@@ -110,6 +113,7 @@ class StrSerializer(TypeSerializer[str]):
 
     type_name = "str"
     immutable = True
+    value_class = str
 
     def serialize(self, value: str) -> bytes:
         if type(value) is not str:
@@ -132,6 +136,7 @@ class BytesSerializer(TypeSerializer[bytes]):
 
     type_name = "bytes"
     immutable = True
+    value_class = bytes
 
     def serialize(self, value: bytes) -> bytes:
         if not isinstance(value, (bytes, bytearray, memoryview)):
@@ -206,6 +211,10 @@ class OptionalSerializer(_MsgpackSerializer):
     def copy(self, value: Any) -> Any:
         return None if value is None else self.inner.copy(value)
 
+    def check(self, value: Any) -> None:
+        if value is not None:
+            self.inner.check(value)
+
     def params(self) -> dict[str, Any]:
         return {"inner": self.inner.snapshot()}
 
@@ -222,6 +231,7 @@ class TupleSerializer(_MsgpackSerializer):
     """Fixed-arity tuples with one serializer per position."""
 
     type_name = "tuple"
+    value_class = tuple
 
     def __init__(self, *fields: TypeSerializer[Any]) -> None:
         super().__init__()
@@ -263,6 +273,7 @@ class ListSerializer(_MsgpackSerializer):
     """Python lists of one element type."""
 
     type_name = "list"
+    value_class = list
 
     def __init__(self, element: TypeSerializer[Any]) -> None:
         super().__init__()
@@ -306,6 +317,7 @@ class DictSerializer(_MsgpackSerializer):
     """Python dicts with one key type and one value type."""
 
     type_name = "dict"
+    value_class = dict
 
     def __init__(self, key: TypeSerializer[Any], value: TypeSerializer[Any]) -> None:
         super().__init__()

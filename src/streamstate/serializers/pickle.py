@@ -37,6 +37,10 @@ class PickleSerializer(TypeSerializer[Any]):
     def deserialize(self, data: bytes) -> Any:
         return pickle.loads(data)
 
+    def check(self, value: Any) -> None:
+        """Anything may be pickled: nothing to check per write (a pickling error shows at the
+        checkpoint)."""
+
     def to_wire(self, value: Any) -> Any:
         return self.serialize(value)
 

@@ -98,6 +98,7 @@ class StructSerializer(TypeSerializer[Any]):
                 "pickle with PickleSerializer()"
             )
         self.cls = cls
+        self.value_class = cls
         self.immutable = _is_frozen(cls) and _all_fields_immutable(cls)
 
     @property

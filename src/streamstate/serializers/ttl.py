@@ -56,6 +56,10 @@ class TtlValueSerializer(_MsgpackSerializer):
             return value
         return (value[0], self.inner.copy(value[1]))
 
+    def check(self, value: Any) -> None:
+        # the timestamp is the TTL decorator's; the value is the user's
+        self.inner.check(value[1])
+
     def params(self) -> dict[str, Any]:
         return {"inner": self.inner.snapshot()}
 

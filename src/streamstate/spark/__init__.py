@@ -21,6 +21,7 @@ Spark moves the data; streamstate keeps the state (SPEC §11, ``docs/spark.md``)
 """
 
 from streamstate.errors import OutputSchemaError, StateHostError
+from streamstate.spark.environment import WorkerPythonError
 from streamstate.spark.keyed import keyed_process
 from streamstate.spark.reader import read_state
 from streamstate.spark.records import Row
@@ -46,6 +47,7 @@ __all__ = [
     "Sink",
     "StagedBatch",
     "StateHostError",
+    "WorkerPythonError",
     "keyed_process",
     "read_state",
 ]

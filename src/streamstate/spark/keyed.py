@@ -304,11 +304,14 @@ def _side_output_structs(side_outputs: dict[Any, Any] | None, struct_type: Any) 
 def ensure_worker_path(spark: Any) -> None:
     """Make Python workers find this ``streamstate`` (a source checkout is not installed):
     functions created from now on carry its directory in their PYTHONPATH."""
+    from streamstate.spark.environment import check_worker_python
+
     sc = spark.sparkContext
     here = src_path()
     current = sc.environment.get("PYTHONPATH", "")
     if here not in current.split(os.pathsep):
         sc.environment["PYTHONPATH"] = os.pathsep.join(p for p in (here, current) if p)
+    check_worker_python(spark, sc.environment["PYTHONPATH"])
 
 
 def function_blob(function: Any) -> bytes:

@@ -8,10 +8,18 @@ Out: a function yields tuples (by position), dicts or rows (by name); :class:`Ou
 turns a subtask's outputs into one Arrow batch of the declared output schema, matching by name
 and casting, and raises :class:`~streamstate.errors.OutputSchemaError` naming the column and the
 value that does not fit (Spark's ``mapInArrow`` matches by position and fails with JVM errors).
+
+A cast never loses information silently: a dict or Row must give every declared field (``None``
+for a null), an integer column takes integral values only (``1.7`` or ``True`` into ``long``
+raise, ``2.0`` is taken), every integer must fit its column, an integer into a double column
+must be exact (below 2**53), a finite float must not overflow a ``float`` column, and a
+timestamp column takes ``datetime`` values (naive ones are UTC) but no numbers, whose unit would
+be a guess (streamstate's event times are milliseconds, Spark's timestamps microseconds).
 """
 
 from __future__ import annotations
 
+import decimal
 import functools
 import operator
 from collections.abc import Iterator, Sequence
@@ -105,19 +113,23 @@ class OutputConverter:
 
     >>> import pyarrow as pa
     >>> conv = OutputConverter(pa.schema([("user", pa.string()), ("n", pa.int64())]))
-    >>> conv.to_batch([("ann", 1), {"n": 2, "user": "bob"}]).to_pylist()
-    [{'user': 'ann', 'n': 1}, {'user': 'bob', 'n': 2}]
-    >>> try:
-    ...     conv.to_batch([("ann", "x")])
-    ... except OutputSchemaError as e:
-    ...     print(e)
+    >>> conv.to_batch([("ann", 1), {"n": 2, "user": "bob"}, ("cy", 3.0)]).to_pylist()
+    [{'user': 'ann', 'n': 1}, {'user': 'bob', 'n': 2}, {'user': 'cy', 'n': 3}]
+    >>> for bad in [("ann", "x")], [("ann", 1), ("bob", 1.7)], [{"user": "ann"}]:
+    ...     try:
+    ...         conv.to_batch(bad)
+    ...     except OutputSchemaError as e:
+    ...         print(e)
     output column 'n' is declared int64 but the function produced 'x' (str) in output #0 (...)
+    output column 'n' is declared int64 but the function produced 1.7 (float) in output #1 (...)
+    output #0 has no value for the declared fields ['n'] ...
     """
 
     def __init__(self, schema: Any) -> None:
         self.schema = schema
         self.names: list[str] = list(schema.names)
         self._index = {n: i for i, n in enumerate(self.names)}
+        self._builders = [_column_builder(f.type) for f in schema]
 
     def empty(self) -> Any:
         return _empty_batch(self.schema)
@@ -129,11 +141,11 @@ class OutputConverter:
             return _empty_batch(self.schema)
         columns = self._columns(outputs)
         arrays = []
-        for field, values in zip(self.schema, columns, strict=True):
+        for field, build, values in zip(self.schema, self._builders, columns, strict=True):
             try:
-                arr = pa.array(values, type=field.type, from_pandas=False)
-            except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError):
-                raise self._value_error(field, values) from None
+                arr = build(values, field.type)
+            except (pa.ArrowException, OverflowError, TypeError, ValueError):
+                raise self._value_error(field, build, values) from None
             if arr.null_count and not field.nullable:
                 i = arr.is_null().to_pylist().index(True)
                 raise OutputSchemaError(
@@ -160,13 +172,23 @@ class OutputConverter:
     def _normalize(self, out: Any, i: int) -> Sequence[Any]:
         names = self.names
         if isinstance(out, dict):
-            extra = [k for k in out if k not in self._index]
-            if extra:
+            try:
+                values = [out[name] for name in names]
+            except KeyError:
+                # a missing field is an error, not a null: a typo in a field name would
+                # otherwise write nulls silently; an explicit None is a null
+                missing = [name for name in names if name not in out]
+                raise OutputSchemaError(
+                    f"output #{i} has no value for the declared fields {missing} (declared: "
+                    f"{names}; give None for a null): {_describe(out)}"
+                ) from None
+            if len(out) != len(names):
+                extra = [k for k in out if k not in self._index]
                 raise OutputSchemaError(
                     f"output #{i} has fields {extra} that the output schema does not declare "
                     f"(declared: {names}): {_describe(out)}"
                 )
-            return [out.get(name) for name in names]
+            return values
         fields = getattr(out, "_fields", None) or getattr(out, "__fields__", None)
         if isinstance(out, tuple) and fields:
             return self._normalize(dict(zip(fields, out, strict=True)), i)
@@ -184,18 +206,122 @@ class OutputConverter:
             f"matching the output schema {names}: {_describe(out)}"
         )
 
-    def _value_error(self, field: Any, values: Sequence[Any]) -> OutputSchemaError:
+    def _value_error(self, field: Any, build: Any, values: Sequence[Any]) -> OutputSchemaError:
         import pyarrow as pa
 
         for i, v in enumerate(values):
             try:
-                pa.array([v], type=field.type, from_pandas=False)
-            except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError) as e:
+                build([v], field.type)
+            except (pa.ArrowException, OverflowError, TypeError, ValueError) as e:
                 return OutputSchemaError(
                     f"output column {field.name!r} is declared {field.type} but the function "
                     f"produced {_describe(v)} in output #{i} ({e})"
                 )
         return OutputSchemaError(f"output column {field.name!r} cannot be built as {field.type}")
+
+
+# ---- building one column -------------------------------------------------------------------
+#
+# ``pa.array(values, type=int64)`` truncates floats (1.7 -> 1, -2.9 -> -2) and takes numbers
+# for timestamps in the column's unit. Columns of those types are built by inference and a
+# *safe* cast instead, which rejects truncation, overflow and lost precision in one vectorized
+# pass; for values that are already ints (the common case) the cast is free. What this costs
+# per output: bench/output_conversion.py.
+
+
+def _direct(values: Sequence[Any], type_: Any) -> Any:
+    import pyarrow as pa
+
+    return pa.array(values, type=type_, from_pandas=False)
+
+
+def _integer(values: Sequence[Any], type_: Any) -> Any:
+    import pyarrow as pa
+
+    try:
+        arr = pa.array(values, from_pandas=False)
+    except (pa.ArrowException, OverflowError, TypeError, ValueError):
+        # no common type (ints, floats and decimals mixed): check value by value (rare)
+        return pa.array([_integral(v) for v in values], type=type_, from_pandas=False)
+    got = arr.type
+    if got == type_:
+        return arr
+    if pa.types.is_boolean(got):
+        raise pa.ArrowTypeError("expected an integer, got a bool (declare the column boolean)")
+    if not (
+        pa.types.is_integer(got)
+        or pa.types.is_floating(got)
+        or pa.types.is_decimal(got)
+        or pa.types.is_null(got)
+    ):
+        raise pa.ArrowTypeError(f"expected an integer, got {got}")
+    # safe: a float or decimal with a fraction, NaN, inf or a value out of range raises
+    return arr.cast(type_, safe=True)
+
+
+def _integral(value: Any) -> Any:
+    if value is None or type(value) is int:
+        return value
+    if isinstance(value, bool):
+        raise _pa_type_error("expected an integer, got a bool (declare the column boolean)")
+    if isinstance(value, str | bytes):
+        raise _pa_type_error(f"expected an integer, got {type(value).__name__}")
+    as_int = int(value)  # floats, decimals, numpy numbers; NaN and inf raise here
+    if as_int != value:
+        raise ValueError(f"{value!r} is not integral")
+    return as_int
+
+
+def _pa_type_error(message: str) -> Exception:
+    import pyarrow as pa
+
+    return pa.ArrowTypeError(message)
+
+
+_NUMBERS = frozenset({int, float, bool, decimal.Decimal})
+
+
+def _timestamp(values: Sequence[Any], type_: Any) -> Any:
+    import pyarrow as pa
+
+    arr = pa.array(values, from_pandas=False)
+    got = arr.type
+    # inference turns numbers mixed with datetimes into timestamps too: look at the types
+    numbers = not _NUMBERS.isdisjoint(map(type, values))
+    if got == type_ and not numbers:
+        return arr
+    if numbers or not (pa.types.is_timestamp(got) or pa.types.is_null(got)):
+        raise pa.ArrowTypeError(
+            "a timestamp column takes datetime values, not numbers: a number's unit would be a "
+            "guess (event times in streamstate are milliseconds: "
+            "datetime.fromtimestamp(ms / 1000, timezone.utc)), or declare the column long"
+        )
+    # safe: nanoseconds that do not fit microseconds raise; naive datetimes are taken as UTC
+    return arr.cast(type_, safe=True)
+
+
+def _float32(values: Sequence[Any], type_: Any) -> Any:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    arr = pa.array(values, type=type_, from_pandas=False)
+    if pc.any(pc.is_inf(arr)).as_py():  # a finite double beyond float32's range became inf
+        wide = pa.array(values, type=pa.float64(), from_pandas=False)
+        if pc.sum(pc.is_inf(wide)).as_py() != pc.sum(pc.is_inf(arr)).as_py():
+            raise pa.ArrowInvalid("the value overflows a 32-bit float")
+    return arr
+
+
+def _column_builder(type_: Any) -> Any:
+    import pyarrow as pa
+
+    if pa.types.is_integer(type_):
+        return _integer
+    if pa.types.is_timestamp(type_):
+        return _timestamp
+    if pa.types.is_float32(type_):
+        return _float32
+    return _direct
 
 
 def _empty_batch(schema: Any) -> Any:

@@ -29,6 +29,7 @@ from typing import Any
 import msgspec
 
 from streamstate.spark.commit import BatchPlan, CheckpointLog
+from streamstate.spark.failures import original_error
 from streamstate.spark.job import FUNCTIONS_DIR, JobSpec, arrow_schema_from_bytes, src_path
 from streamstate.spark.keyed import KeyedOptions, function_blob
 from streamstate.spark.placement import place
@@ -153,6 +154,8 @@ class KeyedStreamingQuery:
         #: one dict of figures per micro-batch run by this query object
         self.batches: list[dict[str, Any]] = []
         self._hosts_stopped = False
+        #: what made a micro-batch fail, as raised (see streamstate.spark.failures)
+        self._failure: BaseException | None = None
         self._lock = threading.Lock()
         sink.open(query_name or options.operator_name)
         self.side_schemas = options.side_output_schemas()
@@ -187,6 +190,15 @@ class KeyedStreamingQuery:
     # ---- one micro-batch -----------------------------------------------------------------------
 
     def _run_batch(self, df: Any, batch_id: int) -> None:
+        try:
+            self._run_micro_batch(df, batch_id)
+        except BaseException as exc:
+            # Spark turns this into a StreamingQueryException with Java traces; keep what was
+            # raised, for await_termination() and process_all_available() to raise instead
+            self._failure = original_error(exc)
+            raise
+
+    def _run_micro_batch(self, df: Any, batch_id: int) -> None:
         t0 = time.perf_counter()
         plan = self.log.plan(batch_id)
         figures: dict[str, Any] = {"batch": batch_id, "replayed": plan.replay}
@@ -301,21 +313,35 @@ class KeyedStreamingQuery:
         return self.query.recentProgress
 
     def process_all_available(self) -> None:
-        self.query.processAllAvailable()
+        """Wait until the query has processed everything available. If a micro-batch failed,
+        raise its error (the function's or streamstate's), with Spark's exception chained."""
+        try:
+            self.query.processAllAvailable()
+        except Exception as exc:
+            self._raise_failure(exc)
 
     def await_termination(self, timeout: float | None = None) -> bool | None:
         """Wait for the query to end (an ``availableNow`` trigger ends by itself); then shut
-        this job's state hosts down."""
+        this job's state hosts down. If a micro-batch failed, raise its error (the function's
+        or streamstate's), with Spark's ``StreamingQueryException`` chained."""
         try:
             if timeout is None:
                 self.query.awaitTermination()
                 done: bool | None = True
             else:
                 done = self.query.awaitTermination(timeout)
+        except Exception as exc:
+            self._raise_failure(exc)
         finally:
             if not self.query.isActive:
                 self.shutdown_hosts()
         return done
+
+    def _raise_failure(self, exc: BaseException) -> None:
+        failure = self._failure
+        if failure is None or failure is exc:
+            raise exc
+        raise failure from exc
 
     def stop(self) -> None:
         """Stop the query and shut this job's state hosts down."""

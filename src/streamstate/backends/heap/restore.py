@@ -280,7 +280,9 @@ class HeapRestoreOperation:
                                 block.count,
                             )
                         except StateMigrationException as exc:
-                            raise CorruptCheckpointError(f"{f.path}: {exc}") from None
+                            raise CorruptCheckpointError(
+                                f"{f.path}: state {name!r}, key group {block.key_group}: {exc}"
+                            ) from None
                     elif how == "timer":
                         self._apply_timers(timers, target, block, index, f.path)
                     else:

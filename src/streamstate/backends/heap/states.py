@@ -25,6 +25,7 @@ from streamstate.api.state import (
     InternalReducingState,
     InternalValueState,
 )
+from streamstate.backends.base import check_written_value
 from streamstate.backends.heap.state_table import StateTable
 from streamstate.errors import StateAccessError
 from streamstate.namespace import VOID_NAMESPACE
@@ -93,6 +94,9 @@ class _HeapState:
     def _name(self) -> str:
         return self._descriptor.name
 
+    def _check(self, serializer: TypeSerializer[Any], value: Any, what: str = "value") -> None:
+        check_written_value(serializer, value, self._descriptor.name, self._ctx.key, what)
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._descriptor.name!r})"
 
@@ -100,7 +104,7 @@ class _HeapState:
 class HeapValueState(_HeapState, InternalValueState[Any]):
     """A single value per (key, namespace). ``update(None)`` clears."""
 
-    __slots__ = ("_copy_default", "_default")
+    __slots__ = ("_copy_default", "_default", "_serializer", "_value_class")
 
     def __init__(
         self,
@@ -109,6 +113,8 @@ class HeapValueState(_HeapState, InternalValueState[Any]):
         namespace_serializer: TypeSerializer[Any],
     ) -> None:
         super().__init__(table, descriptor, namespace_serializer)
+        self._serializer = descriptor.serializer
+        self._value_class = descriptor.serializer.value_class
         self._default = descriptor.default
         self._copy_default = descriptor.default is not None and not descriptor.serializer.immutable
 
@@ -126,13 +132,25 @@ class HeapValueState(_HeapState, InternalValueState[Any]):
         if value is None:
             self._maps[ctx.kg_index].remove(ctx.key, self._ns)
         else:
+            if value.__class__ is not self._value_class:
+                self._check(self._serializer, value)
             self._maps[ctx.kg_index].put(ctx.key, self._ns, value)
 
 
 class HeapListState(_HeapState, InternalListState[Any]):
     """A Python list per (key, namespace); ``None`` elements are refused."""
 
-    __slots__ = ()
+    __slots__ = ("_element", "_element_class")
+
+    def __init__(
+        self,
+        table: StateTable,
+        descriptor: StateDescriptor,
+        namespace_serializer: TypeSerializer[Any],
+    ) -> None:
+        super().__init__(table, descriptor, namespace_serializer)
+        self._element: TypeSerializer[Any] = descriptor.element_serializer  # type: ignore[attr-defined]
+        self._element_class = self._element.value_class
 
     def get(self) -> list[Any]:
         ctx = self._ctx
@@ -155,6 +173,8 @@ class HeapListState(_HeapState, InternalListState[Any]):
             raise StateAccessError(
                 f"list state {self._descriptor.name!r}: None cannot be added to a list state"
             )
+        if value.__class__ is not self._element_class:
+            self._check(self._element, value, "element")
         ctx = self._ctx
         m = self._maps[ctx.kg_index]
         lst = m.get(ctx.key, self._ns)
@@ -171,6 +191,10 @@ class HeapListState(_HeapState, InternalListState[Any]):
             raise StateAccessError(
                 f"list state {self._descriptor.name!r}: None cannot be added to a list state"
             )
+        cls = self._element_class
+        for v in out:
+            if v.__class__ is not cls:
+                self._check(self._element, v, "element")
         return out
 
     def add_all(self, values: Iterable[Any]) -> None:
@@ -211,7 +235,25 @@ def _concat(current: list[Any] | None, more: list[Any]) -> list[Any]:
 class HeapMapState(_HeapState, InternalMapState[Any, Any]):
     """A Python dict per (key, namespace); removing the last mapping removes the entry."""
 
-    __slots__ = ()
+    __slots__ = ("_key_class", "_key_serializer", "_value_class", "_value_serializer")
+
+    def __init__(
+        self,
+        table: StateTable,
+        descriptor: StateDescriptor,
+        namespace_serializer: TypeSerializer[Any],
+    ) -> None:
+        super().__init__(table, descriptor, namespace_serializer)
+        self._key_serializer: TypeSerializer[Any] = descriptor.key_serializer  # type: ignore[attr-defined]
+        self._value_serializer: TypeSerializer[Any] = descriptor.value_serializer  # type: ignore[attr-defined]
+        self._key_class = self._key_serializer.value_class
+        self._value_class = self._value_serializer.value_class
+
+    def _check_mapping(self, key: Any, value: Any) -> None:
+        if key.__class__ is not self._key_class:
+            self._check(self._key_serializer, key, "map key")
+        if value is not None and value.__class__ is not self._value_class:
+            self._check(self._value_serializer, value, "map value")
 
     def _map_or_none(self) -> dict[Any, Any] | None:
         ctx = self._ctx
@@ -222,6 +264,8 @@ class HeapMapState(_HeapState, InternalMapState[Any, Any]):
         return None if d is None else d.get(key)
 
     def put(self, key: Any, value: Any) -> None:
+        if key.__class__ is not self._key_class or value.__class__ is not self._value_class:
+            self._check_mapping(key, value)
         ctx = self._ctx
         m = self._maps[ctx.kg_index]
         d = m.get(ctx.key, self._ns)
@@ -233,6 +277,8 @@ class HeapMapState(_HeapState, InternalMapState[Any, Any]):
     def put_all(self, mapping: dict[Any, Any]) -> None:
         if not mapping:
             return
+        for k, v in mapping.items():
+            self._check_mapping(k, v)
         ctx = self._ctx
         m = self._maps[ctx.kg_index]
         d = m.get(ctx.key, self._ns)
@@ -277,7 +323,7 @@ class HeapMapState(_HeapState, InternalMapState[Any, Any]):
 class HeapReducingState(_HeapState, InternalReducingState[Any]):
     """A value folded with the descriptor's reduce function; ``add(None)`` clears (as Flink)."""
 
-    __slots__ = ("_reduce",)
+    __slots__ = ("_reduce", "_serializer", "_value_class")
 
     def __init__(
         self,
@@ -286,6 +332,8 @@ class HeapReducingState(_HeapState, InternalReducingState[Any]):
         namespace_serializer: TypeSerializer[Any],
     ) -> None:
         super().__init__(table, descriptor, namespace_serializer)
+        self._serializer = descriptor.serializer
+        self._value_class = descriptor.serializer.value_class
         reduce = descriptor.reduce_function.reduce
 
         def transformation(previous: Any, value: Any) -> Any:
@@ -311,6 +359,8 @@ class HeapReducingState(_HeapState, InternalReducingState[Any]):
         if value is None:
             self._maps[ctx.kg_index].remove(ctx.key, self._ns)
             return
+        if value.__class__ is not self._value_class:
+            self._check(self._serializer, value)
         self._maps[ctx.kg_index].transform(ctx.key, self._ns, value, self._reduce)
 
     def merge_namespaces(self, target: Any, sources: Iterable[Any]) -> None:

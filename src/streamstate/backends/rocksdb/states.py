@@ -35,7 +35,7 @@ from streamstate.api.state import (
     InternalReducingState,
     InternalValueState,
 )
-from streamstate.backends.base import KeyContext
+from streamstate.backends.base import KeyContext, check_written_value
 from streamstate.backends.rocksdb.cache import ABSENT, MISS, MapCache, MapView, ValueCache
 from streamstate.backends.rocksdb.keys import KeyLayout
 from streamstate.errors import NoCurrentKeyError, StateAccessError
@@ -156,6 +156,9 @@ class _RocksDBState:
             nsb = self._ns_bytes = self._namespace_bytes(self._ns)
         return self._current.prefix(self._name) + nsb
 
+    def _check(self, serializer: TypeSerializer[Any], value: Any, what: str = "value") -> None:
+        check_written_value(serializer, value, self._name, self._ctx.key, what)
+
     def _cache_key(self, namespace: Any) -> Any:
         return self._ctx.key if self._void else (self._ctx.key, namespace)
 
@@ -250,11 +253,13 @@ class _SingleValueState(_RocksDBState):
 class RocksDBValueState(_SingleValueState, InternalValueState[Any]):
     """A single value per (key, namespace). ``update(None)`` clears."""
 
-    __slots__ = ("_copy_default", "_default")
+    __slots__ = ("_copy_default", "_default", "_serializer", "_value_class")
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         descriptor = self._descriptor
+        self._serializer = descriptor.serializer
+        self._value_class = descriptor.serializer.value_class
         self._default = getattr(descriptor, "default", None)
         self._copy_default = self._default is not None and not descriptor.serializer.immutable
 
@@ -285,10 +290,10 @@ class RocksDBValueState(_SingleValueState, InternalValueState[Any]):
         n = len(d)
         if value is None:
             d[ck] = ABSENT
-        elif self._immutable:
-            d[ck] = value
         else:
-            d[ck] = self._copy(value)
+            if value.__class__ is not self._value_class:
+                self._check(self._serializer, value)
+            d[ck] = value if self._immutable else self._copy(value)
         if len(d) != n:
             self._cache.count += 1
         self._dirty.add((kgi, ck))
@@ -307,12 +312,22 @@ def _refuse_none(name: str, values: Iterable[Any] | None) -> list[Any]:
 class RocksDBListState(_SingleValueState, InternalListState[Any]):
     """A list per (key, namespace), stored as one RocksDB value and appended in the cache."""
 
-    __slots__ = ("_copy_element",)
+    __slots__ = ("_copy_element", "_element", "_element_class")
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         element = self._descriptor.element_serializer  # type: ignore[attr-defined]
+        self._element: TypeSerializer[Any] = element
+        self._element_class = element.value_class
         self._copy_element = None if element.immutable else element.copy
+
+    def _checked(self, values: Iterable[Any] | None) -> list[Any]:
+        new = _refuse_none(self._name, values)
+        cls = self._element_class
+        for v in new:
+            if v.__class__ is not cls:
+                self._check(self._element, v, "element")
+        return new
 
     def get(self) -> list[Any]:
         v = self._load()[2]
@@ -325,6 +340,8 @@ class RocksDBListState(_SingleValueState, InternalListState[Any]):
             raise StateAccessError(
                 f"list state {self._name!r}: None cannot be added to a list state"
             )
+        if value.__class__ is not self._element_class:
+            self._check(self._element, value, "element")
         kgi, ck, lst = self._load()
         if self._copy_element is not None:
             value = self._copy_element(value)
@@ -335,7 +352,7 @@ class RocksDBListState(_SingleValueState, InternalListState[Any]):
         self._dirty.add((kgi, ck))
 
     def add_all(self, values: Iterable[Any]) -> None:
-        new = _refuse_none(self._name, values)
+        new = self._checked(values)
         if not new:
             return
         if self._copy_element is not None:
@@ -348,7 +365,7 @@ class RocksDBListState(_SingleValueState, InternalListState[Any]):
         self._dirty.add((kgi, ck))
 
     def update(self, values: Iterable[Any] | None) -> None:
-        new = _refuse_none(self._name, values)
+        new = self._checked(values)
         if self._copy_element is not None:
             new = [self._copy_element(v) for v in new]
         self.update_internal(new or None)
@@ -364,11 +381,13 @@ class RocksDBListState(_SingleValueState, InternalListState[Any]):
 class RocksDBReducingState(_SingleValueState, InternalReducingState[Any]):
     """A value folded with the descriptor's reduce function; ``add(None)`` clears (as Flink)."""
 
-    __slots__ = ("_reduce",)
+    __slots__ = ("_reduce", "_serializer", "_value_class")
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self._reduce = self._descriptor.reduce_function.reduce  # type: ignore[attr-defined]
+        self._serializer = self._descriptor.serializer
+        self._value_class = self._serializer.value_class
 
     def get(self) -> Any:
         v = self._load()[2]
@@ -380,6 +399,8 @@ class RocksDBReducingState(_SingleValueState, InternalReducingState[Any]):
         if value is None:
             self.clear()
             return
+        if value.__class__ is not self._value_class:
+            self._check(self._serializer, value)
         kgi, ck, current = self._load()
         result = value if current is ABSENT else self._reduce(current, value)
         self._store(kgi, ck, ABSENT if result is None else result)
@@ -425,7 +446,16 @@ class RocksDBMapState(_RocksDBState, InternalMapState[Any, Any]):
     Iteration returns a list taken at call time, so mappings may be removed while iterating.
     """
 
-    __slots__ = ("_cache", "_copy_value", "_dirty", "_entries")
+    __slots__ = (
+        "_cache",
+        "_copy_value",
+        "_dirty",
+        "_entries",
+        "_key_class",
+        "_key_serializer",
+        "_value_class",
+        "_value_serializer",
+    )
 
     def __init__(
         self,
@@ -442,6 +472,16 @@ class RocksDBMapState(_RocksDBState, InternalMapState[Any, Any]):
         self._dirty = cache.dirty
         value_serializer = descriptor.value_serializer  # type: ignore[attr-defined]
         self._copy_value = None if value_serializer.immutable else value_serializer.copy
+        self._key_serializer: TypeSerializer[Any] = descriptor.key_serializer  # type: ignore[attr-defined]
+        self._value_serializer: TypeSerializer[Any] = value_serializer
+        self._key_class = self._key_serializer.value_class
+        self._value_class = value_serializer.value_class
+
+    def _check_mapping(self, key: Any, value: Any) -> None:
+        if key.__class__ is not self._key_class:
+            self._check(self._key_serializer, key, "map key")
+        if value is not None and value.__class__ is not self._value_class:
+            self._check(self._value_serializer, value, "map value")
 
     def _view(self) -> tuple[int, Any, MapView]:
         ctx = self._ctx
@@ -482,6 +522,8 @@ class RocksDBMapState(_RocksDBState, InternalMapState[Any, Any]):
         self._dirty.add((kgi, ck))
 
     def put(self, key: Any, value: Any) -> None:
+        if key.__class__ is not self._key_class or value.__class__ is not self._value_class:
+            self._check_mapping(key, value)
         kgi, ck, view = self._view()
         items = view.items
         n = len(items)
@@ -496,6 +538,8 @@ class RocksDBMapState(_RocksDBState, InternalMapState[Any, Any]):
     def put_all(self, mapping: dict[Any, Any]) -> None:
         if not mapping:
             return
+        for k, v in mapping.items():
+            self._check_mapping(k, v)
         cp = self._copy_value
         kgi, ck, view = self._view()
         self._write(
