@@ -40,7 +40,7 @@ records_strategy = st.lists(
     min_size=1,
     max_size=50,
 )
-hyp = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+hyp = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 class FakeClock(Clock):
