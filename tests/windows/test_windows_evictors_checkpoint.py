@@ -165,3 +165,41 @@ def test_continuous_processing_time_trigger_state_survives_restore(
     assert all(op.keyed_backend.num_entries() == 0 for op in r2.subtasks)
     assert all(op.num_timers() == 0 for op in r2.subtasks)
     r2.close()
+
+
+@pytest.mark.parametrize("kind", ["aggregate", "process", "reduce"])
+@pytest.mark.parametrize("backend", ["heap", "rocksdb"])
+def test_restored_evicting_windows_fire_before_any_new_element(kind: str, backend: str) -> None:
+    """The element list's serializer comes back from the checkpoint (no element_type given):
+    the first watermark after the restore fires the pending windows."""
+
+    def build():
+        w = window(TumblingEventTimeWindows.of(10)).evictor(CountEvictor.of(2))
+        if kind == "aggregate":
+            return w.aggregate(Sum())
+        if kind == "process":
+            return w.process(Summary())
+        return w.reduce(_reduce)
+
+    def runner(storage=None):
+        return LocalRunner(
+            build(),
+            key_selector=lambda e: e[0],
+            timestamp_assigner=lambda e: e[1],
+            watermark_delay=0,
+            state_backend=backend,
+            parallelism=2,
+            checkpoint_storage=storage,
+        )
+
+    events = [("a", 1, 1), ("a", 2, 2), ("a", 3, 3), ("b", 4, 4)]
+    first = runner()
+    first.run(events, final_watermark=False)
+    cp = first.checkpoint()
+    expected = runner()
+    expected.run(events, final_watermark=False)
+    restored = runner(first.checkpoint_storage)
+    restored.restore(cp.checkpoint_id)
+    got = restored.advance_watermark(100)
+    assert sorted(got) == sorted(expected.advance_watermark(100))
+    assert len(got) == 2

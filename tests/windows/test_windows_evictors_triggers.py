@@ -258,7 +258,7 @@ def test_evicting_window_keeps_the_timestamped_element_list():
 def test_evict_after_runs_after_the_function():
     out = (
         window(GlobalWindows.create())
-        .trigger(DeltaTrigger.of(0, lambda a, b: 1, int))
+        .trigger(DeltaTrigger.of(0, lambda a, b: 1, tuple[str, int, int]))
         .evictor(CountEvictor.of(1, do_evict_after=True))
         .process(Describe())
     )

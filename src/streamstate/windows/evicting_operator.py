@@ -22,9 +22,11 @@ from streamstate.api.descriptors import ListStateDescriptor
 from streamstate.errors import StateAccessError
 from streamstate.serializers import (
     Int64Serializer,
+    ListSerializer,
     OptionalSerializer,
     TupleSerializer,
     serializer_for,
+    serializer_from_snapshot,
 )
 from streamstate.windows.contents import WINDOW_CONTENTS, infer_serializer
 from streamstate.windows.evictors import Evictor, EvictorContext, TimestampedValue
@@ -69,6 +71,16 @@ class EvictingWindowOperator(WindowOperator):
 
     def _contents_type_known(self) -> bool:
         return self._element_type() is not None
+
+    def _restored_contents_descriptor(self, state_serializer: Any) -> Any:
+        # the list of (timestamp, element) pairs whatever the window function's kind
+        try:
+            restored = serializer_from_snapshot(state_serializer)
+        except Exception:  # e.g. pickle, or a record class that no longer imports
+            return None
+        if not isinstance(restored, ListSerializer):
+            return None
+        return ListStateDescriptor(WINDOW_CONTENTS, restored.element)
 
     def _stored_element(self, value: Any, timestamp: int | None) -> Any:
         return (timestamp, value)

@@ -238,7 +238,7 @@ class WindowOperator(KeyedProcessFunction[Any, Any]):
             # windows can fire on the first watermark, before any new element
             meta = self._backend.restored_state_meta(WINDOW_CONTENTS)
             descriptor = (
-                None if meta is None else self.contents.restored_descriptor(meta.state_serializer)
+                None if meta is None else self._restored_contents_descriptor(meta.state_serializer)
             )
             if descriptor is not None:
                 self._window_state = self._backend.get_or_create_keyed_state(
@@ -257,6 +257,11 @@ class WindowOperator(KeyedProcessFunction[Any, Any]):
 
     def close(self) -> None:
         self.window_function.close()
+
+    def _restored_contents_descriptor(self, state_serializer: Any) -> Any:
+        """The window contents' descriptor rebuilt from a checkpoint's state serializer, or None
+        if the element type must still be inferred from the first new element."""
+        return self.contents.restored_descriptor(state_serializer)
 
     def _contents_type_known(self) -> bool:
         """Whether the contents state can be created before the first element."""
