@@ -10,10 +10,11 @@ import os
 from typing import Any
 
 import msgspec
+import pyarrow as pa
 import pytest
 from data import make_batches, running_counts, write_batches
 from functions import Count
-from test_state_host import Driver
+from test_state_host import SCHEMA, Driver
 
 from streamstate.spark import FileSink, keyed_process, read_state
 from streamstate.spark.host_client import connect, ping, run_batch, shutdown, shutdown_remote
@@ -54,10 +55,6 @@ class TwoNodes(Driver):
             "watermark": plan.watermark,
             "processing_time": plan.processing_time,
         }
-        import pyarrow as pa
-
-        from test_state_host import SCHEMA
-
         batch = pa.record_batch(
             [
                 pa.array(users),
