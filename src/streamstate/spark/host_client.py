@@ -390,11 +390,11 @@ def ping(spec: HostSpec, secret: bytes | None = None) -> dict[str, Any] | None:
         conn.close()
 
 
-def _bye(conn: Connection, reason: str) -> bool:
+def _bye(conn: Connection, reason: str, pid: int | None = None) -> bool:
     try:
-        conn.send({"t": "SHUTDOWN", "reason": reason})
-        conn.recv()
-        return True
+        conn.send({"t": "SHUTDOWN", "reason": reason, "pid": pid})
+        reply, _ = conn.recv()
+        return not reply.get("ignored")
     except (EOFError, OSError, ProtocolError):
         return False
     finally:
@@ -411,16 +411,22 @@ def shutdown(spec: HostSpec, reason: str = "", secret: bytes | None = None) -> b
 
 
 def shutdown_remote(
-    address: str, spec: HostSpec, secret: bytes, reason: str = "", timeout: float = 3.0
+    address: str,
+    spec: HostSpec,
+    secret: bytes,
+    reason: str = "",
+    timeout: float = 3.0,
+    pid: int | None = None,
 ) -> bool:
-    """Ask the host of ``spec`` listening at ``address`` (on any node) to exit."""
+    """Ask the host of ``spec`` listening at ``address`` (on any node) to exit; with ``pid``,
+    only if it is still that process."""
     try:
         conn, _ = connect_tcp(
             address, msgspec.structs.replace(spec, io_timeout=10.0), secret, connect_timeout=timeout
         )
     except (OSError, EOFError, ProtocolError):
         return False
-    return _bye(conn, reason)
+    return _bye(conn, reason, pid)
 
 
 def host_spec(

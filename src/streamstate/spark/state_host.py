@@ -524,6 +524,11 @@ def _handle(host: StateHost, conn: Connection, unlink_socket: Any, peer: str) ->
         elif kind == "PING":
             conn.send({"t": "PONG", "version": host.version})
         elif kind == "SHUTDOWN":
+            pid = msg.get("pid")
+            if pid is not None and pid != os.getpid():
+                # meant for an earlier host of this subtask at this address (a reused port)
+                conn.send({"t": "BYE", "ignored": True})
+                return None
             unlink_socket()  # no new connection reaches a host that is going away
             conn.send({"t": "BYE"})
             return "shutdown: " + str(msg.get("reason", ""))
