@@ -44,6 +44,7 @@ from streamstate.spark.security import (
     node_id,
     node_secret,
     peer_uid,
+    tcp_tune,
 )
 from streamstate.spark.state_host import HostSpec, host_paths, proc_start_time
 
@@ -262,7 +263,7 @@ def connect_tcp(
     ``OSError`` (refused, timed out, :class:`~streamstate.spark.security.AuthError`) or
     :class:`~streamstate.spark.protocol.ProtocolError` if it cannot be used."""
     sock = socket.create_connection(_split(address), timeout=connect_timeout)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    tcp_tune(sock)
     return _open(sock, spec.id, secret, spec.io_timeout, spec.max_frame)
 
 

@@ -65,6 +65,7 @@ from streamstate.spark.security import (
     peer_uid,
     run_dir,
     server_handshake,
+    tcp_tune,
 )
 
 __all__ = [
@@ -494,7 +495,7 @@ def _serve_connection(
             if uid != os.getuid():
                 raise AuthError(f"peer uid {uid} is not the host's uid {os.getuid()}")
         else:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            tcp_tune(sock)
         sock.settimeout(spec.auth_timeout)
         server_handshake(sock, secret, spec.id)
     except (AuthError, EOFError, OSError) as exc:
