@@ -19,6 +19,7 @@ from test_state_host import SCHEMA, Driver, _wait_gone
 
 from streamstate.spark import FileSink, keyed_process, read_state
 from streamstate.spark.host_client import connect, ping, run_batch, shutdown
+from streamstate.spark.network import bind_tcp, default_bind, split_address
 from streamstate.spark.security import new_secret, node_id
 from streamstate.spark.subtask import BatchResult
 
@@ -194,3 +195,24 @@ def test_streaming_batches_follow_their_hosts_across_nodes(spark: Any, tmp_path:
     assert sorted((r["user"], r["n"]) for r in out) == running_counts(batches)
     state = read_state(spark, str(tmp_path / "ck"), state="n").collect()
     assert {r.key: r.value for r in state} == final_counts(batches)
+
+
+def test_bind_address_resolution(monkeypatch: Any) -> None:
+    monkeypatch.delenv("STREAMSTATE_HOST_BIND", raising=False)
+    monkeypatch.setenv("SPARK_LOCAL_IP", "127.0.0.3")
+    assert default_bind() == "127.0.0.3"
+    monkeypatch.setenv("STREAMSTATE_HOST_BIND", "127.0.0.2")
+    assert default_bind() == "127.0.0.2"
+    assert default_bind("127.0.0.4:0") == "127.0.0.4:0"  # the option wins
+    assert default_bind("off") is None
+    monkeypatch.setenv("STREAMSTATE_HOST_BIND", "off")
+    assert default_bind() is None
+    assert split_address("127.0.0.1:4040") == ("127.0.0.1", 4040)
+    assert split_address("[::1]:7") == ("::1", 7)
+    assert split_address("::1") == ("::1", 0)
+    assert split_address("10.0.0.5") == ("10.0.0.5", 0)
+    listener, address = bind_tcp("127.0.0.1")
+    try:
+        assert address == f"127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        listener.close()

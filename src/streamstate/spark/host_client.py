@@ -37,6 +37,7 @@ from typing import Any
 import msgspec
 
 from streamstate.errors import StateHostError
+from streamstate.spark.network import split_address, tcp_tune
 from streamstate.spark.protocol import PROTOCOL_VERSION, Connection, ProtocolError
 from streamstate.spark.security import (
     AuthError,
@@ -44,7 +45,6 @@ from streamstate.spark.security import (
     node_id,
     node_secret,
     peer_uid,
-    tcp_tune,
 )
 from streamstate.spark.state_host import HostSpec, host_paths, proc_start_time
 
@@ -247,11 +247,6 @@ def connect(
     raise StateHostError(f"could not reach the state host {spec.id} ({paths['sock']})")
 
 
-def _split(address: str) -> tuple[str, int]:
-    host, _, port = address.rpartition(":")
-    return host.strip("[]"), int(port)
-
-
 def connect_tcp(
     address: str,
     spec: HostSpec,
@@ -262,7 +257,7 @@ def connect_tcp(
     """Connect to the host of ``spec`` at ``address`` (``host:port``) on another node; raises
     ``OSError`` (refused, timed out, :class:`~streamstate.spark.security.AuthError`) or
     :class:`~streamstate.spark.protocol.ProtocolError` if it cannot be used."""
-    sock = socket.create_connection(_split(address), timeout=connect_timeout)
+    sock = socket.create_connection(split_address(address), timeout=connect_timeout)
     tcp_tune(sock)
     return _open(sock, spec.id, secret, spec.io_timeout, spec.max_frame)
 
@@ -445,7 +440,8 @@ def host_spec(
     """The spec of the host of one subtask of query run ``run``, watching this process's
     executor JVM; ``bind`` as :func:`~streamstate.spark.state_host.default_bind` (default
     ``"off"``: no TCP)."""
-    from streamstate.spark.state_host import default_bind, host_id, run_dir
+    from streamstate.spark.network import default_bind
+    from streamstate.spark.state_host import host_id, run_dir
 
     jvm = find_jvm_pid() if watch else None
     return HostSpec(

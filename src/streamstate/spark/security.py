@@ -41,7 +41,6 @@ __all__ = [
     "peer_uid",
     "run_dir",
     "server_handshake",
-    "tcp_tune",
 ]
 
 #: the first bytes of both sides of a handshake ("streamstate host protocol 2")
@@ -119,17 +118,6 @@ def client_handshake(sock: socket.socket, secret: bytes, host: str) -> None:
         ) from exc
     if not hmac.compare_digest(proof, _mac(secret, b"host", host, nonce, theirs)):
         raise AuthError(f"the peer does not prove it is the state host {host} of this job")
-
-
-def tcp_tune(sock: socket.socket) -> None:
-    """No Nagle delay (lock-step messages), and keepalive probes so that a peer whose node
-    vanished without closing the connection is noticed in about 30 s, not after the I/O
-    timeout (the kernel answers probes even while the peer process is busy)."""
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    for name, value in (("TCP_KEEPIDLE", 15), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3)):
-        if hasattr(socket, name):
-            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
 
 
 def peer_uid(sock: socket.socket) -> int:
