@@ -59,9 +59,11 @@ __all__ = [
     "spawn",
 ]
 
-#: seconds to wait for the host's side of the handshake once TCP is connected (a host busy
-#: with another attempt of the same subtask accepts only after it)
-HANDSHAKE_TIMEOUT = 30.0
+#: seconds to wait for a host on another node to start the handshake once TCP is connected: it
+#: serves one connection at a time, so one busy with another attempt of the same subtask (a
+#: reload can take tens of seconds) answers only after it; a node that vanished meanwhile is
+#: noticed by keepalive. (A host on this node gets the I/O timeout, as before.)
+HANDSHAKE_TIMEOUT = 120.0
 
 
 def find_jvm_pid() -> int | None:
@@ -185,11 +187,16 @@ def _try_connect(path: str, io_timeout: float) -> socket.socket | None:
 
 
 def _open(
-    sock: socket.socket, spec_id: str, secret: bytes, io_timeout: float, max_frame: int
+    sock: socket.socket,
+    spec_id: str,
+    secret: bytes,
+    io_timeout: float,
+    max_frame: int,
+    handshake_timeout: float | None = None,
 ) -> tuple[Connection, dict[str, Any]]:
     """Handshake and HELLO on a connected socket (closed on failure)."""
     try:
-        sock.settimeout(min(io_timeout, HANDSHAKE_TIMEOUT))
+        sock.settimeout(handshake_timeout or io_timeout)
         client_handshake(sock, secret, spec_id)
         sock.settimeout(io_timeout)
         conn = Connection(sock, max_frame)
@@ -259,7 +266,14 @@ def connect_tcp(
     :class:`~streamstate.spark.protocol.ProtocolError` if it cannot be used."""
     sock = socket.create_connection(split_address(address), timeout=connect_timeout)
     tcp_tune(sock)
-    return _open(sock, spec.id, secret, spec.io_timeout, spec.max_frame)
+    return _open(
+        sock,
+        spec.id,
+        secret,
+        spec.io_timeout,
+        spec.max_frame,
+        min(spec.io_timeout, max(connect_timeout, HANDSHAKE_TIMEOUT)),
+    )
 
 
 def open_host(
