@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 from typing import Any
 
 import msgspec
@@ -19,7 +20,7 @@ from test_state_host import SCHEMA, Driver, _wait_gone
 
 from streamstate.spark import FileSink, keyed_process, read_state
 from streamstate.spark.host_client import connect, ping, run_batch, shutdown
-from streamstate.spark.network import bind_tcp, default_bind, split_address
+from streamstate.spark.network import bind_tcp, default_bind, port_range, split_address
 from streamstate.spark.security import new_secret, node_id
 from streamstate.spark.subtask import BatchResult
 
@@ -216,3 +217,26 @@ def test_bind_address_resolution(monkeypatch: Any) -> None:
         assert address == f"127.0.0.1:{listener.getsockname()[1]}"
     finally:
         listener.close()
+
+
+def test_hosts_listen_inside_a_port_range(monkeypatch: Any) -> None:
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    busy = probe.getsockname()[1]  # a taken port: the range starts there
+    probe.listen(1)
+    try:
+        monkeypatch.setenv("STREAMSTATE_HOST_PORTS", f"{busy}-{busy + 20}")
+        listener, address = bind_tcp("127.0.0.1")
+        try:
+            port = int(address.rpartition(":")[2])
+            assert busy < port <= busy + 20
+        finally:
+            listener.close()
+        with pytest.raises(OSError, match=f"no free port in {busy}-{busy}"):
+            bind_tcp("127.0.0.1", range(busy, busy + 1))
+    finally:
+        probe.close()
+    for bad in ("x", "10-5", "0-3", "70000"):
+        with pytest.raises(ValueError, match="STREAMSTATE_HOST_PORTS"):
+            port_range(bad)
+    assert port_range("4000") == range(4000, 4001)
