@@ -1,0 +1,123 @@
+"""Streaming keyed queries on a standalone cluster of separate nodes (``conftest.py``):
+results exact against a pandas oracle, a node lost mid-batch, a node that joins later."""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections import Counter
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from streamstate.spark import FileSink
+from streamstate.spark.local_cluster import LocalCluster, _processes
+
+Rows = list[tuple[str, int]]
+
+
+def make_batches(n_batches: int, per_batch: int, users: int, seed: int) -> list[Rows]:
+    rnd = random.Random(seed)
+    return [
+        [(f"u{rnd.randrange(users)}", b * per_batch + i) for i in range(per_batch)]
+        for b in range(n_batches)
+    ]
+
+
+def write_batches(directory: str, batches: list[Rows], start: int = 0) -> None:
+    """One Parquet file per micro-batch, with increasing modification times (the file
+    source's order)."""
+    os.makedirs(directory, exist_ok=True)
+    for i, rows in enumerate(batches, start):
+        path = os.path.join(directory, f"part-{i:04d}.parquet")
+        pq.write_table(
+            pa.table({"user": [u for u, _ in rows], "v": pa.array([v for _, v in rows])}), path
+        )
+        os.utime(path, (1_700_000_000 + 10 * i,) * 2)
+
+
+def oracle(batches: list[Rows]) -> list[tuple[str, int, int]]:
+    """Every record's running count and its micro-batch, by brute force with pandas."""
+    events = pd.DataFrame(
+        [(u, b) for b, rows in enumerate(batches) for u, _ in rows], columns=["user", "batch"]
+    )
+    events["n"] = events.groupby("user").cumcount() + 1
+    return sorted(zip(events.user, events.n, events.batch, strict=True))
+
+
+def sink_rows(path: str) -> list[tuple[str, int, int]]:
+    table = FileSink(path).read_arrow()
+    return sorted(
+        zip(
+            table["user"].to_pylist(),
+            table["n"].to_pylist(),
+            table["batch"].to_pylist(),
+            strict=True,
+        )
+    )
+
+
+def restores(result: dict[str, Any]) -> list[list[str]]:
+    """Per micro-batch, the restore kind of each subtask (in subtask order)."""
+    return [[s["restore"] for s in b["subtasks"]] for b in result["batches"]]
+
+
+def hot_fraction(result: dict[str, Any]) -> float:
+    after_first = [kind for kinds in restores(result)[1:] for kind in kinds]
+    return after_first.count("hot") / len(after_first)
+
+
+def leftover_hosts(cluster: LocalCluster, timeout: float = 30) -> set[int]:
+    """State hosts of the cluster's nodes still alive after ``timeout`` s (they exit with
+    the executor JVM they watch)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = {
+            pid
+            for pid, (_, cmd) in _processes().items()
+            if "streamstate.spark.state_host" in cmd and cluster.directory in cmd
+        }
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.5)
+
+
+def test_streaming_count_on_two_nodes_equals_a_pandas_oracle(
+    cluster: LocalCluster, start_driver: Any, tmp_path: Any
+) -> None:
+    batches = make_batches(6, 2_000, users=500, seed=1)
+    more = make_batches(2, 2_000, users=500, seed=2)
+    write_batches(str(tmp_path / "in"), batches)
+    write_batches(str(tmp_path / "more"), more, start=len(batches))
+    runs = [
+        {
+            "input": str(tmp_path / "in"),
+            "checkpoint": str(tmp_path / f"ck-{backend}"),
+            "sink": str(tmp_path / f"out-{backend}"),
+            "parallelism": 4,
+            "backend": backend,
+        }
+        for backend in ("heap", "rocksdb")
+    ]
+    # the RocksDB job restarts with parallelism 3 and two more files: rescaled on the cluster
+    runs.append({**runs[1], "add_files": str(tmp_path / "more"), "parallelism": 3})
+    heap, rocks, rescaled = start_driver(runs=runs).result()
+    expected = oracle(batches)
+    final = dict(Counter(u for rows in batches for u, _ in rows))
+    for run, result in zip(runs[:2], (heap, rocks), strict=True):
+        assert [b["batch"] for b in result["batches"]] == list(range(6))
+        assert restores(result)[0] == ["empty"] * 4
+        # (the RocksDB job's sink also holds the rescaled run's batches 6 and 7)
+        assert [r for r in sink_rows(run["sink"]) if r[2] < 6] == expected, run["backend"]
+        assert result["state"] == final, run["backend"]
+    assert [b["batch"] for b in rescaled["batches"]] == [6, 7]
+    assert restores(rescaled)[0] == ["reload"] * 3
+    assert sink_rows(runs[1]["sink"]) == oracle(batches + more)
+    assert rescaled["state"] == dict(Counter(u for rows in batches + more for u, _ in rows))
+    # both nodes ran tasks; no state host outlives the application
+    assert all(node.finished_tasks() > 0 for node in cluster.alive_nodes)
+    assert not leftover_hosts(cluster)
