@@ -6,10 +6,11 @@ usage: python cluster_driver.py '<json config>'; config keys:
 - ``conf``: Spark settings (the cluster's ``LocalCluster.spark_conf()`` and more),
   ``executors``: executors to wait for before the first query;
 - ``runs``: queries run one after the other, each with ``input``, ``checkpoint``, ``sink``,
-  ``parallelism``, ``backend``, optionally ``pause`` ({trigger, marker, seconds}: the function
-  sleeps once at that record), ``add_files`` (a directory whose files are moved into ``input``
-  before the run: more input for a restarted query) and ``wait_after`` ({batch, go}: after delivering that batch the
-  sink prints ``WAITING <batch>`` and waits for the file ``go``);
+  ``parallelism``, ``backend``, optionally ``pause`` ({trigger, marker, seconds}: the
+  function sleeps once at that record), ``add_files`` (a directory whose files are moved into
+  ``input`` before the run: more input for a restarted query) and ``wait_after`` ({batch,
+  go}: after delivering that batch the sink prints ``WAITING <batch>`` and waits for the file
+  ``go``);
 - ``out``: where the results go (JSON): per run the batches' figures and ``read_state``.
 
 Prints ``BATCH <run> <id>`` after each delivered batch and ``DONE`` at the end.

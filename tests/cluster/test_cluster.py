@@ -12,7 +12,6 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
-import pytest
 
 from streamstate.spark import FileSink
 from streamstate.spark.local_cluster import LocalCluster, _processes
@@ -121,3 +120,80 @@ def test_streaming_count_on_two_nodes_equals_a_pandas_oracle(
     # both nodes ran tasks; no state host outlives the application
     assert all(node.finished_tasks() > 0 for node in cluster.alive_nodes)
     assert not leftover_hosts(cluster)
+
+
+def test_a_node_lost_mid_batch_costs_a_reload_and_nothing_else(
+    cluster: LocalCluster, start_driver: Any, tmp_path: Any
+) -> None:
+    lost = cluster.add_worker()  # a third node, for this test to lose
+    batches = make_batches(5, 2_000, users=500, seed=3)
+    write_batches(str(tmp_path / "in"), batches)
+    marker = str(tmp_path / "in-flight")
+    run = {
+        "input": str(tmp_path / "in"),
+        "checkpoint": str(tmp_path / "ck"),
+        "sink": str(tmp_path / "out"),
+        "parallelism": 4,
+        "backend": "rocksdb",
+        # one subtask sleeps in the middle of micro-batch 2: the node dies with batch 2 in flight
+        "pause": {"trigger": batches[2][1_000][1], "marker": marker, "seconds": 10},
+    }
+    try:
+        driver = start_driver(runs=[run])
+        driver.wait_until(lambda: os.path.exists(marker), "micro-batch 2 to be in flight")
+        assert lost.finished_tasks() > 0  # the node ran subtasks before it was lost
+        killed = cluster.kill_node(lost)
+        (result,) = driver.result()
+    finally:
+        if lost.alive:
+            cluster.kill_node(lost)
+    assert lost.process.returncode is not None
+    assert not killed & set(_processes())  # worker, executor, Python workers, state hosts
+    assert sink_rows(run["sink"]) == oracle(batches)  # every record counted exactly once
+    assert result["state"] == dict(Counter(u for rows in batches for u, _ in rows))
+    kinds = restores(result)
+    assert [b["batch"] for b in result["batches"]] == list(range(5))
+    # the lost node's subtasks restored the last committed checkpoint
+    assert "reload" in kinds[2] + kinds[3], kinds
+
+
+def test_a_node_that_joins_later_gets_tasks(
+    cluster: LocalCluster, start_driver: Any, tmp_path: Any
+) -> None:
+    batches = make_batches(5, 2_000, users=500, seed=4)
+    write_batches(str(tmp_path / "in"), batches)
+    go = str(tmp_path / "go")
+    run = {
+        "input": str(tmp_path / "in"),
+        "checkpoint": str(tmp_path / "ck"),
+        "sink": str(tmp_path / "out"),
+        "parallelism": 4,
+        "backend": "heap",
+        "wait_after": {"batch": 1, "go": go},
+    }
+    driver = start_driver(runs=[run])
+    driver.wait_until(lambda: "WAITING 1" in driver.lines, "micro-batch 1 to be delivered")
+    joined = cluster.add_worker()
+    try:
+        # the running application gets an executor on the new node (it asked for no core limit)
+        driver.wait_until(
+            lambda: "Successfully registered with driver" in _executor_logs(joined),
+            "an executor on the new node",
+        )
+        with open(go, "w"):
+            pass
+        (result,) = driver.result()
+        assert joined.finished_tasks() > 0
+    finally:
+        cluster.kill_node(joined)
+    assert sink_rows(run["sink"]) == oracle(batches)
+    assert result["state"] == dict(Counter(u for rows in batches for u, _ in rows))
+
+
+def _executor_logs(node: Any) -> str:
+    out = []
+    for root, _dirs, files in os.walk(node.work_dir):
+        if "stderr" in files:
+            with open(os.path.join(root, "stderr"), errors="replace") as f:
+                out.append(f.read())
+    return "".join(out)

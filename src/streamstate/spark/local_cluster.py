@@ -18,6 +18,7 @@ older streamstate on the same cluster.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -79,10 +80,8 @@ def _descendants(root: int, procs: dict[int, tuple[int, str]]) -> set[int]:
 
 def _kill(pids: set[int]) -> None:
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 @dataclass
@@ -329,18 +328,14 @@ class LocalCluster:
         for node in self.nodes:
             if node.alive:
                 pids = node.processes()
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(node.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
                 _kill(pids)
                 node.process.wait()
                 node.alive = False
         if self.master is not None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.master.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             self.master.wait()
             self.master = None
         if self._own_dir:
