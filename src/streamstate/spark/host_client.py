@@ -1,5 +1,17 @@
 """The task side of a state host: find or start the host, stream one batch, shut hosts down.
 
+Routing (:func:`run_batch`): the driver tells the task of subtask ``i`` where the subtask's
+host was at the end of the previous batch (its *location*: node id, TCP address, socket path,
+from the host's HELLO via the acknowledgement). On that node the task uses the Unix socket;
+on another node it streams its records to the host over TCP; if that host cannot be reached
+(node lost: connection refused or timed out within ``connect_timeout``, or the handshake
+fails) it starts a host on its own node, which reloads the base version from checkpoint
+storage. Routing never decides what state is used: the host's version, lineage and attempt
+checks do (:meth:`~streamstate.spark.subtask.SubtaskRuntime.prepare`).
+
+Every connection first passes the HMAC handshake (:mod:`streamstate.spark.security`) with the
+query run's secret (or, outside a query run, the node's).
+
 Starting is race-free: a task connects to ``<id>.sock``; if nobody listens it takes the spawn
 ``flock`` (``<id>.spawn``), tries again (another task may have started the host meanwhile), and
 only then spawns ``python -m streamstate.spark.state_host serve ...`` and waits for its
@@ -25,10 +37,30 @@ from typing import Any
 import msgspec
 
 from streamstate.errors import StateHostError
-from streamstate.spark.protocol import PROTOCOL_VERSION, Connection
+from streamstate.spark.protocol import PROTOCOL_VERSION, Connection, ProtocolError
+from streamstate.spark.security import (
+    AuthError,
+    client_handshake,
+    node_id,
+    node_secret,
+    peer_uid,
+)
 from streamstate.spark.state_host import HostSpec, host_paths, proc_start_time
 
-__all__ = ["connect", "find_jvm_pid", "ping", "run_batch", "shutdown", "spawn"]
+__all__ = [
+    "connect",
+    "connect_tcp",
+    "find_jvm_pid",
+    "ping",
+    "run_batch",
+    "shutdown",
+    "shutdown_remote",
+    "spawn",
+]
+
+#: seconds to wait for the host's side of the handshake once TCP is connected (a host busy
+#: with another attempt of the same subtask accepts only after it)
+HANDSHAKE_TIMEOUT = 30.0
 
 
 def find_jvm_pid() -> int | None:
@@ -58,11 +90,17 @@ def _log_tail(path: str, limit: int = 3000) -> str:
         return ""
 
 
-def spawn(spec: HostSpec, timeout: float = 120.0, pythonpath: str | None = None) -> float:
+def spawn(
+    spec: HostSpec,
+    timeout: float = 120.0,
+    pythonpath: str | None = None,
+    secret: bytes | None = None,
+) -> float:
     """Start the host of ``spec`` and wait until it is ready; returns the seconds it took.
 
     ``pythonpath`` is put first on the host's PYTHONPATH (default: the directory this
-    ``streamstate`` was imported from)."""
+    ``streamstate`` was imported from). ``secret`` (default: the node's) reaches the host on
+    its stdin."""
     from streamstate.spark.job import src_path
 
     paths = host_paths(spec.id, spec.run_dir)
@@ -83,7 +121,7 @@ def spawn(spec: HostSpec, timeout: float = 120.0, pythonpath: str | None = None)
                 json.dumps(msgspec.to_builtins(spec)),
                 str(write_fd),
             ],
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.PIPE,
             stdout=log,
             stderr=log,
             pass_fds=(write_fd,),
@@ -93,6 +131,12 @@ def spawn(spec: HostSpec, timeout: float = 120.0, pythonpath: str | None = None)
             env=env,
         )
     os.close(write_fd)
+    assert launcher.stdin is not None
+    try:
+        launcher.stdin.write((secret or node_secret(spec.run_dir)).hex().encode() + b"\n")
+        launcher.stdin.close()
+    except BrokenPipeError:
+        pass  # it died at once: the status pipe says why
     launcher.wait()  # it exits right after forking the host
     selector = selectors.DefaultSelector()
     selector.register(read_fd, selectors.EVENT_READ)
@@ -129,17 +173,49 @@ def _try_connect(path: str, io_timeout: float) -> socket.socket | None:
     except (FileNotFoundError, ConnectionRefusedError):
         sock.close()
         return None
+    uid = peer_uid(sock)
+    if uid != os.getuid():
+        sock.close()
+        raise StateHostError(
+            f"{path} is served by uid {uid}, not by this user (uid {os.getuid()}): refusing it"
+        )
     sock.settimeout(io_timeout)
     return sock
 
 
+def _open(
+    sock: socket.socket, spec_id: str, secret: bytes, io_timeout: float, max_frame: int
+) -> tuple[Connection, dict[str, Any]]:
+    """Handshake and HELLO on a connected socket (closed on failure)."""
+    try:
+        sock.settimeout(min(io_timeout, HANDSHAKE_TIMEOUT))
+        client_handshake(sock, secret, spec_id)
+        sock.settimeout(io_timeout)
+        conn = Connection(sock, max_frame)
+        conn.send({"t": "HELLO", "proto": PROTOCOL_VERSION})
+        hello, _ = conn.recv()
+    except BaseException:
+        sock.close()
+        raise
+    if hello.get("t") != "HELLO":
+        sock.close()
+        raise ProtocolError(f"the state host {spec_id} answered HELLO with {hello!r}")
+    return conn, hello
+
+
 def connect(
-    spec: HostSpec, *, start: bool = True, pythonpath: str | None = None
+    spec: HostSpec,
+    *,
+    start: bool = True,
+    pythonpath: str | None = None,
+    secret: bytes | None = None,
 ) -> tuple[Connection, dict[str, Any], float | None] | None:
-    """Connect to the host of ``spec`` (starting it if ``start``); returns the connection, the
-    host's HELLO and the spawn time (None if it was running), or None if it is not running and
-    ``start`` is False."""
+    """Connect to the host of ``spec`` on this node (starting it if ``start``); returns the
+    connection, the host's HELLO and the spawn time (None if it was running), or None if it is
+    not running and ``start`` is False. ``secret``: the query run's (default: the node's)."""
     paths = host_paths(spec.id, spec.run_dir)
+    if secret is None:
+        secret = node_secret(spec.run_dir)
     spawned = None
     for _ in range(50):
         sock = _try_connect(paths["sock"], spec.io_timeout)
@@ -150,22 +226,72 @@ def connect(
                 fcntl.flock(lock, fcntl.LOCK_EX)  # one spawner; the others wait, then connect
                 sock = _try_connect(paths["sock"], spec.io_timeout)
                 if sock is None:
-                    spawned = spawn(spec, pythonpath=pythonpath)
+                    spawned = spawn(spec, pythonpath=pythonpath, secret=secret)
                     sock = _try_connect(paths["sock"], spec.io_timeout)
                     if sock is None:
                         raise StateHostError(
                             f"the state host {spec.id} reported READY but {paths['sock']} "
                             "refuses connections"
                         )
-        conn = Connection(sock)
         try:
-            conn.send({"t": "HELLO", "proto": PROTOCOL_VERSION})
-            hello, _ = conn.recv()
+            conn, hello = _open(sock, spec.id, secret, spec.io_timeout, spec.max_frame)
             return conn, hello, spawned
-        except (EOFError, ConnectionError):
-            conn.close()  # accepted by a host that was shutting down: try again
-            time.sleep(0.02)
+        except AuthError as exc:
+            raise StateHostError(
+                f"the state host {spec.id} ({paths['sock']}) refused this client: {exc}; see "
+                f"{paths['log']}"
+            ) from exc
+        except (EOFError, ConnectionError, ProtocolError):
+            time.sleep(0.02)  # accepted by a host that was shutting down: try again
     raise StateHostError(f"could not reach the state host {spec.id} ({paths['sock']})")
+
+
+def _split(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def connect_tcp(
+    address: str,
+    spec: HostSpec,
+    secret: bytes,
+    *,
+    connect_timeout: float = 3.0,
+) -> tuple[Connection, dict[str, Any]]:
+    """Connect to the host of ``spec`` at ``address`` (``host:port``) on another node; raises
+    ``OSError`` (refused, timed out, :class:`~streamstate.spark.security.AuthError`) or
+    :class:`~streamstate.spark.protocol.ProtocolError` if it cannot be used."""
+    sock = socket.create_connection(_split(address), timeout=connect_timeout)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return _open(sock, spec.id, secret, spec.io_timeout, spec.max_frame)
+
+
+def open_host(
+    spec: HostSpec,
+    *,
+    secret: bytes | None = None,
+    location: dict[str, Any] | None = None,
+    connect_timeout: float = 3.0,
+    pythonpath: str | None = None,
+) -> tuple[Connection, dict[str, Any], float | None, str, str | None]:
+    """The connection to the host of ``spec``: at ``location`` if that is another node and
+    reachable (route ``tcp``), else on this node (``unix``; ``fallback`` if ``location`` could
+    not be reached). Returns (connection, HELLO, spawn seconds, route, why it fell back)."""
+    if secret is None:
+        secret = node_secret(spec.run_dir)
+    why = None
+    if location and location.get("tcp") and location.get("node") != node_id(spec.run_dir):
+        try:
+            conn, hello = connect_tcp(
+                location["tcp"], spec, secret, connect_timeout=connect_timeout
+            )
+            return conn, hello, None, "tcp", None
+        except (OSError, EOFError, ProtocolError) as exc:
+            why = f"{location['tcp']}: {exc!r}"  # node lost, host gone: start one here
+    got = connect(spec, pythonpath=pythonpath, secret=secret)
+    assert got is not None
+    conn, hello, spawned = got
+    return conn, hello, spawned, "unix" if why is None else "fallback", why
 
 
 def _raise_remote(spec: HostSpec, msg: dict[str, Any]) -> None:
@@ -175,30 +301,44 @@ def _raise_remote(spec: HostSpec, msg: dict[str, Any]) -> None:
     )
 
 
+def location_of(hello: dict[str, Any]) -> dict[str, Any]:
+    """Where a host lives, from its HELLO (what the acknowledgement carries to the driver)."""
+    return {k: hello.get(k) for k in ("id", "node", "tcp", "unix", "pid")}
+
+
 def run_batch(
     spec: HostSpec,
     begin: dict[str, Any],
     batches: Iterable[Any],
     *,
     pythonpath: str | None = None,
+    secret: bytes | None = None,
+    location: dict[str, Any] | None = None,
+    connect_timeout: float = 3.0,
 ) -> tuple[bytes, dict[str, Any]]:
     """Stream one micro-batch of one subtask through its host.
 
-    ``begin`` is the BEGIN header; ``batches`` the subtask's Arrow record batches. Returns the
-    encoded ``BatchResult`` and timings. Raises :class:`StateHostError` if the host reports an
-    error or goes away (the host has then dropped the batch's changes).
+    ``begin`` is the BEGIN header; ``batches`` the subtask's Arrow record batches;
+    ``location`` where the driver last saw the subtask's host (see :func:`open_host`). Returns
+    the encoded ``BatchResult`` and timings (with ``route`` and the host's ``location``).
+    Raises :class:`StateHostError` if the host reports an error or goes away (the host has then
+    dropped the batch's changes).
     """
     t0 = time.perf_counter()
-    got = connect(spec, pythonpath=pythonpath)
-    assert got is not None
-    conn, _hello, spawned = got
+    conn, hello, spawned, route, why = open_host(
+        spec,
+        secret=secret,
+        location=location,
+        connect_timeout=connect_timeout,
+        pythonpath=pythonpath,
+    )
     t_connect = time.perf_counter() - t0
-    paths = host_paths(spec.id, spec.run_dir)
+    where = hello.get("tcp") if route == "tcp" else host_paths(spec.id, spec.run_dir)["log"]
     try:
         it = (b for b in batches if b.num_rows)
         first = next(it, None)
         schema = None if first is None else bytes(first.schema.serialize())
-        conn.send({**begin, "t": "BEGIN", "schema": schema})
+        conn.send({"subtask": spec.subtask, **begin, "t": "BEGIN", "schema": schema})
         msg, _ = conn.recv()
         if msg["t"] == "ERROR":
             _raise_remote(spec, msg)
@@ -217,21 +357,25 @@ def run_batch(
             "spawn_ms": None if spawned is None else spawned * 1e3,
             "stream_ms": (time.perf_counter() - t_begin) * 1e3,
             "restore": msg.get("restore"),
+            "route": route,
+            "location": location_of(hello),
         }
+        if why is not None:
+            timings["fallback"] = why
         return bytes(done["result"]), timings
-    except (EOFError, ConnectionError, TimeoutError) as exc:
+    except (EOFError, ConnectionError, TimeoutError, ProtocolError) as exc:
         raise StateHostError(
-            f"lost the state host of {spec.operator!r} subtask {spec.subtask} ({exc!r}); see "
-            f"{paths['log']}"
+            f"lost the state host of {spec.operator!r} subtask {spec.subtask} over {route} "
+            f"({exc!r}); see {where}"
         ) from exc
     finally:
         conn.close()
 
 
-def ping(spec: HostSpec) -> dict[str, Any] | None:
+def ping(spec: HostSpec, secret: bytes | None = None) -> dict[str, Any] | None:
     """The host's PONG, or None if it is not running."""
     try:
-        got = connect(spec, start=False)
+        got = connect(spec, start=False, secret=secret)
     except StateHostError:
         return None
     if got is None:
@@ -240,27 +384,43 @@ def ping(spec: HostSpec) -> dict[str, Any] | None:
     try:
         conn.send({"t": "PING"})
         return conn.recv()[0]
-    except (EOFError, OSError):
+    except (EOFError, OSError, ProtocolError):
         return None
     finally:
         conn.close()
 
 
-def shutdown(spec: HostSpec, reason: str = "") -> bool:
-    """Ask the host of ``spec`` to exit; False if it was not running."""
-    paths = host_paths(spec.id, spec.run_dir)
-    sock = _try_connect(paths["sock"], 10.0)
-    if sock is None:
-        return False
-    conn = Connection(sock)
+def _bye(conn: Connection, reason: str) -> bool:
     try:
         conn.send({"t": "SHUTDOWN", "reason": reason})
         conn.recv()
         return True
-    except (EOFError, OSError):
+    except (EOFError, OSError, ProtocolError):
         return False
     finally:
         conn.close()
+
+
+def shutdown(spec: HostSpec, reason: str = "", secret: bytes | None = None) -> bool:
+    """Ask the host of ``spec`` on this node to exit; False if it was not running."""
+    try:
+        got = connect(msgspec.structs.replace(spec, io_timeout=10.0), start=False, secret=secret)
+    except StateHostError:
+        return False
+    return False if got is None else _bye(got[0], reason)
+
+
+def shutdown_remote(
+    address: str, spec: HostSpec, secret: bytes, reason: str = "", timeout: float = 3.0
+) -> bool:
+    """Ask the host of ``spec`` listening at ``address`` (on any node) to exit."""
+    try:
+        conn, _ = connect_tcp(
+            address, msgspec.structs.replace(spec, io_timeout=10.0), secret, connect_timeout=timeout
+        )
+    except (OSError, EOFError, ProtocolError):
+        return False
+    return _bye(conn, reason)
 
 
 def host_spec(
@@ -272,13 +432,19 @@ def host_spec(
     directory: str | None = None,
     idle_timeout: float = 600.0,
     watch: bool = True,
+    run: str = "",
+    bind: str | None = "off",
 ) -> HostSpec:
-    """The spec of the host of one subtask, watching this process's executor JVM."""
-    from streamstate.spark.state_host import host_id, run_dir
+    """The spec of the host of one subtask of query run ``run``, watching this process's
+    executor JVM; ``bind`` as :func:`~streamstate.spark.state_host.default_bind` (default
+    ``"off"``: no TCP)."""
+    from streamstate.spark.state_host import default_bind, host_id, run_dir
 
     jvm = find_jvm_pid() if watch else None
     return HostSpec(
-        id=host_id(job_url, operator, subtask, parallelism),
+        id=host_id(job_url, operator, subtask, parallelism, run),
+        run=run,
+        bind=default_bind(bind),
         job=job_url,
         operator=operator,
         subtask=subtask,

@@ -2,20 +2,29 @@
 
 Spark reuses Python workers but does not pin a partition to a worker, so state kept in a worker
 would be found only by chance. A state host is a process per ``(job, operator, subtask,
-parallelism)`` on a node: the Spark task of subtask ``i`` streams its Arrow batches to host
-``i`` over a Unix socket (:mod:`streamstate.spark.protocol`) and gets an acknowledgement back;
+parallelism, query run)``: the Spark task of subtask ``i`` streams its Arrow batches to host
+``i`` (:mod:`streamstate.spark.protocol`) and gets an acknowledgement back;
 the state stays in the host's memory (heap) or local disk (RocksDB) between micro-batches and is
 reloaded from checkpoint storage only when the version a batch needs is not the one the host
 holds (:class:`~streamstate.spark.subtask.SubtaskRuntime`).
 
+Where: a host lives on the node whose task first needed it. It listens on a Unix socket in the
+node's run directory and, unless disabled, on TCP (``HostSpec.bind``, an ephemeral port); its
+HELLO reports its location (node id, TCP address, socket path), the task puts it in its
+acknowledgement, and the driver tells the next batch's task of that subtask where to send its
+records, on whichever node Spark runs it (:mod:`streamstate.spark.host_client`). Every
+connection is authenticated first (:mod:`streamstate.spark.security`); a refused connection is
+logged and closed and the host goes on serving.
+
 Lifecycle: the first task that cannot connect spawns the host (:mod:`streamstate.spark.
 host_client`); the host double-forks and calls ``setsid`` (it is neither a child of the worker
 nor in the PySpark daemon's process group), takes an exclusive ``flock`` on ``<id>.lock`` for its
-whole life (a second host exits at once), binds ``<id>.sock``, and reports ``READY`` or
-``ERROR <reason>`` on a pipe to its spawner. It exits on SHUTDOWN (the driver stops the query),
-SIGTERM, when the executor JVM it watches exits (a thread waits on a ``pidfd``, so even a host
-busy in a batch exits: no orphan survives its executor),
-or after ``idle_timeout`` seconds without a connection. The socket is unlinked on exit.
+whole life (a second host exits at once), binds ``<id>.sock`` (and its TCP port), and
+reports ``READY`` or ``ERROR <reason>`` on a pipe to its spawner. It exits on SHUTDOWN (the
+driver stops the query run), SIGTERM, when the executor JVM it watches exits (a thread waits on
+a ``pidfd``, so even a host busy in a batch exits: no orphan survives its executor), or after
+``idle_timeout`` seconds without a connection (so a host its subtask left behind on another
+node does not linger). The socket is unlinked on exit.
 
 Memory: a host's memory is not accounted by Spark. On YARN or Kubernetes it counts against the
 executor container, so size ``spark.executor.memoryOverhead`` for the state; if
@@ -43,9 +52,31 @@ from typing import Any
 
 import msgspec
 
-from streamstate.spark.protocol import PROTOCOL_VERSION, Connection, ProtocolError
+from streamstate.spark.protocol import (
+    MAX_BODY_BYTES,
+    PROTOCOL_VERSION,
+    Connection,
+    ProtocolError,
+)
+from streamstate.spark.security import (
+    AuthError,
+    node_id,
+    node_secret,
+    peer_uid,
+    run_dir,
+    server_handshake,
+)
 
-__all__ = ["HostSpec", "StateHost", "host_id", "host_paths", "run_dir", "serve"]
+__all__ = [
+    "Begin",
+    "HostSpec",
+    "StateHost",
+    "default_bind",
+    "host_id",
+    "host_paths",
+    "run_dir",
+    "serve",
+]
 
 
 class HostSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -63,17 +94,89 @@ class HostSpec(msgspec.Struct, frozen=True, kw_only=True):
     watch_start: int | None = None
     idle_timeout: float = 600.0
     io_timeout: float = 600.0
+    #: TCP address to listen on (``"127.0.0.1"``, ``"10.0.0.5:0"``, ``"[::]:0"``; port 0 or
+    #: none: ephemeral); None: Unix socket only
+    bind: str | None = None
+    #: seconds a connection has to complete the handshake
+    auth_timeout: float = 5.0
+    #: largest message body accepted (one Arrow batch)
+    max_frame: int = MAX_BODY_BYTES
+    #: the query run (for humans; the run is also part of ``id``)
+    run: str = ""
 
 
-def run_dir(override: str | None = None) -> str:
-    """The directory of host sockets, locks and logs (mode 0700)."""
-    d = override or os.environ.get("STREAMSTATE_RUN_DIR") or f"/tmp/streamstate-{os.getuid()}"
-    os.makedirs(d, mode=0o700, exist_ok=True)
-    return d
+class Begin(msgspec.Struct, kw_only=True):
+    """The BEGIN message of a batch, validated before anything in it is used."""
+
+    t: str
+    job: bytes
+    batch: int
+    base: int
+    lineage: str
+    new_lineage: str
+    attempt: int
+    base_attempt: int | None = None
+    watermark: int | None = None
+    processing_time: int | None = None
+    schema: bytes | None = None
+    #: the subtask the client means (checked against the host's)
+    subtask: int | None = None
 
 
-def host_id(job: str, operator: str, subtask: int, parallelism: int) -> str:
-    return hashlib.sha1(f"{job}\0{operator}\0{subtask}\0{parallelism}".encode()).hexdigest()[:20]
+def host_id(job: str, operator: str, subtask: int, parallelism: int, run: str = "") -> str:
+    """The host of one subtask of one query run (``run`` empty: outside a query run)."""
+    ident = f"{job}\0{operator}\0{subtask}\0{parallelism}"
+    if run:
+        ident += f"\0{run}"
+    return hashlib.sha1(ident.encode()).hexdigest()[:20]
+
+
+def default_bind(option: str | None = None) -> str | None:
+    """The TCP address a host started here listens on: ``option`` (``"off"``: none), else
+    ``$STREAMSTATE_HOST_BIND``, else ``$SPARK_LOCAL_IP``, else the address this node's name
+    resolves to (127.0.0.1 if it does not resolve)."""
+    for value in (
+        option,
+        os.environ.get("STREAMSTATE_HOST_BIND"),
+        os.environ.get("SPARK_LOCAL_IP"),
+    ):
+        if value:
+            return None if value.lower() in ("off", "none", "unix") else value
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+def _split_address(address: str) -> tuple[str, int]:
+    """``"h"``, ``"h:p"``, ``"[v6]:p"`` or a bare IPv6 address -> (host, port)."""
+    if address.startswith("["):
+        host, _, rest = address[1:].partition("]")
+        return host, int(rest[1:]) if rest.startswith(":") else 0
+    if address.count(":") == 1:
+        host, port = address.split(":")
+        return host, int(port)
+    return address, 0
+
+
+def _bind_tcp(address: str) -> tuple[socket.socket, str]:
+    """A TCP listener on ``address`` and the address clients should dial."""
+    host, port = _split_address(address)
+    info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, _, _, _, addr = info[0]
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(addr)
+    bound = listener.getsockname()
+    advertised = bound[0]
+    if advertised in ("0.0.0.0", "::"):
+        # a wildcard bind: others dial the node's address
+        advertised = os.environ.get("STREAMSTATE_HOST_ADVERTISE") or socket.gethostbyname(
+            socket.gethostname()
+        )
+    return listener, (
+        f"[{advertised}]:{bound[1]}" if ":" in advertised else f"{advertised}:{bound[1]}"
+    )
 
 
 def host_paths(hid: str, directory: str) -> dict[str, str]:
@@ -110,6 +213,8 @@ class StateHost:
         self._function_blob: bytes | None = None
         self.batches = 0
         self.started = time.time()
+        #: where clients find this host (HELLO): node id, TCP address, socket path
+        self.location: dict[str, Any] = {"id": spec.id, "node": None, "tcp": None, "unix": None}
 
     # ---- state ---------------------------------------------------------------------------------
 
@@ -152,24 +257,39 @@ class StateHost:
 
     # ---- one batch -----------------------------------------------------------------------------
 
-    def run_batch(self, conn: Connection, begin: dict[str, Any]) -> None:
-        import pyarrow as pa
-
+    def check_begin(self, header: dict[str, Any]) -> tuple[Begin, Any]:
+        """The BEGIN message and its JobSpec, validated as plain data (msgpack and msgspec
+        types: nothing is unpickled or loaded) before the batch touches any state."""
         from streamstate.spark.job import JobSpec
 
+        try:
+            begin = msgspec.convert(header, Begin)
+            job = msgspec.msgpack.decode(begin.job, type=JobSpec)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            raise ProtocolError(f"malformed BEGIN: {exc}") from exc
+        spec = self.spec
+        if begin.subtask is not None and begin.subtask != spec.subtask:
+            raise ProtocolError(
+                f"BEGIN for subtask {begin.subtask} reached the host of subtask {spec.subtask}"
+            )
+        if (job.operator, job.parallelism) != (spec.operator, spec.parallelism):
+            raise ProtocolError(
+                f"BEGIN for operator {job.operator!r} at parallelism {job.parallelism} reached "
+                f"the host of {spec.operator!r} at parallelism {spec.parallelism}"
+            )
+        return begin, job
+
+    def run_batch(self, conn: Connection, begin: Begin, job: Any) -> None:
+        import pyarrow as pa
+
         t0 = time.perf_counter()
-        job = msgspec.msgpack.decode(begin["job"], type=JobSpec)
         runtime = self._runtime_for(job)
-        restore = runtime.prepare(begin["base"], begin["lineage"], begin.get("base_attempt"))
+        restore = runtime.prepare(begin.base, begin.lineage, begin.base_attempt)
         t_restore = time.perf_counter() - t0
         conn.send({"t": "BEGUN", "restore": restore, "restore_ms": t_restore * 1e3})
-        schema = (
-            None
-            if begin.get("schema") is None
-            else pa.ipc.read_schema(pa.py_buffer(begin["schema"]))
-        )
+        schema = None if begin.schema is None else pa.ipc.read_schema(pa.py_buffer(begin.schema))
         try:
-            runtime.begin(begin.get("watermark"), begin.get("processing_time"))
+            runtime.begin(begin.watermark, begin.processing_time)
             t_proc = 0.0
             while True:
                 msg, body = conn.recv()
@@ -184,7 +304,7 @@ class StateHost:
                     break
                 else:
                     raise ProtocolError(f"unexpected message {kind} inside a batch")
-            result = runtime.finish(begin["batch"], begin["attempt"], begin["new_lineage"])
+            result = runtime.finish(begin.batch, begin.attempt, begin.new_lineage)
         except BaseException:
             runtime.close()  # a half-applied batch: the next one reloads its base version
             raise
@@ -211,6 +331,7 @@ class StateHost:
             "lineage": None if runtime is None else runtime.lineage,
             "rlimit_as": None if soft == resource.RLIM_INFINITY else soft,
             "started": self.started,
+            **self.location,
         }
 
     def close(self) -> None:
@@ -246,8 +367,10 @@ def _watch_executor(pid: int, sock_path: str) -> None:
     threading.Thread(target=watch, name="streamstate-executor-watch", daemon=True).start()
 
 
-def serve(spec: HostSpec, status_fd: int | None) -> int:
-    """The host's main loop; ``status_fd`` is the pipe to the spawner (READY or ERROR)."""
+def serve(spec: HostSpec, status_fd: int | None, secret: bytes | None = None) -> int:
+    """The host's main loop; ``status_fd`` is the pipe to the spawner (READY or ERROR);
+    ``secret`` the query run's secret (default: the node's, :func:`~streamstate.spark.
+    security.node_secret`)."""
     status: list[int | None] = [status_fd]
     paths = host_paths(spec.id, spec.run_dir)
     lock = open(paths["lock"], "a+")  # noqa: SIM115 - held for the life of the process
@@ -270,23 +393,37 @@ def serve(spec: HostSpec, status_fd: int | None) -> int:
             _report(status, f"ERROR the executor process {spec.watch_pid} is already gone")
             return 4
         _watch_executor(spec.watch_pid, paths["sock"])
+    if secret is None:
+        secret = node_secret(spec.run_dir)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(paths["sock"])  # a dead host's socket (we hold the lock: it is not alive)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old_umask = os.umask(0o177)  # the socket file itself is the owner's only (0600)
     try:
         listener.bind(paths["sock"])
     except OSError as exc:
         _report(status, f"ERROR cannot bind {paths['sock']}: {exc}")
         return 5
+    finally:
+        os.umask(old_umask)
     listener.listen(64)
     sock_inode = os.stat(paths["sock"]).st_ino
+    host = StateHost(spec)
+    host.location.update(node=node_id(spec.run_dir), unix=paths["sock"])
+    tcp = None
+    if spec.bind:
+        try:
+            tcp, host.location["tcp"] = _bind_tcp(spec.bind)
+        except (OSError, ValueError) as exc:
+            _report(status, f"ERROR cannot listen on TCP {spec.bind!r}: {exc}")
+            return 5
+        tcp.listen(64)
 
     import cloudpickle  # noqa: F401 - warm the imports before READY
     import pyarrow  # noqa: F401
 
     import streamstate.spark.subtask  # noqa: F401
 
-    host = StateHost(spec)
     stop: dict[str, str | None] = {"why": None}
 
     def on_term(signum: int, frame: Any) -> None:
@@ -296,9 +433,14 @@ def serve(spec: HostSpec, status_fd: int | None) -> int:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     selector = selectors.DefaultSelector()
-    selector.register(listener, selectors.EVENT_READ, "accept")
+    selector.register(listener, selectors.EVENT_READ, "unix")
+    if tcp is not None:
+        selector.register(tcp, selectors.EVENT_READ, "tcp")
     last = time.monotonic()
-    _log(f"ready: {spec.job} {spec.operator} subtask {spec.subtask}/{spec.parallelism}")
+    _log(
+        f"ready: {spec.job} {spec.operator} subtask {spec.subtask}/{spec.parallelism} run "
+        f"{spec.run or '-'} node {host.location['node']} tcp {host.location['tcp'] or 'off'}"
+    )
     _report(status, "READY")
 
     def unlink_socket() -> None:
@@ -314,11 +456,13 @@ def serve(spec: HostSpec, status_fd: int | None) -> int:
             if left <= 0:
                 stop["why"] = "idle timeout"
                 break
-            for _key, _ in selector.select(timeout=min(left, 1.0)):
-                sock, _ = listener.accept()
-                sock.settimeout(spec.io_timeout)
+            for key, _ in selector.select(timeout=min(left, 1.0)):
                 try:
-                    reason = _handle(host, Connection(sock), unlink_socket)
+                    sock, addr = key.fileobj.accept()  # type: ignore[union-attr]
+                except OSError:
+                    continue
+                try:
+                    reason = _serve_connection(host, sock, key.data, addr, secret, unlink_socket)
                 finally:
                     sock.close()
                     last = time.monotonic()
@@ -332,15 +476,50 @@ def serve(spec: HostSpec, status_fd: int | None) -> int:
     return 0
 
 
-def _handle(host: StateHost, conn: Connection, unlink_socket: Any) -> str | None:
-    """Serve one connection; returns a reason to stop the host, or None."""
+def _serve_connection(
+    host: StateHost,
+    sock: socket.socket,
+    kind: str,
+    addr: Any,
+    secret: bytes,
+    unlink_socket: Any,
+) -> str | None:
+    """Authenticate one connection, then serve it; a refused one is logged and closed."""
+    spec = host.spec
+    peer = f"tcp {addr[0]}:{addr[1]}" if kind == "tcp" else "unix"
+    try:
+        if kind == "unix":
+            uid = peer_uid(sock)
+            peer = f"unix uid {uid}"
+            if uid != os.getuid():
+                raise AuthError(f"peer uid {uid} is not the host's uid {os.getuid()}")
+        else:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.settimeout(spec.auth_timeout)
+        server_handshake(sock, secret, spec.id)
+    except (AuthError, EOFError, OSError) as exc:
+        _log(f"refused connection ({peer}): {exc}")
+        return None
+    sock.settimeout(spec.io_timeout)
+    return _handle(host, Connection(sock, spec.max_frame), unlink_socket, peer)
+
+
+def _handle(host: StateHost, conn: Connection, unlink_socket: Any, peer: str) -> str | None:
+    """Serve one authenticated connection; returns a reason to stop the host, or None."""
     while True:
         try:
             msg, _ = conn.recv()
+        except ProtocolError as exc:
+            _log(f"refused frame ({peer}): {exc}")
+            return None
         except (EOFError, ConnectionError, TimeoutError, OSError):
             return None
         kind = msg.get("t")
         if kind == "HELLO":
+            if msg.get("proto") != PROTOCOL_VERSION:
+                _log(f"refused client ({peer}): protocol {msg.get('proto')!r}")
+                _send_error(conn, ProtocolError(f"protocol {msg.get('proto')!r} is not mine"))
+                return None
             conn.send(host.hello())
         elif kind == "PING":
             conn.send({"t": "PONG", "version": host.version})
@@ -350,40 +529,65 @@ def _handle(host: StateHost, conn: Connection, unlink_socket: Any) -> str | None
             return "shutdown: " + str(msg.get("reason", ""))
         elif kind == "BEGIN":
             try:
-                host.run_batch(conn, msg)
+                begin, job = host.check_begin(msg)
+            except ProtocolError as exc:
+                _log(f"refused frame ({peer}): {exc}")
+                _send_error(conn, exc)
+                return None
+            try:
+                host.run_batch(conn, begin, job)
             except (EOFError, ConnectionError, TimeoutError) as exc:
-                _log(f"batch {msg.get('batch')} aborted by the task ({exc!r})")
+                _log(f"batch {begin.batch} aborted by the task ({exc!r})")
                 return None
             except Exception as exc:
-                _log(f"batch {msg.get('batch')} failed: {exc!r}")
-                with contextlib.suppress(OSError):
-                    conn.send(
-                        {
-                            "t": "ERROR",
-                            "type": type(exc).__name__,
-                            "message": str(exc),
-                            "traceback": traceback.format_exc(),
-                        }
-                    )
+                _log(f"batch {begin.batch} failed: {exc!r}")
+                _send_error(conn, exc)
                 return None
         else:
-            conn.send({"t": "ERROR", "type": "ProtocolError", "message": f"unknown {kind!r}"})
+            _log(f"refused frame ({peer}): unknown message {str(kind)[:40]!r}")
+            _send_error(conn, ProtocolError(f"unknown message {str(kind)[:40]!r}"))
             return None
 
 
+def _send_error(conn: Connection, exc: BaseException) -> None:
+    with contextlib.suppress(OSError, ProtocolError):
+        conn.send(
+            {
+                "t": "ERROR",
+                "type": type(exc).__name__,
+                "message": str(exc),
+                "traceback": traceback.format_exc(),
+            }
+        )
+
+
+def _read_secret() -> bytes | None:
+    """The secret the spawner writes on stdin (hex, one line); None if it wrote none."""
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = os.read(0, 256)
+        if not chunk:
+            break
+        data += chunk
+    line = data.strip()
+    return bytes.fromhex(line.decode()) if line else None
+
+
 def main(argv: list[str]) -> int:
-    """``python -m streamstate.spark.state_host serve <spec json> [status fd]``."""
+    """``python -m streamstate.spark.state_host serve <spec json> [status fd]``; the secret
+    (hex) comes on stdin, never on the command line (visible to every user in ``ps``)."""
     if len(argv) < 2 or argv[0] != "serve":
         print(__doc__, file=sys.stderr)
         return 2
     spec = msgspec.convert(json.loads(argv[1]), HostSpec)
     fd = int(argv[2]) if len(argv) > 2 else None
+    secret = _read_secret()
     # double fork: the launcher exits at once (its parent reaps it) and the host is re-parented
     # to init, so it never becomes a zombie child of a long-lived Python worker
     if os.fork() > 0:
         os._exit(0)
     os.setsid()
-    return serve(spec, fd)
+    return serve(spec, fd, secret)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,10 @@ The query is driven by ``foreachBatch``. Micro-batch ``b`` on the driver
 2. One Spark job: placement by key group, ``repartitionById``, ``mapInArrow`` with
    :func:`~streamstate.spark.tasks.micro_batch_task`: each task streams its partition to its
    subtask's state host, which applies it, writes the incremental checkpoint ``chk-b`` of the
-   subtask and stages the outputs, and the task yields one acknowledgement row.
+   subtask and stages the outputs, and the task yields one acknowledgement row. The
+   acknowledgement says where the host lives; the next batch's plan carries these locations,
+   so the task of subtask ``i`` reaches the same host from whichever node Spark runs it on
+   (:mod:`streamstate.spark.host_client`).
 3. Commit: ``chk-b/_metadata`` is written only when all subtasks acknowledged version ``b``.
 4. The sink gets the staged outputs (idempotent per batch id); Spark then commits its own log.
 
@@ -20,9 +23,12 @@ checkpoints are deleted behind the retained ones.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import threading
 import time
+import uuid
 from typing import Any
 
 import msgspec
@@ -58,6 +64,8 @@ class KeyedStream:
         query_name: str | None = None,
         run_dir: str | None = None,
         storage_options: dict[str, Any] | None = None,
+        host_bind: str | None = None,
+        host_connect_timeout: float = 3.0,
     ) -> KeyedStreamingQuery:
         """Start the query, writing outputs to ``sink`` (see :mod:`streamstate.spark.sinks`).
 
@@ -71,6 +79,12 @@ class KeyedStream:
                 ``$STREAMSTATE_RUN_DIR`` or ``/tmp/streamstate-<uid>``).
             storage_options: fsspec options of the ``"parquet"`` sink's ``path`` (default: the
                 checkpoint's ``storage_options``).
+            host_bind: the address state hosts listen on for tasks of other nodes
+                (``"10.0.0.5"``, ``"0.0.0.0"``, ``"off"`` for none; default
+                ``$STREAMSTATE_HOST_BIND``, else ``$SPARK_LOCAL_IP``, else the node's address;
+                127.0.0.1 with a ``local`` master).
+            host_connect_timeout: seconds a task waits for the TCP connection to a host on
+                another node before it starts one on its own node (which reloads).
         """
         if storage_options is None:
             storage_options = self.options.storage_options
@@ -80,6 +94,8 @@ class KeyedStream:
             trigger,
             query_name,
             run_dir,
+            host_bind,
+            host_connect_timeout,
         )
 
     start = write_stream
@@ -95,11 +111,22 @@ class KeyedStreamingQuery:
         trigger: dict[str, Any] | None,
         query_name: str | None,
         run_dir: str | None,
+        host_bind: str | None = None,
+        host_connect_timeout: float = 3.0,
     ) -> None:
+        from streamstate.spark.security import new_secret
+
         self.options = options
         self.sink = sink
         self.run_dir = run_dir
         self.spark = options.spark
+        #: this query run: part of its hosts' identity; the secret authenticates their clients
+        self.run_id = uuid.uuid4().hex
+        self._secret = new_secret()
+        self.host_bind = _bind_for(self.spark, host_bind)
+        self.host_connect_timeout = host_connect_timeout
+        #: subtask -> where its host was at the end of the last batch (from the acks)
+        self.host_locations: dict[int, dict[str, Any]] = {}
         checkpoint = options.checkpoint
         assert checkpoint is not None
         self.job = self._ship_function(options)
@@ -189,26 +216,90 @@ class KeyedStreamingQuery:
                 "base_attempts": plan.base_attempts,
                 "watermark": plan.watermark,
                 "processing_time": plan.processing_time,
+                "hosts": dict(self.host_locations),
             },
             {
                 "run_dir": self.run_dir,
                 "idle_timeout": options.host_idle_timeout,
                 "pythonpath": src_path(),
+                "run": self.run_id,
+                "secret": self._secret,
+                "bind": self.host_bind,
+                "connect_timeout": self.host_connect_timeout,
             },
         )
         t_job = time.perf_counter()
         rows = placed.mapInArrow(task, ACK_SCHEMA).collect()
         figures["job_ms"] = (time.perf_counter() - t_job) * 1e3
         results = [msgspec.msgpack.decode(r["result"], type=BatchResult) for r in rows]
+        routes = self._update_locations(rows)
         figures["rows"] = sum(r.rows for r in results)
         figures["output_rows"] = sum(r.output_rows for r in results)
         figures["restore"] = sorted({r.restore for r in results})
         figures["subtasks"] = [
-            {"subtask": r.subtask, "restore": r.restore, "rows": r.rows, **r.stats}
+            {
+                "subtask": r.subtask,
+                "restore": r.restore,
+                "route": routes.get(r.subtask),
+                "rows": r.rows,
+                **r.stats,
+            }
             for r in sorted(results, key=lambda r: r.subtask)
         ]
+        figures["routes"] = sorted(set(routes.values()))
         figures["watermark"] = plan.watermark
         return results
+
+    def _update_locations(self, rows: list[Any]) -> dict[int, str]:
+        """Remember where each subtask's host is (for the next batch's plan); a host the
+        subtask left (its node was unreachable) is told to exit. Returns subtask -> route."""
+        routes: dict[int, str] = {}
+        for r in rows:
+            timings = json.loads(r["timings"] or "{}")
+            where = timings.get("location")
+            if not where:
+                continue
+            subtask = int(r["subtask"])
+            routes[subtask] = timings.get("route", "")
+            old = self.host_locations.get(subtask)
+            self.host_locations[subtask] = where
+            if old and (old.get("node"), old.get("pid")) != (where.get("node"), where.get("pid")):
+                threading.Thread(
+                    target=self._retire,
+                    args=(subtask, old, "the subtask moved to another host"),
+                    name="streamstate-retire-host",
+                    daemon=True,
+                ).start()
+        return routes
+
+    def _host_spec(self, subtask: int) -> Any:
+        from streamstate.spark.host_client import host_spec
+
+        job = self.job
+        return host_spec(
+            job.checkpoint_url,
+            job.operator,
+            subtask,
+            job.parallelism,
+            directory=self.run_dir,
+            watch=False,
+            run=self.run_id,
+        )
+
+    def _retire(self, subtask: int, where: dict[str, Any], reason: str) -> bool:
+        """Ask the host at ``where`` to exit (best effort: an unreachable one exits with its
+        executor or when idle)."""
+        from streamstate.spark.host_client import shutdown_remote
+
+        if where.get("tcp"):
+            return shutdown_remote(
+                where["tcp"],
+                self._host_spec(subtask),
+                self._secret,
+                reason,
+                timeout=self.host_connect_timeout,
+            )
+        return False
 
     def _delete_old_outputs(self, batch_id: int) -> None:
         """Staged outputs are needed until their batch is delivered and no replay can ask for
@@ -263,29 +354,32 @@ class KeyedStreamingQuery:
             self.shutdown_hosts()
 
     def shutdown_hosts(self, reason: str = "query stopped") -> int:
-        """Tell the state hosts of this job on this machine to exit (in local mode, all of
-        them; on a cluster, executors' hosts exit with their executor or when idle)."""
-        from streamstate.spark.host_client import host_spec, shutdown
+        """Tell the state hosts of this query run to exit: those on this node through their
+        sockets, those elsewhere at the locations the last acknowledgements gave (hosts that
+        cannot be reached exit with their executor or when idle). Hosts of other runs on the
+        same checkpoint (another driver's) are not touched."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        from streamstate.spark.host_client import shutdown
+        from streamstate.spark.security import node_id
 
         if self._hosts_stopped:
             return 0
         self._hosts_stopped = True
         self.log.close()
-        job = self.job
-        return sum(
-            shutdown(
-                host_spec(
-                    job.checkpoint_url,
-                    job.operator,
-                    i,
-                    job.parallelism,
-                    directory=self.run_dir,
-                    watch=False,
-                ),
-                reason,
-            )
-            for i in range(job.parallelism)
+        here = node_id(self._host_spec(0).run_dir)
+        remote = {
+            i: where
+            for i, where in self.host_locations.items()
+            if where.get("node") != here and where.get("tcp")
+        }
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            far = list(pool.map(lambda it: self._retire(it[0], it[1], reason), remote.items()))
+        near = sum(
+            shutdown(self._host_spec(i), reason, secret=self._secret)
+            for i in range(self.job.parallelism)
         )
+        return near + sum(far)
 
     def __enter__(self) -> KeyedStreamingQuery:
         return self
@@ -298,3 +392,15 @@ class KeyedStreamingQuery:
             f"KeyedStreamingQuery({self.options.operator_name!r}, p={self.job.parallelism}, "
             f"checkpoint={self.job.checkpoint_url!r}, active={self.is_active})"
         )
+
+
+def _bind_for(spark: Any, option: str | None) -> str | None:
+    """The ``bind`` host setting: the option, else (with a ``local`` master and no
+    ``STREAMSTATE_HOST_BIND``/``SPARK_LOCAL_IP``) loopback; None leaves it to each node
+    (:func:`~streamstate.spark.state_host.default_bind`)."""
+    if option is not None:
+        return option
+    env = os.environ.get("STREAMSTATE_HOST_BIND") or os.environ.get("SPARK_LOCAL_IP")
+    if not env and spark.sparkContext.master.startswith("local"):
+        return "127.0.0.1"
+    return None

@@ -53,8 +53,9 @@ def micro_batch_task(
     host: dict[str, Any],
 ) -> Callable[[Iterator[Any]], Iterator[Any]]:
     """The task of one micro-batch: ``plan`` holds batch, base, lineage, new_lineage,
-    base_attempts, watermark and processing_time; ``host`` the host settings (run_dir,
-    idle_timeout, pythonpath)."""
+    base_attempts, watermark, processing_time and ``hosts`` (subtask -> the location of its
+    host after the previous batch); ``host`` the host settings (run_dir, idle_timeout,
+    pythonpath, run, secret, bind, connect_timeout)."""
 
     def task(batches: Iterator[Any]) -> Iterator[Any]:
         from pyspark import TaskContext
@@ -73,6 +74,8 @@ def micro_batch_task(
             job.parallelism,
             directory=host.get("run_dir"),
             idle_timeout=host.get("idle_timeout", 600.0),
+            run=host.get("run", ""),
+            bind=host.get("bind"),
         )
         begin = {
             "job": job_bytes,
@@ -85,7 +88,15 @@ def micro_batch_task(
             "watermark": plan["watermark"],
             "processing_time": plan["processing_time"],
         }
-        result, timings = run_batch(spec, begin, batches, pythonpath=host.get("pythonpath"))
+        result, timings = run_batch(
+            spec,
+            begin,
+            batches,
+            pythonpath=host.get("pythonpath"),
+            secret=host.get("secret"),
+            location=plan.get("hosts", {}).get(index),
+            connect_timeout=host.get("connect_timeout", 3.0),
+        )
         timings["worker_pid"] = os.getpid()
         timings["attempt_number"] = ctx.attemptNumber()
         yield _ack(index, result, timings)

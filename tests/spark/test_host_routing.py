@@ -1,0 +1,192 @@
+"""Routing records to the state: a task on one node reaches its subtask's host on another node
+over TCP (hot), and falls back to a host on its own node (reload) when that one is unreachable.
+
+Two "nodes" are simulated in one process: two run directories, hence two node ids.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import msgspec
+import pyarrow as pa
+import pytest
+from data import make_batches, running_counts, write_batches
+from functions import Count
+from test_state_host import SCHEMA, Driver
+
+from streamstate.spark import FileSink, keyed_process, read_state
+from streamstate.spark.host_client import connect, ping, run_batch, shutdown, shutdown_remote
+from streamstate.spark.security import new_secret, node_id
+from streamstate.spark.subtask import BatchResult
+
+
+def _private(path: Any) -> str:
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    return str(path)
+
+
+class TwoNodes(Driver):
+    """A 1-subtask job whose host runs on node A; tasks run on node A or node B."""
+
+    def __init__(self, tmp_path: Any) -> None:
+        super().__init__(tmp_path, Count())
+        self.secret = new_secret()
+        self.spec = msgspec.structs.replace(self.spec, bind="127.0.0.1", run="r1")
+        self.node_a = _private(tmp_path / "node-a")
+        self.node_b = _private(tmp_path / "node-b")
+        self.location: dict[str, Any] | None = None
+
+    def run(self, b: int, users: list[str], on: str, location: Any = None) -> tuple[Any, Any]:
+        from streamstate.keygroups import assign_key_groups
+
+        spec = msgspec.structs.replace(self.spec, run_dir=on)
+        plan = self.log.plan(b)
+        self.attempt += 1
+        begin = {
+            "job": msgspec.msgpack.encode(self.job),
+            "batch": b,
+            "base": plan.base,
+            "lineage": plan.lineage,
+            "new_lineage": plan.new_lineage,
+            "base_attempt": plan.base_attempts.get(0),
+            "attempt": self.attempt,
+            "watermark": plan.watermark,
+            "processing_time": plan.processing_time,
+        }
+        batch = pa.record_batch(
+            [
+                pa.array(users),
+                pa.array(range(len(users)), pa.int64()),
+                pa.array(assign_key_groups(pa.array(users), 128), pa.int32()),
+            ],
+            schema=SCHEMA,
+        )
+        raw, timings = run_batch(
+            spec,
+            begin,
+            [batch],
+            secret=self.secret,
+            location=self.location if location is None else location,
+            connect_timeout=1.0,
+        )
+        result = msgspec.msgpack.decode(raw, type=BatchResult)
+        self.log.commit(plan, [result])
+        self.location = timings["location"]
+        return result, timings
+
+    def close(self) -> None:
+        for d in (self.node_a, self.node_b):
+            shutdown(msgspec.structs.replace(self.spec, run_dir=d), "test done", self.secret)
+        self.log.close()
+
+
+@pytest.fixture
+def nodes(tmp_path: Any) -> Any:
+    n = TwoNodes(tmp_path)
+    yield n
+    n.close()
+
+
+def test_a_task_on_another_node_streams_to_the_host_over_tcp_and_finds_it_hot(
+    nodes: TwoNodes,
+) -> None:
+    r0, t0 = nodes.run(0, ["a", "b", "a"], on=nodes.node_a)
+    assert (r0.restore, t0["route"]) == ("empty", "unix")
+    assert t0["location"]["node"] == node_id(nodes.node_a) != node_id(nodes.node_b)
+    assert t0["location"]["tcp"].startswith("127.0.0.1:")
+    r1, t1 = nodes.run(1, ["a", "c"], on=nodes.node_b)  # Spark moved the task to node B
+    assert (r1.restore, t1["route"]) == ("hot", "tcp")
+    assert r1.stats["host_pid"] == r0.stats["host_pid"]
+    assert sorted(nodes.outputs(r1)) == [("a", 3), ("c", 1)]
+    # node B started no host of its own
+    assert connect(msgspec.structs.replace(nodes.spec, run_dir=nodes.node_b), start=False) is None
+    r2, t2 = nodes.run(2, ["a"], on=nodes.node_a)  # and back: the Unix socket again
+    assert (r2.restore, t2["route"]) == ("hot", "unix")
+    assert nodes.outputs(r2) == [("a", 4)]
+
+
+def test_an_unreachable_host_falls_back_to_a_local_host_that_reloads(nodes: TwoNodes) -> None:
+    r0, _ = nodes.run(0, ["a", "b", "a"], on=nodes.node_a)
+    lost = {"node": "gone", "tcp": "127.0.0.1:1", "id": nodes.spec.id}  # nothing listens there
+    r1, t1 = nodes.run(1, ["a", "b"], on=nodes.node_b, location=lost)
+    assert (r1.restore, t1["route"]) == ("reload", "fallback")
+    assert "127.0.0.1:1" in t1["fallback"]
+    assert r1.stats["host_pid"] != r0.stats["host_pid"]
+    assert t1["location"]["node"] == node_id(nodes.node_b)
+    assert sorted(nodes.outputs(r1)) == [("a", 3), ("b", 2)]
+    # node A's host still holds version 0: a plan that sends batch 2 there must not use it
+    r2, t2 = nodes.run(2, ["a"], on=nodes.node_b, location={**lost, "node": "A", "tcp": None})
+    assert (r2.restore, t2["route"]) == ("hot", "unix")
+    old = {"node": node_id(nodes.node_a), "tcp": None}
+    r3, t3 = nodes.run(3, ["a"], on=nodes.node_a, location=old)  # its stale host: reload
+    assert (r3.restore, t3["route"]) == ("reload", "unix")
+    assert r3.stats["host_pid"] == r0.stats["host_pid"]
+    assert nodes.outputs(r3) == [("a", 5)]
+
+
+def test_a_host_of_another_run_is_not_reached(nodes: TwoNodes) -> None:
+    """The host id (with the run) is inside the handshake's MAC: a location that names another
+    run's host (or another job's secret) is refused, and the task starts its own host."""
+    _, t0 = nodes.run(0, ["a"], on=nodes.node_a)
+    other = msgspec.structs.replace(nodes.spec, run="r2", id=nodes.spec.id[::-1])
+    nodes.spec, saved = other, nodes.spec
+    try:
+        r1, t1 = nodes.run(1, ["a"], on=nodes.node_b, location=t0["location"])
+    finally:
+        nodes.spec = saved
+    assert (r1.restore, t1["route"]) == ("reload", "fallback")
+    assert "refused the handshake" in t1["fallback"]
+    shutdown(msgspec.structs.replace(other, run_dir=nodes.node_b), "test done", nodes.secret)
+    assert ping(msgspec.structs.replace(nodes.spec, run_dir=nodes.node_a), nodes.secret)
+
+
+def _source(spark: Any, directory: str) -> Any:
+    return (
+        spark.readStream.schema("user string, v long")
+        .option("maxFilesPerTrigger", 1)
+        .parquet(directory)
+    )
+
+
+def test_streaming_batches_follow_their_hosts_across_nodes(spark: Any, tmp_path: Any) -> None:
+    """Batch 0 runs on node A; the executors then 'move' to node B: batch 1 reaches A's hosts
+    over TCP (hot); batch 2's plan names an unreachable address: B's hosts reload; batch 3 is
+    hot on B. The sink and the state equal the oracle."""
+    batches = make_batches(4, 200, users=30, seed=3)
+    source = _private(tmp_path / "in")
+    node_a, node_b = _private(tmp_path / "node-a"), _private(tmp_path / "node-b")
+    query = keyed_process(
+        _source(spark, source),
+        key="user",
+        function=Count(),
+        output_schema="user string, n long",
+        checkpoint=str(tmp_path / "ck"),
+        parallelism=2,
+    ).write_stream("parquet", path=str(tmp_path / "out"), run_dir=node_a, host_connect_timeout=1.0)
+    on_a: dict[int, Any] = {}
+    try:
+        for b, rows in enumerate(batches):
+            if b == 1:
+                query.run_dir = node_b
+            if b == 2:
+                on_a = {i: dict(w) for i, w in query.host_locations.items()}
+                for where in query.host_locations.values():
+                    where.update(node="lost", tcp="127.0.0.1:1")
+            write_batches(source, [rows], start=b)
+            query.process_all_available()
+    finally:
+        query.stop()
+        for i, where in on_a.items():  # the hosts the test pretended were lost
+            shutdown_remote(where["tcp"], query._host_spec(i), query._secret, "test done")
+    figures = query.batches
+    assert [f["restore"] for f in figures] == [["empty"], ["hot"], ["reload"], ["hot"]]
+    assert [f["routes"] for f in figures] == [["unix"], ["tcp"], ["fallback"], ["unix"]]
+    assert {s["host_pid"] for s in figures[1]["subtasks"]} == {
+        s["host_pid"] for s in figures[0]["subtasks"]
+    }
+    out = FileSink(str(tmp_path / "out")).read_arrow().to_pylist()
+    assert sorted((r["user"], r["n"]) for r in out) == running_counts(batches)
+    state = read_state(spark, str(tmp_path / "ck"), state="n").collect()
+    assert sum(r.value for r in state) == sum(len(rows) for rows in batches)
