@@ -65,6 +65,11 @@ def restores(result: dict[str, Any]) -> list[list[str]]:
     return [[s["restore"] for s in b["subtasks"]] for b in result["batches"]]
 
 
+def routes(result: dict[str, Any]) -> list[list[tuple[str, str]]]:
+    """Per micro-batch, (restore, route) of each subtask: for assertion messages."""
+    return [[(s["restore"], s.get("route")) for s in b["subtasks"]] for b in result["batches"]]
+
+
 def hot_fraction(result: dict[str, Any]) -> float:
     after_first = [kind for kinds in restores(result)[1:] for kind in kinds]
     return after_first.count("hot") / len(after_first)
@@ -113,6 +118,9 @@ def test_streaming_count_on_two_nodes_equals_a_pandas_oracle(
         # (the RocksDB job's sink also holds the rescaled run's batches 6 and 7)
         assert [r for r in sink_rows(run["sink"]) if r[2] < 6] == expected, run["backend"]
         assert result["state"] == final, run["backend"]
+        # after the first batch, each subtask's task reaches the host that holds its state,
+        # from whichever node Spark runs it on (a stable run: nothing reloads)
+        assert hot_fraction(result) >= 0.95, (run["backend"], routes(result))
     assert [b["batch"] for b in rescaled["batches"]] == [6, 7]
     assert restores(rescaled)[0] == ["reload"] * 3
     assert sink_rows(runs[1]["sink"]) == oracle(batches + more)
@@ -153,8 +161,18 @@ def test_a_node_lost_mid_batch_costs_a_reload_and_nothing_else(
     assert result["state"] == dict(Counter(u for rows in batches for u, _ in rows))
     kinds = restores(result)
     assert [b["batch"] for b in result["batches"]] == list(range(5))
-    # the lost node's subtasks restored the last committed checkpoint
-    assert "reload" in kinds[2] + kinds[3], kinds
+    # the lost node's subtasks restored the last committed checkpoint, once each, on a
+    # surviving node; the others stayed hot, and after the loss everything is hot again
+    assert "reload" in kinds[2] + kinds[3], routes(result)
+    reloads = Counter(
+        s["subtask"]
+        for b in result["batches"][2:]
+        for s in b["subtasks"]
+        if s["restore"] == "reload"
+    )
+    assert max(reloads.values()) == 1, routes(result)
+    assert sum(k == "hot" for ks in kinds[1:] for k in ks) == 16 - len(reloads), routes(result)
+    assert kinds[4] == ["hot"] * 4, routes(result)
 
 
 def test_a_node_that_joins_later_gets_tasks(
@@ -188,6 +206,8 @@ def test_a_node_that_joins_later_gets_tasks(
         cluster.kill_node(joined)
     assert sink_rows(run["sink"]) == oracle(batches)
     assert result["state"] == dict(Counter(u for rows in batches for u, _ in rows))
+    # its tasks stream to the hosts where the state already is: nothing reloads
+    assert hot_fraction(result) == 1.0, routes(result)
 
 
 def _executor_logs(node: Any) -> str:
