@@ -7,17 +7,19 @@ Two "nodes" are simulated in one process: two run directories, hence two node id
 from __future__ import annotations
 
 import os
+import signal
 from typing import Any
 
 import msgspec
 import pyarrow as pa
 import pytest
-from data import make_batches, running_counts, write_batches
+from data import final_counts, make_batches, running_counts, write_batches
 from functions import Count
-from test_state_host import SCHEMA, Driver
+from test_state_host import SCHEMA, Driver, _wait_gone
 
 from streamstate.spark import FileSink, keyed_process, read_state
-from streamstate.spark.host_client import connect, ping, run_batch, shutdown, shutdown_remote
+from streamstate.spark.host_client import connect, ping, run_batch, shutdown
+from streamstate.spark.network import bind_tcp, default_bind, split_address
 from streamstate.spark.security import new_secret, node_id
 from streamstate.spark.subtask import BatchResult
 
@@ -152,8 +154,9 @@ def _source(spark: Any, directory: str) -> Any:
 
 def test_streaming_batches_follow_their_hosts_across_nodes(spark: Any, tmp_path: Any) -> None:
     """Batch 0 runs on node A; the executors then 'move' to node B: batch 1 reaches A's hosts
-    over TCP (hot); batch 2's plan names an unreachable address: B's hosts reload; batch 3 is
-    hot on B. The sink and the state equal the oracle."""
+    over TCP (hot). Subtask 0's host is then lost (SIGKILL): in batch 2 its task starts a host
+    on B that reloads, while subtask 1 stays hot on A over TCP; batch 3 is hot everywhere.
+    ``stop()`` shuts down the hosts on both nodes. The sink and the state equal the oracle."""
     batches = make_batches(4, 200, users=30, seed=3)
     source = _private(tmp_path / "in")
     node_a, node_b = _private(tmp_path / "node-a"), _private(tmp_path / "node-b")
@@ -165,28 +168,51 @@ def test_streaming_batches_follow_their_hosts_across_nodes(spark: Any, tmp_path:
         checkpoint=str(tmp_path / "ck"),
         parallelism=2,
     ).write_stream("parquet", path=str(tmp_path / "out"), run_dir=node_a, host_connect_timeout=1.0)
-    on_a: dict[int, Any] = {}
     try:
         for b, rows in enumerate(batches):
             if b == 1:
                 query.run_dir = node_b
             if b == 2:
-                on_a = {i: dict(w) for i, w in query.host_locations.items()}
-                for where in query.host_locations.values():
-                    where.update(node="lost", tcp="127.0.0.1:1")
+                os.kill(query.host_locations[0]["pid"], signal.SIGKILL)
             write_batches(source, [rows], start=b)
             query.process_all_available()
     finally:
         query.stop()
-        for i, where in on_a.items():  # the hosts the test pretended were lost
-            shutdown_remote(where["tcp"], query._host_spec(i), query._secret, "test done")
     figures = query.batches
-    assert [f["restore"] for f in figures] == [["empty"], ["hot"], ["reload"], ["hot"]]
-    assert [f["routes"] for f in figures] == [["unix"], ["tcp"], ["fallback"], ["unix"]]
-    assert {s["host_pid"] for s in figures[1]["subtasks"]} == {
-        s["host_pid"] for s in figures[0]["subtasks"]
-    }
+    per_subtask = [[(s["restore"], s["route"]) for s in f["subtasks"]] for f in figures]
+    assert per_subtask == [
+        [("empty", "unix"), ("empty", "unix")],
+        [("hot", "tcp"), ("hot", "tcp")],
+        [("reload", "fallback"), ("hot", "tcp")],
+        [("hot", "unix"), ("hot", "tcp")],
+    ]
+    pids = {s["host_pid"] for f in figures for s in f["subtasks"]}
+    assert len(pids) == 3
+    assert query.host_locations[1]["node"] == node_id(node_a)
+    for pid in pids:  # stop() reached the host on node A over TCP too
+        _wait_gone(int(pid))
     out = FileSink(str(tmp_path / "out")).read_arrow().to_pylist()
     assert sorted((r["user"], r["n"]) for r in out) == running_counts(batches)
     state = read_state(spark, str(tmp_path / "ck"), state="n").collect()
-    assert sum(r.value for r in state) == sum(len(rows) for rows in batches)
+    assert {r.key: r.value for r in state} == final_counts(batches)
+
+
+def test_bind_address_resolution(monkeypatch: Any) -> None:
+    monkeypatch.delenv("STREAMSTATE_HOST_BIND", raising=False)
+    monkeypatch.setenv("SPARK_LOCAL_IP", "127.0.0.3")
+    assert default_bind() == "127.0.0.3"
+    monkeypatch.setenv("STREAMSTATE_HOST_BIND", "127.0.0.2")
+    assert default_bind() == "127.0.0.2"
+    assert default_bind("127.0.0.4:0") == "127.0.0.4:0"  # the option wins
+    assert default_bind("off") is None
+    monkeypatch.setenv("STREAMSTATE_HOST_BIND", "off")
+    assert default_bind() is None
+    assert split_address("127.0.0.1:4040") == ("127.0.0.1", 4040)
+    assert split_address("[::1]:7") == ("::1", 7)
+    assert split_address("::1") == ("::1", 0)
+    assert split_address("10.0.0.5") == ("10.0.0.5", 0)
+    listener, address = bind_tcp("127.0.0.1")
+    try:
+        assert address == f"127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        listener.close()

@@ -37,6 +37,7 @@ from typing import Any
 import msgspec
 
 from streamstate.errors import StateHostError
+from streamstate.spark.network import split_address, tcp_tune
 from streamstate.spark.protocol import PROTOCOL_VERSION, Connection, ProtocolError
 from streamstate.spark.security import (
     AuthError,
@@ -58,9 +59,11 @@ __all__ = [
     "spawn",
 ]
 
-#: seconds to wait for the host's side of the handshake once TCP is connected (a host busy
-#: with another attempt of the same subtask accepts only after it)
-HANDSHAKE_TIMEOUT = 30.0
+#: seconds to wait for a host on another node to start the handshake once TCP is connected: it
+#: serves one connection at a time, so one busy with another attempt of the same subtask (a
+#: reload can take tens of seconds) answers only after it; a node that vanished meanwhile is
+#: noticed by keepalive. (A host on this node gets the I/O timeout, as before.)
+HANDSHAKE_TIMEOUT = 120.0
 
 
 def find_jvm_pid() -> int | None:
@@ -184,11 +187,16 @@ def _try_connect(path: str, io_timeout: float) -> socket.socket | None:
 
 
 def _open(
-    sock: socket.socket, spec_id: str, secret: bytes, io_timeout: float, max_frame: int
+    sock: socket.socket,
+    spec_id: str,
+    secret: bytes,
+    io_timeout: float,
+    max_frame: int,
+    handshake_timeout: float | None = None,
 ) -> tuple[Connection, dict[str, Any]]:
     """Handshake and HELLO on a connected socket (closed on failure)."""
     try:
-        sock.settimeout(min(io_timeout, HANDSHAKE_TIMEOUT))
+        sock.settimeout(handshake_timeout or io_timeout)
         client_handshake(sock, secret, spec_id)
         sock.settimeout(io_timeout)
         conn = Connection(sock, max_frame)
@@ -246,11 +254,6 @@ def connect(
     raise StateHostError(f"could not reach the state host {spec.id} ({paths['sock']})")
 
 
-def _split(address: str) -> tuple[str, int]:
-    host, _, port = address.rpartition(":")
-    return host.strip("[]"), int(port)
-
-
 def connect_tcp(
     address: str,
     spec: HostSpec,
@@ -261,9 +264,16 @@ def connect_tcp(
     """Connect to the host of ``spec`` at ``address`` (``host:port``) on another node; raises
     ``OSError`` (refused, timed out, :class:`~streamstate.spark.security.AuthError`) or
     :class:`~streamstate.spark.protocol.ProtocolError` if it cannot be used."""
-    sock = socket.create_connection(_split(address), timeout=connect_timeout)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return _open(sock, spec.id, secret, spec.io_timeout, spec.max_frame)
+    sock = socket.create_connection(split_address(address), timeout=connect_timeout)
+    tcp_tune(sock)
+    return _open(
+        sock,
+        spec.id,
+        secret,
+        spec.io_timeout,
+        spec.max_frame,
+        min(spec.io_timeout, max(connect_timeout, HANDSHAKE_TIMEOUT)),
+    )
 
 
 def open_host(
@@ -390,11 +400,11 @@ def ping(spec: HostSpec, secret: bytes | None = None) -> dict[str, Any] | None:
         conn.close()
 
 
-def _bye(conn: Connection, reason: str) -> bool:
+def _bye(conn: Connection, reason: str, pid: int | None = None) -> bool:
     try:
-        conn.send({"t": "SHUTDOWN", "reason": reason})
-        conn.recv()
-        return True
+        conn.send({"t": "SHUTDOWN", "reason": reason, "pid": pid})
+        reply, _ = conn.recv()
+        return not reply.get("ignored")
     except (EOFError, OSError, ProtocolError):
         return False
     finally:
@@ -411,16 +421,22 @@ def shutdown(spec: HostSpec, reason: str = "", secret: bytes | None = None) -> b
 
 
 def shutdown_remote(
-    address: str, spec: HostSpec, secret: bytes, reason: str = "", timeout: float = 3.0
+    address: str,
+    spec: HostSpec,
+    secret: bytes,
+    reason: str = "",
+    timeout: float = 3.0,
+    pid: int | None = None,
 ) -> bool:
-    """Ask the host of ``spec`` listening at ``address`` (on any node) to exit."""
+    """Ask the host of ``spec`` listening at ``address`` (on any node) to exit; with ``pid``,
+    only if it is still that process."""
     try:
         conn, _ = connect_tcp(
             address, msgspec.structs.replace(spec, io_timeout=10.0), secret, connect_timeout=timeout
         )
     except (OSError, EOFError, ProtocolError):
         return False
-    return _bye(conn, reason)
+    return _bye(conn, reason, pid)
 
 
 def host_spec(
@@ -438,7 +454,8 @@ def host_spec(
     """The spec of the host of one subtask of query run ``run``, watching this process's
     executor JVM; ``bind`` as :func:`~streamstate.spark.state_host.default_bind` (default
     ``"off"``: no TCP)."""
-    from streamstate.spark.state_host import default_bind, host_id, run_dir
+    from streamstate.spark.network import default_bind
+    from streamstate.spark.state_host import host_id, run_dir
 
     jvm = find_jvm_pid() if watch else None
     return HostSpec(

@@ -30,7 +30,7 @@ before anything is allocated::
     DATA     + record batch                       OK                      (one per DATA)
     END                                           DONE   {result}         (a BatchResult)
     PING                                          PONG   {version}
-    SHUTDOWN {reason}                             BYE
+    SHUTDOWN {reason, pid?}                       BYE    (ignored if pid is not its own)
     (any error)                                   ERROR  {type, message, traceback}
 
 DATA is answered before the next DATA is sent (lock-step), so a host never buffers more than

@@ -52,6 +52,7 @@ from typing import Any
 
 import msgspec
 
+from streamstate.spark.network import bind_tcp, tcp_tune
 from streamstate.spark.protocol import (
     MAX_BODY_BYTES,
     PROTOCOL_VERSION,
@@ -71,7 +72,6 @@ __all__ = [
     "Begin",
     "HostSpec",
     "StateHost",
-    "default_bind",
     "host_id",
     "host_paths",
     "run_dir",
@@ -129,54 +129,6 @@ def host_id(job: str, operator: str, subtask: int, parallelism: int, run: str = 
     if run:
         ident += f"\0{run}"
     return hashlib.sha1(ident.encode()).hexdigest()[:20]
-
-
-def default_bind(option: str | None = None) -> str | None:
-    """The TCP address a host started here listens on: ``option`` (``"off"``: none), else
-    ``$STREAMSTATE_HOST_BIND``, else ``$SPARK_LOCAL_IP``, else the address this node's name
-    resolves to (127.0.0.1 if it does not resolve)."""
-    for value in (
-        option,
-        os.environ.get("STREAMSTATE_HOST_BIND"),
-        os.environ.get("SPARK_LOCAL_IP"),
-    ):
-        if value:
-            return None if value.lower() in ("off", "none", "unix") else value
-    try:
-        return socket.gethostbyname(socket.gethostname())
-    except OSError:
-        return "127.0.0.1"
-
-
-def _split_address(address: str) -> tuple[str, int]:
-    """``"h"``, ``"h:p"``, ``"[v6]:p"`` or a bare IPv6 address -> (host, port)."""
-    if address.startswith("["):
-        host, _, rest = address[1:].partition("]")
-        return host, int(rest[1:]) if rest.startswith(":") else 0
-    if address.count(":") == 1:
-        host, port = address.split(":")
-        return host, int(port)
-    return address, 0
-
-
-def _bind_tcp(address: str) -> tuple[socket.socket, str]:
-    """A TCP listener on ``address`` and the address clients should dial."""
-    host, port = _split_address(address)
-    info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    family, _, _, _, addr = info[0]
-    listener = socket.socket(family, socket.SOCK_STREAM)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind(addr)
-    bound = listener.getsockname()
-    advertised = bound[0]
-    if advertised in ("0.0.0.0", "::"):
-        # a wildcard bind: others dial the node's address
-        advertised = os.environ.get("STREAMSTATE_HOST_ADVERTISE") or socket.gethostbyname(
-            socket.gethostname()
-        )
-    return listener, (
-        f"[{advertised}]:{bound[1]}" if ":" in advertised else f"{advertised}:{bound[1]}"
-    )
 
 
 def host_paths(hid: str, directory: str) -> dict[str, str]:
@@ -413,7 +365,7 @@ def serve(spec: HostSpec, status_fd: int | None, secret: bytes | None = None) ->
     tcp = None
     if spec.bind:
         try:
-            tcp, host.location["tcp"] = _bind_tcp(spec.bind)
+            tcp, host.location["tcp"] = bind_tcp(spec.bind)
         except (OSError, ValueError) as exc:
             _report(status, f"ERROR cannot listen on TCP {spec.bind!r}: {exc}")
             return 5
@@ -494,7 +446,7 @@ def _serve_connection(
             if uid != os.getuid():
                 raise AuthError(f"peer uid {uid} is not the host's uid {os.getuid()}")
         else:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            tcp_tune(sock)
         sock.settimeout(spec.auth_timeout)
         server_handshake(sock, secret, spec.id)
     except (AuthError, EOFError, OSError) as exc:
@@ -524,6 +476,11 @@ def _handle(host: StateHost, conn: Connection, unlink_socket: Any, peer: str) ->
         elif kind == "PING":
             conn.send({"t": "PONG", "version": host.version})
         elif kind == "SHUTDOWN":
+            pid = msg.get("pid")
+            if pid is not None and pid != os.getpid():
+                # meant for an earlier host of this subtask at this address (a reused port)
+                conn.send({"t": "BYE", "ignored": True})
+                return None
             unlink_socket()  # no new connection reaches a host that is going away
             conn.send({"t": "BYE"})
             return "shutdown: " + str(msg.get("reason", ""))

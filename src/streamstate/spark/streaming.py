@@ -263,7 +263,8 @@ class KeyedStreamingQuery:
             routes[subtask] = timings.get("route", "")
             old = self.host_locations.get(subtask)
             self.host_locations[subtask] = where
-            if old and (old.get("node"), old.get("pid")) != (where.get("node"), where.get("pid")):
+            if old and old.get("node") != where.get("node"):
+                # its host on the other node holds an old version: nothing will use it
                 threading.Thread(
                     target=self._retire,
                     args=(subtask, old, "the subtask moved to another host"),
@@ -287,8 +288,8 @@ class KeyedStreamingQuery:
         )
 
     def _retire(self, subtask: int, where: dict[str, Any], reason: str) -> bool:
-        """Ask the host at ``where`` to exit (best effort: an unreachable one exits with its
-        executor or when idle)."""
+        """Ask the host at ``where`` to exit if it is still the process the acknowledgement
+        named (best effort: an unreachable one exits with its executor or when idle)."""
         from streamstate.spark.host_client import shutdown_remote
 
         if where.get("tcp"):
@@ -298,6 +299,7 @@ class KeyedStreamingQuery:
                 self._secret,
                 reason,
                 timeout=self.host_connect_timeout,
+                pid=where.get("pid"),
             )
         return False
 
