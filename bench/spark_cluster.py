@@ -144,7 +144,7 @@ def bench_fraction(spark: Any, args: argparse.Namespace, tmp: str) -> dict[str, 
             shutil.rmtree(work, ignore_errors=True)
             runs.append(res)
             print(
-                f"  [fraction] {args.label:<8}{backend:<8} run {r}: hot {res['hot']}/"
+                f"  [fraction] {args.label:<12}{backend:<8} run {r}: hot {res['hot']}/"
                 f"{res['subtask_batches_after_first']} = {res['hot_fraction']:.0%}, reload "
                 f"{res['reload']}, routes {res['routes_after_first']}, median batch "
                 f"{res['median_batch_ms_after_first']:.0f} ms, wall {res['wall_s']:.0f} s",
@@ -191,6 +191,111 @@ def bench_hot(spark: Any, args: argparse.Namespace, tmp: str) -> dict[str, Any]:
             **per_size,
             "largest_over_smallest": last["median_hot_batch_ms"] / first["median_hot_batch_ms"],
         }
+    return out
+
+
+# ---- question 3 ---------------------------------------------------------------------------------
+
+
+def bench_loss(spark: Any, args: argparse.Namespace, tmp: str, cluster: Any) -> dict[str, Any]:
+    """A node lost between two micro-batches of a query over ``--loss-keys`` keys of state:
+    the batch after the loss against the hot batches before it."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    sys.path.insert(0, HERE)
+    from spark_pipeline import CountPerKey
+    from streamstate.spark import FileSink, keyed_process
+
+    out: dict[str, Any] = {}
+    for backend in args.backends.split(","):
+        if len(cluster.alive_nodes) < 2:
+            cluster.add_worker()
+        work = tempfile.mkdtemp(dir=tmp)
+        savepoint = os.path.join(work, "savepoint")
+        keyed_process(
+            spark.range(args.loss_keys).selectExpr("id as k", "timestamp_millis(0) as ts"),
+            key="k",
+            function=CountPerKey(emit=False),
+            output_schema="k long, n long",
+            parallelism=args.parallelism,
+            state_backend=backend,
+            savepoint=savepoint,
+        ).count()
+        data = os.path.join(work, "in")
+        os.makedirs(data)
+        rng = np.random.default_rng(7)
+        for i in range(args.loss_batches):
+            ks = rng.choice(args.loss_keys, args.hot_changed, replace=False).astype(np.int64)
+            path = os.path.join(data, f"part-{i:04d}.parquet")
+            pq.write_table(pa.table({"k": ks, "ts": ks.astype("datetime64[ms]")}), path)
+            os.utime(path, (1_700_000_000 + 10 * i,) * 2)
+        lost: dict[str, Any] = {}
+
+        class LosingSink(FileSink):
+            """After delivering batch ``--loss-after``, SIGKILL the node that holds the most
+            subtasks' hosts (worker, executor, Python workers, hosts)."""
+
+            query: Any = None
+            lost: dict[str, Any]
+
+            def write(self, batch: Any) -> None:
+                super().write(batch)
+                if batch.batch_id != args.loss_after or self.query is None:
+                    return
+                held = Counter(w.get("node") for w in self.query.host_locations.values())
+                ids = {}
+                for node in cluster.alive_nodes:
+                    with open(os.path.join(node.run_dir, "node-id")) as f:
+                        ids[f.read().strip()] = node
+                node_id, subtasks = max(
+                    ((i, n) for i, n in held.items() if i in ids), key=lambda it: it[1]
+                )
+                t = time.perf_counter()
+                cluster.kill_node(ids[node_id])
+                self.lost.update(node=ids[node_id].name, subtasks=subtasks)
+                self.lost["kill_ms"] = (time.perf_counter() - t) * 1e3
+
+        sink = LosingSink(os.path.join(work, "out"))
+        sink.lost = lost
+        query = keyed_process(
+            spark.readStream.schema("k long, ts timestamp")
+            .option("maxFilesPerTrigger", 1)
+            .parquet(data),
+            key="k",
+            function=CountPerKey(),
+            output_schema="k long, n long",
+            checkpoint=os.path.join(work, "ck"),
+            parallelism=args.parallelism,
+            state_backend=backend,
+            initial_state=savepoint,
+        ).write_stream(sink, trigger={"availableNow": True})
+        sink.query = query
+        query.await_termination()
+        query.stop()
+        batches = query.batches
+        shutil.rmtree(work, ignore_errors=True)
+        k = args.loss_after
+        before = [b["batch_ms"] for b in batches[1 : k + 1]]
+        res = {
+            "keys": args.loss_keys,
+            "lost": lost,
+            "median_batch_ms_before": statistics.median(before),
+            "batch_after_loss_ms": batches[k + 1]["batch_ms"],
+            "batches_later_ms": [b["batch_ms"] for b in batches[k + 2 :]],
+            "batch_ms": [b["batch_ms"] for b in batches],
+            "restores": [[s["restore"] for s in b["subtasks"]] for b in batches],
+            "routes": [[s.get("route") for s in b["subtasks"]] for b in batches],
+        }
+        out[backend] = res
+        print(
+            f"  [loss] {backend:<8}{args.loss_keys:,} keys: lost {lost.get('node')} holding "
+            f"{lost.get('subtasks')} subtasks; hot batches {res['median_batch_ms_before']:.0f} "
+            f"ms, the batch after the loss {res['batch_after_loss_ms']:.0f} ms "
+            f"({res['restores'][k + 1]}), later {[round(x) for x in res['batches_later_ms']]}",
+            flush=True,
+        )
     return out
 
 
@@ -260,6 +365,9 @@ def main() -> None:
     parser.add_argument("--hot-batches", type=int, default=6)
     parser.add_argument("--hot-changed", type=int, default=10_000)
     parser.add_argument("--hot-repeat", type=int, default=2)
+    parser.add_argument("--loss-keys", type=int, default=1_000_000)
+    parser.add_argument("--loss-batches", type=int, default=7)
+    parser.add_argument("--loss-after", type=int, default=3)
     parser.add_argument("--src", default=SRC, help="the streamstate source tree to measure")
     parser.add_argument("--label", default="this branch")
     parser.add_argument("--out", default=os.path.join(HERE, "results", "spark_cluster.json"))
@@ -270,7 +378,7 @@ def main() -> None:
     if args.quick:
         args.hot_sizes = "100000,1000000"
     src = os.path.abspath(args.src)
-    if src != SRC and "hot" in args.only:
+    if src != SRC and args.only != "fraction":
         parser.error("--src measures question 1 only (--only fraction)")
     sys.path.insert(0, src)
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p)
@@ -303,6 +411,8 @@ def main() -> None:
                 results.setdefault("fraction", {})[args.label] = bench_fraction(spark, args, tmp)
             if "hot" in args.only:
                 results["hot"] = bench_hot(spark, args, tmp)
+            if "loss" in args.only:
+                results["loss"] = bench_loss(spark, args, tmp, cluster)
         finally:
             spark.stop()
             shutil.rmtree(tmp, ignore_errors=True)
