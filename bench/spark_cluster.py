@@ -410,7 +410,17 @@ def main() -> None:
             if "fraction" in args.only:
                 results.setdefault("fraction", {})[args.label] = bench_fraction(spark, args, tmp)
             if "hot" in args.only:
-                results["hot"] = bench_hot(spark, args, tmp)
+                # per backend and size: a run of other sizes keeps these figures
+                hot = results.setdefault("hot", {})
+                for backend, sizes in bench_hot(spark, args, tmp).items():
+                    merged = {**hot.get(backend, {}), **sizes}
+                    keys = sorted((s for s in merged if s.isdigit()), key=int)
+                    merged = {s: merged[s] for s in keys}
+                    merged["largest_over_smallest"] = (
+                        merged[keys[-1]]["median_hot_batch_ms"]
+                        / merged[keys[0]]["median_hot_batch_ms"]
+                    )
+                    hot[backend] = merged
             if "loss" in args.only:
                 results["loss"] = bench_loss(spark, args, tmp, cluster)
         finally:
