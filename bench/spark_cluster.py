@@ -210,8 +210,11 @@ def bench_loss(spark: Any, args: argparse.Namespace, tmp: str, cluster: Any) -> 
 
     out: dict[str, Any] = {}
     for backend in args.backends.split(","):
-        if len(cluster.alive_nodes) < 2:
+        # every backend starts on --workers nodes: replace the node the previous one lost
+        while len(cluster.alive_nodes) < args.workers:
             cluster.add_worker()
+        wait_for = _load_local_cluster().wait_for_executors
+        wait_for(spark, args.workers)
         work = tempfile.mkdtemp(dir=tmp)
         savepoint = os.path.join(work, "savepoint")
         keyed_process(
@@ -369,7 +372,7 @@ def main() -> None:
     parser.add_argument("--loss-batches", type=int, default=7)
     parser.add_argument("--loss-after", type=int, default=3)
     parser.add_argument("--src", default=SRC, help="the streamstate source tree to measure")
-    parser.add_argument("--label", default="this branch")
+    parser.add_argument("--label", default="networked hosts")
     parser.add_argument("--out", default=os.path.join(HERE, "results", "spark_cluster.json"))
     parser.add_argument(
         "--plot", default=os.path.join(HERE, "..", "docs", "img", "spark_cluster.png")
