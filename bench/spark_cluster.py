@@ -17,11 +17,17 @@ micro-batch time with ``--hot-changed`` (10k) changed keys while the state holds
 ``--hot-sizes`` (100k, 1M, 10M) keys, heap and RocksDB, ``parallelism`` = workers; goal: the
 largest within 1.5x of the smallest. Every batch after the first must be hot (checked).
 
+Question 3, ``loss``: a query over ``--loss-keys`` (1M) keys of state, ``parallelism=4``,
+10k changed keys per micro-batch; after batch ``--loss-after`` (3) the node holding the most
+subtasks' hosts is SIGKILLed (worker, executor, Python workers, hosts). Reported: the batch
+after the loss (its lost subtasks reload) against the hot batches before and after it.
+
 Writes ``bench/results/spark_cluster.json`` (a run keeps the other questions' and labels'
 figures) and ``docs/img/spark_cluster.png``.
 
-    python bench/spark_cluster.py [--quick] [--only fraction,hot] [--repeat 2]
-        [--src DIR --label main] [--hot-sizes 100000,1000000,10000000]
+    python bench/spark_cluster.py [--quick] [--only fraction,hot,loss] [--repeat 2]
+        [--src DIR --label main] [--hot-sizes 100000,1000000,10000000] [--hot-repeat 2]
+        [--append] [--loss-keys 1000000]
 
 ``--quick``: 2 repeats of question 1 and question 2 at 100k and 1M keys only.
 """
@@ -290,6 +296,7 @@ def bench_loss(spark: Any, args: argparse.Namespace, tmp: str, cluster: Any) -> 
             "batch_ms": [b["batch_ms"] for b in batches],
             "restores": [[s["restore"] for s in b["subtasks"]] for b in batches],
             "routes": [[s.get("route") for s in b["subtasks"]] for b in batches],
+            "restore_ms": [[s.get("restore_ms") for s in b["subtasks"]] for b in batches],
         }
         out[backend] = res
         print(
@@ -300,6 +307,16 @@ def bench_loss(spark: Any, args: argparse.Namespace, tmp: str, cluster: Any) -> 
             flush=True,
         )
     return out
+
+
+def _join_runs(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    runs = old["runs"] + new["runs"]
+    medians = [r["median_hot_batch_ms"] for r in runs]
+    return {
+        "median_hot_batch_ms": statistics.median(medians),
+        "range_ms": [min(medians), max(medians)],
+        "runs": runs,
+    }
 
 
 # ---- output -------------------------------------------------------------------------------------
@@ -371,6 +388,9 @@ def main() -> None:
     parser.add_argument("--loss-keys", type=int, default=1_000_000)
     parser.add_argument("--loss-batches", type=int, default=7)
     parser.add_argument("--loss-after", type=int, default=3)
+    parser.add_argument(
+        "--append", action="store_true", help="hot: add these runs to the stored figures"
+    )
     parser.add_argument("--src", default=SRC, help="the streamstate source tree to measure")
     parser.add_argument("--label", default="networked hosts")
     parser.add_argument("--out", default=os.path.join(HERE, "results", "spark_cluster.json"))
@@ -416,7 +436,12 @@ def main() -> None:
                 # per backend and size: a run of other sizes keeps these figures
                 hot = results.setdefault("hot", {})
                 for backend, sizes in bench_hot(spark, args, tmp).items():
-                    merged = {**hot.get(backend, {}), **sizes}
+                    old = hot.get(backend, {})
+                    if args.append:  # these runs join the stored ones of the same size
+                        sizes = {
+                            s: _join_runs(old[s], v) if s in old else v for s, v in sizes.items()
+                        }
+                    merged = {**old, **sizes}
                     keys = sorted((s for s in merged if s.isdigit()), key=int)
                     merged = {s: merged[s] for s in keys}
                     merged["largest_over_smallest"] = (
