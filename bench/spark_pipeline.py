@@ -321,6 +321,8 @@ def bench_hot(spark: Any, args: argparse.Namespace, tmp: str) -> dict[str, Any]:
     from streamstate.spark import keyed_process
 
     out: dict[str, Any] = {}
+    # bench/spark_cluster.py runs this on a cluster with one subtask per worker
+    parallelism = getattr(args, "hot_parallelism", 2)
     for backend in args.hot_backends.split(","):
         out[backend] = {}
         for size in (int(s) for s in args.hot_sizes.split(",")):
@@ -332,7 +334,7 @@ def bench_hot(spark: Any, args: argparse.Namespace, tmp: str) -> dict[str, Any]:
                 key="k",
                 function=CountPerKey(emit=False),
                 output_schema="k long, n long",
-                parallelism=2,
+                parallelism=parallelism,
                 state_backend=backend,
                 savepoint=os.path.join(work, "savepoint"),
             ).count()
@@ -351,7 +353,7 @@ def bench_hot(spark: Any, args: argparse.Namespace, tmp: str) -> dict[str, Any]:
                 function=CountPerKey(),
                 output_schema="k long, n long",
                 checkpoint=os.path.join(work, "ck"),
-                parallelism=2,
+                parallelism=parallelism,
                 state_backend=backend,
                 initial_state=os.path.join(work, "savepoint"),
             ).write_stream(
@@ -361,6 +363,9 @@ def bench_hot(spark: Any, args: argparse.Namespace, tmp: str) -> dict[str, Any]:
             query.stop()
             batches = query.batches
             hot = [b["batch_ms"] for b in batches[1:] if b.get("restore") == ["hot"]]
+            routes = [
+                sorted({s.get("route") or "" for s in b.get("subtasks", [])}) for b in batches
+            ]
             if len(hot) != len(batches) - 1:
                 raise AssertionError(
                     f"{backend} {size:,}: state was not hot: {[b.get('restore') for b in batches]}"
@@ -375,6 +380,7 @@ def bench_hot(spark: Any, args: argparse.Namespace, tmp: str) -> dict[str, Any]:
                 # snapshot phase) and waiting for the checkpoint upload
                 "subtask_stats": [b.get("subtasks") for b in batches],
                 "job_ms": [b.get("job_ms") for b in batches],
+                "routes": routes,
             }
             shutil.rmtree(work, ignore_errors=True)
             print(

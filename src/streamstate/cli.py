@@ -15,6 +15,7 @@ the file and key group of any corruption.
 from __future__ import annotations
 
 import datetime
+import os
 from enum import StrEnum
 from typing import Annotated, Any
 
@@ -291,6 +292,15 @@ def demo(
         ),
     ] = Runner.spark,
     master: Annotated[str, typer.Option(help="the Spark master")] = "local[2]",
+    cluster: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="run on a Spark standalone cluster of N local workers (1 core each, each its "
+            "own node with its own state-host directory) started for the demo; overrides "
+            "--master",
+        ),
+    ] = 0,
     state_backend: Annotated[
         Backend,
         typer.Option(
@@ -309,20 +319,60 @@ def demo(
         return
     from streamstate.demo.streaming import run_streaming
 
+    kwargs: dict[str, Any] = dict(
+        events=events or 200_000,
+        batches=batches,
+        parallelism=parallelism,
+        fresh=fresh,
+        master=master,
+        console=console,
+        state_backend=state_backend.value,
+    )
     try:
-        run_streaming(
-            directory,
-            events=events or 200_000,
-            batches=batches,
-            parallelism=parallelism,
-            fresh=fresh,
-            master=master,
-            console=console,
-            state_backend=state_backend.value,
-        )
+        if cluster:
+            _demo_on_cluster(directory, cluster, console, kwargs)
+        else:
+            run_streaming(directory, **kwargs)
     except ValueError as exc:
         console.print(f"[red]{escape(str(exc))}[/]")
         raise typer.Exit(2) from exc
+
+
+def _demo_on_cluster(directory: str, workers: int, console: Any, kwargs: dict[str, Any]) -> None:
+    """The demo on a local standalone cluster of ``workers`` nodes, stopped at the end."""
+    import tempfile
+
+    from streamstate.demo.streaming import run_streaming, spark_session
+    from streamstate.spark.job import src_path
+    from streamstate.spark.local_cluster import LocalCluster, wait_for_executors
+
+    # executors and their state hosts import this streamstate (a source checkout included)
+    pythonpath = os.pathsep.join(p for p in (src_path(), os.environ.get("PYTHONPATH")) if p)
+    with tempfile.TemporaryDirectory(prefix="streamstate-demo-cluster-") as tmp:
+        with console.status(f"starting a Spark standalone cluster of {workers} workers"):
+            local = LocalCluster(workers, directory=tmp, env={"PYTHONPATH": pythonpath})
+            local.start()
+        try:
+            parallelism = kwargs["parallelism"] or workers
+            with console.status(f"starting the driver ({local.master_url})"):
+                spark = spark_session(
+                    local.master_url,
+                    parallelism,
+                    # the driver JVM's own output; the demo directory may not exist yet
+                    log=os.path.join(tmp, "driver.log"),
+                    conf=local.spark_conf(),
+                )
+                wait_for_executors(spark, workers)
+            console.print(
+                f"cluster: master {local.master_url}, {workers} workers, state-host directories "
+                + ", ".join(n.run_dir for n in local.nodes)
+            )
+            try:
+                run_streaming(directory, spark=spark, **kwargs)
+            finally:
+                spark.stop()
+        finally:
+            local.stop()
 
 
 def main() -> None:

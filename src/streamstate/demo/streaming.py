@@ -81,7 +81,12 @@ class DemoRun:
         return self.processed / self.seconds if self.seconds else 0.0
 
 
-def spark_session(master: str = "local[2]", parallelism: int = 2, log: str | None = None) -> Any:
+def spark_session(
+    master: str = "local[2]",
+    parallelism: int = 2,
+    log: str | None = None,
+    conf: dict[str, str] | None = None,
+) -> Any:
     """A quiet local SparkSession for the demo: no UI, no console progress bars, ERROR logs.
 
     With ``log`` (a file path) the Spark JVM's own output (its start-up warnings, and anything
@@ -99,6 +104,8 @@ def spark_session(master: str = "local[2]", parallelism: int = 2, log: str | Non
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", str(parallelism))
     )
+    for key, value in (conf or {}).items():  # e.g. a local cluster's driver settings
+        builder = builder.config(key, value)
     saved = None
     if log is not None:
         # the JVM is started by getOrCreate() and inherits file descriptor 2 for its lifetime

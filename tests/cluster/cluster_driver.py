@@ -1,0 +1,103 @@
+"""A streaming keyed query on a standalone cluster, as a child process of the cluster tests
+(one SparkContext per process: the other Spark tests hold a local one).
+
+usage: python cluster_driver.py '<json config>'; config keys:
+
+- ``conf``: Spark settings (the cluster's ``LocalCluster.spark_conf()`` and more),
+  ``executors``: executors to wait for before the first query;
+- ``runs``: queries run one after the other, each with ``input``, ``checkpoint``, ``sink``,
+  ``parallelism``, ``backend``, optionally ``pause`` ({trigger, marker, seconds}: the
+  function sleeps once at that record), ``add_files`` (a directory whose files are moved into
+  ``input`` before the run: more input for a restarted query) and ``wait_after`` ({batch,
+  go}: after delivering that batch the sink prints ``WAITING <batch>`` and waits for the file
+  ``go``);
+- ``out``: where the results go (JSON): per run the batches' figures and ``read_state``.
+
+Prints ``BATCH <run> <id>`` after each delivered batch and ``DONE`` at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from cluster_functions import Count, CountPausingOnce
+from pyspark.sql import SparkSession
+
+from streamstate.spark import FileSink, keyed_process, read_state
+from streamstate.spark.local_cluster import wait_for_executors
+
+
+class ReportingSink(FileSink):
+    def __init__(self, path: str, run: int, wait_after: dict[str, Any] | None) -> None:
+        super().__init__(path)
+        self.run = run
+        self.wait_after = wait_after
+
+    def write(self, batch: Any) -> None:
+        super().write(batch)
+        print(f"BATCH {self.run} {batch.batch_id}", flush=True)
+        if self.wait_after and batch.batch_id == self.wait_after["batch"]:
+            print(f"WAITING {batch.batch_id}", flush=True)
+            deadline = time.monotonic() + 300
+            while not os.path.exists(self.wait_after["go"]) and time.monotonic() < deadline:
+                time.sleep(0.1)
+
+
+def main() -> None:
+    cfg = json.loads(sys.argv[1])
+    builder = SparkSession.builder.appName("streamstate-cluster-test")
+    for key, value in cfg["conf"].items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    wait_for_executors(spark, cfg["executors"])
+    results = []
+    for i, run in enumerate(cfg["runs"]):
+        if run.get("add_files"):
+            for name in sorted(os.listdir(run["add_files"])):
+                os.rename(os.path.join(run["add_files"], name), os.path.join(run["input"], name))
+        function: Any = Count()
+        if run.get("pause"):
+            p = run["pause"]
+            function = CountPausingOnce(p["trigger"], p["marker"], p["seconds"])
+        source = (
+            spark.readStream.schema("user string, v long")
+            .option("maxFilesPerTrigger", 1)
+            .parquet(run["input"])
+        )
+        t0 = time.perf_counter()
+        query = keyed_process(
+            source,
+            key="user",
+            function=function,
+            output_schema="user string, n long",
+            checkpoint=run["checkpoint"],
+            parallelism=run["parallelism"],
+            state_backend=run["backend"],
+        ).write_stream(
+            ReportingSink(run["sink"], i, run.get("wait_after")), trigger={"availableNow": True}
+        )
+        query.await_termination()
+        wall = time.perf_counter() - t0
+        state = read_state(spark, run["checkpoint"], state="n").collect()
+        print(f"RUN {i} {wall:.1f} s", flush=True)
+        results.append(
+            {
+                "wall_s": wall,
+                "batches": query.batches,
+                "state": {r.key: r.value for r in state},
+            }
+        )
+    with open(cfg["out"], "w") as f:
+        json.dump(results, f, default=str)
+    print("DONE", flush=True)
+    spark.stop()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

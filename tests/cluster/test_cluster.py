@@ -1,0 +1,219 @@
+"""Streaming keyed queries on a standalone cluster of separate nodes (``conftest.py``):
+results exact against a pandas oracle, a node lost mid-batch, a node that joins later."""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections import Counter
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from streamstate.spark import FileSink
+from streamstate.spark.local_cluster import LocalCluster, _processes
+
+Rows = list[tuple[str, int]]
+
+
+def make_batches(n_batches: int, per_batch: int, users: int, seed: int) -> list[Rows]:
+    rnd = random.Random(seed)
+    return [
+        [(f"u{rnd.randrange(users)}", b * per_batch + i) for i in range(per_batch)]
+        for b in range(n_batches)
+    ]
+
+
+def write_batches(directory: str, batches: list[Rows], start: int = 0) -> None:
+    """One Parquet file per micro-batch, with increasing modification times (the file
+    source's order)."""
+    os.makedirs(directory, exist_ok=True)
+    for i, rows in enumerate(batches, start):
+        path = os.path.join(directory, f"part-{i:04d}.parquet")
+        pq.write_table(
+            pa.table({"user": [u for u, _ in rows], "v": pa.array([v for _, v in rows])}), path
+        )
+        os.utime(path, (1_700_000_000 + 10 * i,) * 2)
+
+
+def oracle(batches: list[Rows]) -> list[tuple[str, int, int]]:
+    """Every record's running count and its micro-batch, by brute force with pandas."""
+    events = pd.DataFrame(
+        [(u, b) for b, rows in enumerate(batches) for u, _ in rows], columns=["user", "batch"]
+    )
+    events["n"] = events.groupby("user").cumcount() + 1
+    return sorted(zip(events.user, events.n, events.batch, strict=True))
+
+
+def sink_rows(path: str) -> list[tuple[str, int, int]]:
+    table = FileSink(path).read_arrow()
+    return sorted(
+        zip(
+            table["user"].to_pylist(),
+            table["n"].to_pylist(),
+            table["batch"].to_pylist(),
+            strict=True,
+        )
+    )
+
+
+def restores(result: dict[str, Any]) -> list[list[str]]:
+    """Per micro-batch, the restore kind of each subtask (in subtask order)."""
+    return [[s["restore"] for s in b["subtasks"]] for b in result["batches"]]
+
+
+def routes(result: dict[str, Any]) -> list[list[tuple[str, str]]]:
+    """Per micro-batch, (restore, route) of each subtask: for assertion messages."""
+    return [[(s["restore"], s.get("route")) for s in b["subtasks"]] for b in result["batches"]]
+
+
+def hot_fraction(result: dict[str, Any]) -> float:
+    after_first = [kind for kinds in restores(result)[1:] for kind in kinds]
+    return after_first.count("hot") / len(after_first)
+
+
+def leftover_hosts(cluster: LocalCluster, timeout: float = 30) -> set[int]:
+    """State hosts of the cluster's nodes still alive after ``timeout`` s (they exit with
+    the executor JVM they watch)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = {
+            pid
+            for pid, (_, cmd) in _processes().items()
+            if "streamstate.spark.state_host" in cmd and cluster.directory in cmd
+        }
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.5)
+
+
+def test_streaming_count_on_two_nodes_equals_a_pandas_oracle(
+    cluster: LocalCluster, start_driver: Any, tmp_path: Any
+) -> None:
+    batches = make_batches(6, 2_000, users=500, seed=1)
+    more = make_batches(2, 2_000, users=500, seed=2)
+    write_batches(str(tmp_path / "in"), batches)
+    write_batches(str(tmp_path / "more"), more, start=len(batches))
+    runs = [
+        {
+            "input": str(tmp_path / "in"),
+            "checkpoint": str(tmp_path / f"ck-{backend}"),
+            "sink": str(tmp_path / f"out-{backend}"),
+            "parallelism": 4,
+            "backend": backend,
+        }
+        for backend in ("heap", "rocksdb")
+    ]
+    # the RocksDB job restarts with parallelism 3 and two more files: rescaled on the cluster
+    runs.append({**runs[1], "add_files": str(tmp_path / "more"), "parallelism": 3})
+    heap, rocks, rescaled = start_driver(runs=runs).result()
+    expected = oracle(batches)
+    final = dict(Counter(u for rows in batches for u, _ in rows))
+    for run, result in zip(runs[:2], (heap, rocks), strict=True):
+        assert [b["batch"] for b in result["batches"]] == list(range(6))
+        assert restores(result)[0] == ["empty"] * 4
+        # (the RocksDB job's sink also holds the rescaled run's batches 6 and 7)
+        assert [r for r in sink_rows(run["sink"]) if r[2] < 6] == expected, run["backend"]
+        assert result["state"] == final, run["backend"]
+        # after the first batch, each subtask's task reaches the host that holds its state,
+        # from whichever node Spark runs it on (a stable run: nothing reloads)
+        assert hot_fraction(result) >= 0.95, (run["backend"], routes(result))
+    assert [b["batch"] for b in rescaled["batches"]] == [6, 7]
+    assert restores(rescaled)[0] == ["reload"] * 3
+    assert sink_rows(runs[1]["sink"]) == oracle(batches + more)
+    assert rescaled["state"] == dict(Counter(u for rows in batches + more for u, _ in rows))
+    # both nodes ran tasks; no state host outlives the application
+    assert all(node.finished_tasks() > 0 for node in cluster.alive_nodes)
+    assert not leftover_hosts(cluster)
+
+
+def test_a_node_lost_mid_batch_costs_a_reload_and_nothing_else(
+    cluster: LocalCluster, start_driver: Any, tmp_path: Any
+) -> None:
+    lost = cluster.add_worker()  # a third node, for this test to lose
+    batches = make_batches(5, 2_000, users=500, seed=3)
+    write_batches(str(tmp_path / "in"), batches)
+    marker = str(tmp_path / "in-flight")
+    run = {
+        "input": str(tmp_path / "in"),
+        "checkpoint": str(tmp_path / "ck"),
+        "sink": str(tmp_path / "out"),
+        "parallelism": 4,
+        "backend": "rocksdb",
+        # one subtask sleeps in the middle of micro-batch 2: the node dies with batch 2 in flight
+        "pause": {"trigger": batches[2][1_000][1], "marker": marker, "seconds": 10},
+    }
+    try:
+        driver = start_driver(runs=[run])
+        driver.wait_until(lambda: os.path.exists(marker), "micro-batch 2 to be in flight")
+        assert lost.finished_tasks() > 0  # the node ran subtasks before it was lost
+        killed = cluster.kill_node(lost)
+        (result,) = driver.result()
+    finally:
+        if lost.alive:
+            cluster.kill_node(lost)
+    assert lost.process.returncode is not None
+    assert not killed & set(_processes())  # worker, executor, Python workers, state hosts
+    assert sink_rows(run["sink"]) == oracle(batches)  # every record counted exactly once
+    assert result["state"] == dict(Counter(u for rows in batches for u, _ in rows))
+    kinds = restores(result)
+    assert [b["batch"] for b in result["batches"]] == list(range(5))
+    # the lost node's subtasks restored the last committed checkpoint, once each, on a
+    # surviving node; the others stayed hot, and after the loss everything is hot again
+    assert "reload" in kinds[2] + kinds[3], routes(result)
+    reloads = Counter(
+        s["subtask"]
+        for b in result["batches"][2:]
+        for s in b["subtasks"]
+        if s["restore"] == "reload"
+    )
+    assert max(reloads.values()) == 1, routes(result)
+    assert sum(k == "hot" for ks in kinds[1:] for k in ks) == 16 - len(reloads), routes(result)
+    assert kinds[4] == ["hot"] * 4, routes(result)
+
+
+def test_a_node_that_joins_later_gets_tasks(
+    cluster: LocalCluster, start_driver: Any, tmp_path: Any
+) -> None:
+    batches = make_batches(5, 2_000, users=500, seed=4)
+    write_batches(str(tmp_path / "in"), batches)
+    go = str(tmp_path / "go")
+    run = {
+        "input": str(tmp_path / "in"),
+        "checkpoint": str(tmp_path / "ck"),
+        "sink": str(tmp_path / "out"),
+        "parallelism": 4,
+        "backend": "heap",
+        "wait_after": {"batch": 1, "go": go},
+    }
+    driver = start_driver(runs=[run])
+    driver.wait_until(lambda: "WAITING 1" in driver.lines, "micro-batch 1 to be delivered")
+    joined = cluster.add_worker()
+    try:
+        # the running application gets an executor on the new node (it asked for no core limit)
+        driver.wait_until(
+            lambda: "Successfully registered with driver" in _executor_logs(joined),
+            "an executor on the new node",
+        )
+        with open(go, "w"):
+            pass
+        (result,) = driver.result()
+        assert joined.finished_tasks() > 0
+    finally:
+        cluster.kill_node(joined)
+    assert sink_rows(run["sink"]) == oracle(batches)
+    assert result["state"] == dict(Counter(u for rows in batches for u, _ in rows))
+    # its tasks stream to the hosts where the state already is: nothing reloads
+    assert hot_fraction(result) == 1.0, routes(result)
+
+
+def _executor_logs(node: Any) -> str:
+    out = []
+    for root, _dirs, files in os.walk(node.work_dir):
+        if "stderr" in files:
+            with open(os.path.join(root, "stderr"), errors="replace") as f:
+                out.append(f.read())
+    return "".join(out)

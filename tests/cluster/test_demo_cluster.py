@@ -1,0 +1,43 @@
+"""``streamstate demo --cluster N``: the demo on a local standalone cluster it starts and stops."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import Any
+
+from streamstate.spark.job import src_path
+from streamstate.spark.local_cluster import _processes
+
+
+def test_demo_runs_on_a_two_node_cluster_and_leaves_nothing_behind(tmp_path: Any) -> None:
+    env = dict(os.environ, COLUMNS="160", PYTHONPATH=src_path())
+    env.pop("STREAMSTATE_RUN_DIR", None)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "streamstate",
+            "demo",
+            "--cluster",
+            "2",
+            "--events",
+            "6000",
+            "--batches",
+            "3",
+            "--dir",
+            str(tmp_path / "demo"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=False,
+    )
+    out = done.stdout
+    assert done.returncode == 0, out[-3000:] + done.stderr[-3000:]
+    assert "2 workers" in out
+    # every micro-batch after the first found its state hot on the cluster's two nodes
+    assert "state per batch: empty x1, hot x2" in out, out[-2000:]
+    assert not {p for p, (_, cmd) in _processes().items() if "streamstate-demo-cluster-" in cmd}
