@@ -17,6 +17,11 @@ what the next batch needs:
     the Parquet files the subtasks staged: the sink reads them after the commit, and reads
     them again if Spark replays the batch after a crash between our commit and Spark's.
 
+Fencing: a query takes an epoch in the checkpoint directory when it starts; a query that a
+newer one took over (same directory) stops at its next plan or commit with
+:class:`~streamstate.errors.CheckpointFencedError`, and ``_metadata`` is created only if absent,
+so a committed checkpoint is never replaced.
+
 Cases at the start of batch ``b`` (:meth:`CheckpointLog.plan`): the latest complete checkpoint
 is ``b - 1`` (normal), ``b`` (the driver died after our commit and Spark replays: only the sink
 runs again) or anything else (a gap: the state does not belong to this query's progress, an
@@ -69,6 +74,7 @@ class CheckpointLog:
         *,
         watermark_delay: int | None = None,
         retained: int | None = None,
+        epoch: Any = None,
     ) -> None:
         from streamstate.checkpoint.coordinator import CheckpointCoordinator
 
@@ -76,7 +82,9 @@ class CheckpointLog:
         self.operator = operator
         self.parallelism = parallelism
         self.watermark_delay = watermark_delay
-        self.coordinator = CheckpointCoordinator(storage, retained=retained)
+        #: the epoch this query holds (None: no fencing)
+        self.epoch = epoch
+        self.coordinator = CheckpointCoordinator(storage, retained=retained, epoch=epoch)
         self._latest: Any = None
         self._scanned = False
 
@@ -91,6 +99,10 @@ class CheckpointLog:
         return self._latest
 
     def plan(self, batch: int) -> BatchPlan:
+        if self.epoch is not None:
+            # a fenced query must not even run its tasks: they would move the state hosts,
+            # which the newer query shares, to this query's lineage
+            self.storage.check_epoch(self.epoch, f"run micro-batch {batch}")
         latest = self.latest()
         now = time.time_ns() // 1_000_000
         if latest is None:

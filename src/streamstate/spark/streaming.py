@@ -16,6 +16,12 @@ The query is driven by ``foreachBatch``. Micro-batch ``b`` on the driver
 A task that fails (host killed, user function raised, worker lost) is retried by Spark; its
 host has dropped the half-applied batch and reloads ``chk-(b-1)``. Old staged outputs and
 checkpoints are deleted behind the retained ones.
+
+A query takes an epoch in the checkpoint directory when it starts (fencing: an older query on
+the same directory stops before its next batch or commit, and leaves the hosts to the newer
+one). Spark's own streaming checkpoint is ``<checkpoint>/spark`` unless ``spark_checkpoint=``
+puts it elsewhere (e.g. a local or HDFS path when Spark cannot write the checkpoint's object
+store).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from typing import Any
 
 import msgspec
 
+from streamstate.errors import CheckpointFencedError
 from streamstate.spark.commit import BatchPlan, CheckpointLog
 from streamstate.spark.job import FUNCTIONS_DIR, JobSpec, arrow_schema_from_bytes, src_path
 from streamstate.spark.keyed import KeyedOptions, function_blob
@@ -35,7 +42,7 @@ from streamstate.spark.sinks import Sink, StagedBatch, sink_from, spark_readable
 from streamstate.spark.subtask import OUTPUTS_DIR, BatchResult, job_storage
 from streamstate.spark.tasks import ACK_SCHEMA, micro_batch_task
 
-__all__ = ["KeyedStream", "KeyedStreamingQuery"]
+__all__ = ["KeyedStream", "KeyedStreamingQuery", "spark_checkpoint_location"]
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +65,7 @@ class KeyedStream:
         query_name: str | None = None,
         run_dir: str | None = None,
         storage_options: dict[str, Any] | None = None,
+        spark_checkpoint: str | None = None,
     ) -> KeyedStreamingQuery:
         """Start the query, writing outputs to ``sink`` (see :mod:`streamstate.spark.sinks`).
 
@@ -71,6 +79,11 @@ class KeyedStream:
                 ``$STREAMSTATE_RUN_DIR`` or ``/tmp/streamstate-<uid>``).
             storage_options: fsspec options of the ``"parquet"`` sink's ``path`` (default: the
                 checkpoint's ``storage_options``).
+            spark_checkpoint: where Spark keeps its own streaming checkpoint (offsets and
+                commit logs), a path or URL Hadoop can write (default
+                ``<checkpoint>/spark``). Use it when the state checkpoint is on storage Spark
+                has no connector for (``s3://`` without ``hadoop-aws``). It must stay with the
+                state checkpoint for the life of the query.
         """
         if storage_options is None:
             storage_options = self.options.storage_options
@@ -80,6 +93,7 @@ class KeyedStream:
             trigger,
             query_name,
             run_dir,
+            spark_checkpoint,
         )
 
     start = write_stream
@@ -95,6 +109,7 @@ class KeyedStreamingQuery:
         trigger: dict[str, Any] | None,
         query_name: str | None,
         run_dir: str | None,
+        spark_checkpoint: str | None = None,
     ) -> None:
         self.options = options
         self.sink = sink
@@ -105,12 +120,20 @@ class KeyedStreamingQuery:
         self.job = self._ship_function(options)
         self.storage = job_storage(self.job)
         self.output_schema = arrow_schema_from_bytes(self.job.output_schema)
+        self.spark_checkpoint = spark_checkpoint_location(
+            self.spark, self.storage.url_of(SPARK_CHECKPOINT_DIR), spark_checkpoint, checkpoint
+        )
+        #: this query's epoch: starting takes the job over from any earlier query
+        self.epoch = self.storage.acquire_epoch(
+            operator=options.operator_name, spark_checkpoint=self.spark_checkpoint
+        )
         self.log = CheckpointLog(
             self.storage,
             options.operator_name,
             options.parallelism,
             watermark_delay=options.watermark_delay,
             retained=options.retained_checkpoints,
+            epoch=self.epoch,
         )
         #: one dict of figures per micro-batch run by this query object
         self.batches: list[dict[str, Any]] = []
@@ -118,8 +141,7 @@ class KeyedStreamingQuery:
         self._lock = threading.Lock()
         sink.open(query_name or options.operator_name)
         writer = options.df.writeStream.foreachBatch(self._run_batch).option(
-            "checkpointLocation",
-            spark_readable(self.storage.url_of(SPARK_CHECKPOINT_DIR)),
+            "checkpointLocation", self.spark_checkpoint
         )
         if trigger:
             writer = writer.trigger(**trigger)
@@ -271,6 +293,12 @@ class KeyedStreamingQuery:
             return 0
         self._hosts_stopped = True
         self.log.close()
+        try:
+            self.storage.check_epoch(self.epoch, "shut the state hosts down")
+        except CheckpointFencedError as exc:
+            # the hosts (named by checkpoint directory) now serve the query that took over
+            log.warning("%s", exc)
+            return 0
         job = self.job
         return sum(
             shutdown(
@@ -298,3 +326,41 @@ class KeyedStreamingQuery:
             f"KeyedStreamingQuery({self.options.operator_name!r}, p={self.job.parallelism}, "
             f"checkpoint={self.job.checkpoint_url!r}, active={self.is_active})"
         )
+
+
+def spark_checkpoint_location(
+    spark: Any, default: str, given: str | None, state_checkpoint: str
+) -> str:
+    """The location of Spark's streaming checkpoint as Spark reads it: ``given`` (made
+    absolute) or ``default``; a ValueError naming the setting if Hadoop has no filesystem for
+    its scheme (``s3a://`` needs the ``hadoop-aws`` jar) or if it is the state checkpoint
+    directory itself."""
+    import os
+
+    if given is not None:
+        if not isinstance(given, str) or not given.strip():
+            raise ValueError(f"spark_checkpoint must be a path or URL, got {given!r}")
+        location = given if "://" in given else os.path.abspath(given)
+        if location.rstrip("/") == state_checkpoint.rstrip("/"):
+            raise ValueError(
+                f"spark_checkpoint={given!r} is the state checkpoint directory itself; give "
+                f"Spark its own directory (the default is {default})"
+            )
+    else:
+        location = default
+    location = spark_readable(location)
+    scheme = location.split("://", 1)[0] if "://" in location else "file"
+    if scheme != "file":
+        try:
+            jvm = spark.sparkContext._jvm
+            conf = spark.sparkContext._jsc.hadoopConfiguration()
+            jvm.org.apache.hadoop.fs.FileSystem.getFileSystemClass(scheme, conf)
+        except Exception as exc:
+            what = "spark_checkpoint" if given is not None else "the default spark_checkpoint"
+            raise ValueError(
+                f"Spark cannot write its streaming checkpoint to {location} ({what}): Hadoop "
+                f"has no filesystem for {scheme}:// ({str(exc).splitlines()[0][:200]}). Add the "
+                "connector (for s3a:// the hadoop-aws jar matching Spark's Hadoop) or pass "
+                "write_stream(..., spark_checkpoint=<a local or HDFS path>)"
+            ) from None
+    return location
