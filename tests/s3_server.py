@@ -39,8 +39,6 @@ class S3Server:
             "key": "testing",
             "secret": "testing",
             "client_kwargs": {"endpoint_url": self.endpoint, "region_name": "eu-west-1"},
-            # listings are read fresh: other processes (state hosts) write the same bucket
-            "use_listings_cache": False,
         }
 
     def bucket(self, name: str | None = None) -> str:

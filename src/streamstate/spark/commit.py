@@ -123,7 +123,9 @@ class CheckpointLog:
             raise CheckpointError(
                 f"Spark runs micro-batch {batch} but the latest complete state checkpoint in "
                 f"{self.storage.url} is chk-{cid}: the state does not match the query's progress "
-                "(was the Spark checkpoint or the state directory replaced?)"
+                "(was the Spark checkpoint or the state directory replaced? if later checkpoints "
+                f"were lost or corrupt: streamstate checkpoints rollback {self.storage.url} "
+                f"--to {cid})"
             )
         op = latest.metadata.operators.get(self.operator)
         attempts = {} if op is None else {s.subtask_index: s.attempt for s in op.subtasks}

@@ -1,0 +1,142 @@
+"""Two real drivers racing on one checkpoint directory: the newer one takes the job over (an
+epoch), the older one is fenced before its next commit, no committed ``_metadata`` is ever
+replaced, and the surviving job's sink, state and checkpoints equal the oracle."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import pytest
+from data import final_counts, make_batches, running_counts, write_batches
+from typer.testing import CliRunner
+
+from streamstate.checkpoint.storage import FileSystemCheckpointStorage
+from streamstate.cli import app
+from streamstate.spark import FileSink, read_state
+from streamstate.spark.job import src_path
+
+pytestmark = pytest.mark.spark
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src_path(), env.get("PYTHONPATH")) if p)
+    return env
+
+
+class Driver:
+    """``stream_driver.py`` as a child process; its stdout lines are collected as they come."""
+
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.join(HERE, "stream_driver.py"), json.dumps(cfg)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=HERE,
+            env=_env(),
+        )
+        self.lines: list[str] = []
+        self.err: list[str] = []
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        out, err = self.proc.stdout, self.proc.stderr
+        self._threads = [
+            threading.Thread(target=lambda: self.lines.extend(map(str.strip, out))),
+            threading.Thread(target=lambda: self.err.extend(err)),
+        ]
+        for t in self._threads:
+            t.start()
+
+    def wait_for(self, condition: Any, timeout: float = 240) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"driver did not get there: {self.lines}")
+            time.sleep(0.05)
+
+    def finish(self, timeout: float = 300) -> int:
+        try:
+            rc = self.proc.wait(timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()  # our own child, by its handle
+                self.proc.wait()
+            for t in self._threads:
+                t.join()
+        return rc
+
+
+@pytest.mark.parametrize(
+    ("state_backend", "when"),
+    [("heap", "inside"), ("rocksdb", "inside"), ("heap", "between"), ("rocksdb", "between")],
+)
+def test_a_second_driver_fences_the_first_and_the_job_stays_exact(
+    spark: Any, tmp_path: Any, state_backend: str, when: str
+) -> None:
+    batches = make_batches(5, 60, users=12, seed=hash((state_backend, when)) % 1000)
+    write_batches(str(tmp_path / "in"), batches)
+    checkpoint = str(tmp_path / "ck")
+    marker = str(tmp_path / "in-flight")
+    cfg = {
+        "input": str(tmp_path / "in"),
+        "checkpoint": checkpoint,
+        "sink": str(tmp_path / "out"),
+        "parallelism": 2,
+        "state_backend": state_backend,
+        "delay": 0.02,  # a micro-batch takes ~0.6 s per subtask: the drivers overlap
+        "marker": marker,
+        "marker_at": batches[2][30][1],  # a record in the middle of batch 2
+    }
+    go = str(tmp_path / "go")
+    if when == "inside":  # A's host waits inside batch 2 until B has taken the job over
+        a = Driver({**cfg, "go": go})
+        a.wait_for(lambda: os.path.exists(marker))
+    else:  # A waits after delivering batch 1, before Spark logs it and A plans batch 2
+        a = Driver({**cfg, "marker": None, "pause_after_batch": 1, "go": go})
+        a.wait_for(lambda: "BATCH 1" in a.lines)
+    b = Driver({**cfg, "marker": None})
+    epochs = os.path.join(checkpoint, "_epochs")
+    b.wait_for(lambda: len(os.listdir(epochs)) >= 2)
+    with open(go, "w"):
+        pass
+    rc_b = b.finish()
+    rc_a = a.finish()
+    a_err, b_err = "".join(a.err), "".join(b.err)
+    if when == "inside":
+        # A's batch 2 finished after B took over: its commit was refused (fenced), and B ran
+        # batch 2 again and every later one
+        assert rc_a == 3, (a.lines, a_err[-3000:])
+        fenced = next(ln for ln in a.lines if ln.startswith("FENCED"))
+        assert "was fenced off" in fenced and "took over the job" in fenced, fenced
+        assert rc_b == 0, b_err[-3000:]
+    else:
+        # A is fenced when it plans batch 2, unless Spark's own commit log (shared by both
+        # drivers) refused one of them first ("concurrent update"); either way it stops
+        assert rc_a != 0, a.lines
+        assert rc_a == 3 or "concurrent" in a_err.lower(), a_err[-3000:]
+        if rc_b != 0:
+            assert "concurrent" in b_err.lower(), b_err[-3000:]
+            c = Driver({**cfg, "marker": None})
+            assert c.finish() == 0, "".join(c.err)[-3000:]
+    # the sink has every record's count exactly once, the state equals the oracle
+    out = FileSink(cfg["sink"]).read_arrow().to_pylist()
+    assert sorted((r["user"], r["n"]) for r in out) == running_counts(batches)
+    state = read_state(spark, checkpoint, state="n").collect()
+    assert {r.key: r.value for r in state} == final_counts(batches)
+    # no driver committed after a newer one took over: epochs never go down along the
+    # committed checkpoints, and every retained one is intact
+    storage = FileSystemCheckpointStorage(checkpoint, "")
+    committed = storage.complete_checkpoints(deep=True)
+    assert committed and committed[-1].checkpoint_id == 4
+    epochs = [cp.metadata.properties["epoch"] for cp in committed]
+    assert epochs == sorted(epochs) and len(storage.epoch_numbers()) >= 2
+    result = CliRunner().invoke(app, ["checkpoints", "verify", os.path.join(checkpoint)])
+    assert result.exit_code == 0, result.output
+    time.sleep(0.5)
