@@ -53,11 +53,11 @@ def test_rollback_after_a_corrupt_latest_metadata_reruns_later_batches_once(
     assert result.exit_code == 0, result.output
     assert "rolled back to chk-2" in result.output
 
-    def log(name: str) -> list[str]:
-        return sorted((n for n in os.listdir(ck / "spark" / name) if n.isdigit()), key=int)
+    def last(log: str) -> int:
+        return max(int(n) for n in os.listdir(ck / "spark" / log) if n.isdigit())
 
     # Spark re-runs batch 3 on the input it had (offsets/3 kept); batch 4's plan is gone
-    assert log("commits") == ["0", "1", "2"] and log("offsets") == ["0", "1", "2", "3"]
+    assert last("commits") == 2 and last("offsets") == 3 and last("sources/0") == 3
     assert not (ck / "chk-3").exists()
 
     query = _query(spark, tmp_path, state_backend)
@@ -78,4 +78,4 @@ def test_rollback_after_a_corrupt_latest_metadata_reruns_later_batches_once(
 def test_rollback_refuses_a_checkpoint_that_is_not_intact(tmp_path: Any) -> None:
     result = CliRunner().invoke(app, ["checkpoints", "rollback", str(tmp_path), "--to", "3"])
     assert result.exit_code == 1
-    assert "chk-3 has no _metadata" in result.output
+    assert "chk-3 has no _metadata" in " ".join(result.output.split())
