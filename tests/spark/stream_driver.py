@@ -91,8 +91,8 @@ def main() -> None:
         text = str(exc)
         if isinstance(exc, CheckpointFencedError):
             line = text.splitlines()[0]
-        elif "CheckpointFencedError" in text:
-            line = next(ln for ln in text.splitlines() if "CheckpointFencedError" in ln)
+        elif "CheckpointFencedError: " in text:
+            line = next(ln for ln in text.splitlines() if "CheckpointFencedError: " in ln)
         else:
             raise
         print("FENCED " + line.strip(), flush=True)
