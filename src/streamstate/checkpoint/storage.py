@@ -527,6 +527,9 @@ class FileSystemCheckpointStorage(CheckpointStorage):
         self._root = posixpath.join(root, self.job_id) if self.job_id else root
         protocols = fs.protocol if isinstance(fs.protocol, tuple | list) else (fs.protocol,)
         self._object_store = bool(_OBJECT_STORES.intersection(protocols))
+        # s3fs implements pipe_file(mode="create") as a conditional PUT (If-None-Match: *);
+        # other filesystems may ignore the mode, so they get the generic check-then-write
+        self._conditional_put = bool({"s3", "s3a"}.intersection(protocols))
         self._local = "file" in protocols or "local" in protocols
 
     def __getstate__(self) -> dict[str, Any]:
@@ -612,7 +615,7 @@ class FileSystemCheckpointStorage(CheckpointStorage):
             self._fs.makedirs(posixpath.dirname(full), exist_ok=True)
             if self._local:
                 return self._link_if_absent(full, data)
-            if self._object_store:
+            if self._conditional_put:
                 # one conditional PUT (If-None-Match: *): S3 and moto refuse it atomically when
                 # the key exists; a server that ignores the header overwrites (docs/spark.md)
                 try:
