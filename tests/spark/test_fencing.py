@@ -148,3 +148,37 @@ def test_a_second_driver_fences_the_first_and_the_job_stays_exact(
     result = CliRunner().invoke(app, ["checkpoints", "verify", os.path.join(checkpoint)])
     assert result.exit_code == 0, result.output
     time.sleep(0.5)
+
+
+def test_a_fenced_query_leaves_the_state_hosts_to_the_newer_one(spark: Any, tmp_path: Any) -> None:
+    from streamstate.spark import keyed_process
+    from streamstate.spark.host_client import host_spec, ping
+
+    write_batches(str(tmp_path / "in"), make_batches(2, 50, users=5))
+
+    def start() -> Any:
+        from functions import Count
+
+        return keyed_process(
+            spark.readStream.schema("user string, v long")
+            .option("maxFilesPerTrigger", 1)
+            .parquet(str(tmp_path / "in")),
+            key="user",
+            function=Count(),
+            output_schema="user string, n long",
+            checkpoint=str(tmp_path / "ck"),
+            parallelism=2,
+        ).write_stream("memory", trigger={"availableNow": True})
+
+    older = start()
+    older.query.awaitTermination()  # Spark's own wait: the hosts stay up
+    newer = start()  # takes the job over (epoch 2)
+    newer.query.awaitTermination()
+    specs = [
+        host_spec(newer.job.checkpoint_url, newer.job.operator, i, 2, watch=False) for i in range(2)
+    ]
+    assert all(ping(s) is not None for s in specs)
+    assert older.shutdown_hosts() == 0  # fenced: the hosts serve the newer query now
+    assert all(ping(s) is not None for s in specs)
+    assert newer.shutdown_hosts() == 2
+    assert all(ping(s) is None for s in specs)
