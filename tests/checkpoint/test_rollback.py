@@ -94,3 +94,15 @@ def test_rollback_uses_the_spark_checkpoint_the_query_recorded(tmp_path: Path) -
     assert plan_rollback(storage, 2).spark_checkpoint == str(tmp_path / "elsewhere")
     with pytest.raises(CheckpointError, match="chk-7 has no _metadata"):
         plan_rollback(storage, 7)
+
+
+def test_rollback_refuses_when_spark_no_longer_has_the_batch_to_rerun(tmp_path: Path) -> None:
+    storage, _ = _job(tmp_path, "heap")
+    offsets = tmp_path / "ck" / "spark" / "offsets"
+    for name in ("1", ".1.crc", "2", ".2.crc"):  # purged by Spark's retention
+        (offsets / name).unlink()
+    with pytest.raises(CheckpointError, match=r"no longer has batch\(es\) \[1, 2\]"):
+        rollback(storage, 1)
+    assert storage.checkpoint_ids() == [1, 2, 3, 4, 5]
+    rollback(storage, 3)  # offsets/3 and /4 are there
+    assert storage.checkpoint_ids() == [1, 2, 3]

@@ -145,6 +145,17 @@ def plan_rollback(
     fs, root = _fs_of(where, storage_options)
     plan._spark_fs = fs
     if fs.exists(root):
+        offsets = {b for _, b, _ in _log_files(fs, f"{root}/offsets")}
+        if any(b > to for b in offsets):
+            # Spark re-runs batch to+1 from offsets/to+1 and reads offsets/to as its start
+            missing = sorted({to, to + 1} - offsets - {-1})
+            if missing:
+                raise CheckpointError(
+                    f"cannot roll Spark's offset log in {root}/offsets back to batch {to + 1}: "
+                    f"it no longer has batch(es) {missing} (Spark keeps the last "
+                    "spark.sql.streaming.minBatchesToRetain batches); roll back to a later "
+                    "checkpoint"
+                )
         for log, keep_upto in (("commits", to), ("offsets", to + 1)):
             plan.spark_files += [p for p, b, _ in _log_files(fs, f"{root}/{log}") if b > keep_upto]
         try:
