@@ -182,3 +182,39 @@ def test_a_fenced_query_leaves_the_state_hosts_to_the_newer_one(spark: Any, tmp_
     assert all(ping(s) is not None for s in specs)
     assert newer.shutdown_hosts() == 2
     assert all(ping(s) is None for s in specs)
+
+
+def test_a_batch_an_older_run_committed_first_is_adopted_by_the_newer_run(tmp_path: Any) -> None:
+    """The window between an older run's last epoch check and its commit: it commits batch 1
+    while the newer run computes batch 1 too. The newer run's commit finds ``chk-1`` and, as
+    the holder of the newest epoch, continues from it (same input, same base) instead of
+    failing; nothing is overwritten and the counts stay exact."""
+    from functions import Count
+    from test_state_host import Driver
+
+    from streamstate.spark.commit import CheckpointLog
+
+    d = Driver(tmp_path, Count())
+    try:
+        storage = d.log.storage
+        old = CheckpointLog(storage, "op", 1, epoch=storage.acquire_epoch(driver="old"))
+        d.log = old
+        d.batch(0, ["a", "b", "a"])
+        new = CheckpointLog(storage, "op", 1, epoch=storage.acquire_epoch(driver="new"))
+        plan = new.plan(1)  # from chk-0
+        # the older run passed its last epoch check before the takeover, and commits chk-1
+        check = storage.check_epoch
+        storage.check_epoch = lambda *a, **k: None  # type: ignore[method-assign]
+        d.batch(1, ["a", "c"])
+        storage.check_epoch = check  # type: ignore[method-assign]
+        chk1 = storage.load(1)
+        new.plan = lambda b: plan  # type: ignore[method-assign]
+        d.log = new
+        d.batch(1, ["a", "c"])  # the newer run's commit of batch 1 adopts the older one
+        assert storage.load(1).metadata.properties == chk1.metadata.properties  # not replaced
+        del new.plan
+        r2 = d.batch(2, ["a", "b"])
+        assert sorted(d.outputs(r2)) == [("a", 4), ("b", 2)]
+        assert storage.load(2).metadata.properties["epoch"] == new.epoch.number
+    finally:
+        d.close()

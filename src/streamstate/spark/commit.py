@@ -31,16 +31,19 @@ error naming both).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 import uuid
 from typing import Any
 
 import msgspec
 
-from streamstate.errors import CheckpointError, CheckpointNotFoundError
+from streamstate.errors import CheckpointError, CheckpointFencedError, CheckpointNotFoundError
 from streamstate.spark.subtask import MIN_WATERMARK, BatchResult, StagedOutput
 
 __all__ = ["BatchPlan", "CheckpointLog"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -180,11 +183,46 @@ class CheckpointLog:
             "processing_time": plan.processing_time,
             "outputs": outputs,
         }
-        completed = self.coordinator.commit(
-            plan.batch, handles, expected={self.operator: self.parallelism}, properties=properties
-        )
+        try:
+            completed = self.coordinator.commit(
+                plan.batch,
+                handles,
+                expected={self.operator: self.parallelism},
+                properties=properties,
+            )
+        except CheckpointFencedError:
+            completed = self._adopt(plan.batch)
+            if completed is None:
+                raise
         self._latest, self._scanned = completed, True
         return completed
+
+    def _adopt(self, batch: int) -> Any:
+        """``chk-<batch>`` exists already: if an older run committed it (it passed its last
+        epoch check just before this query took over) and this query still holds the newest
+        epoch, it is as good as this query's own result (same input, same base): continue from
+        it. Returns it, or None (fenced)."""
+        if self.epoch is None:
+            return None
+        current = self.storage.current_epoch()
+        if current is None or current.number != self.epoch.number:
+            return None
+        try:
+            existing = self.storage.load(batch)
+        except CheckpointError:
+            return None
+        op = existing.metadata.operators.get(self.operator)
+        their_epoch = int(existing.metadata.properties.get("epoch", 0))
+        if op is None or op.parallelism != self.parallelism or their_epoch >= self.epoch.number:
+            return None
+        log.warning(
+            "%s was committed by an older run (epoch %s) before this query (epoch %s) took "
+            "over; continuing from it",
+            existing.url,
+            their_epoch,
+            self.epoch.number,
+        )
+        return existing
 
     def close(self) -> None:
         self.coordinator.close()

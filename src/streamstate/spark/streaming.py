@@ -39,7 +39,7 @@ from streamstate.spark.job import FUNCTIONS_DIR, JobSpec, arrow_schema_from_byte
 from streamstate.spark.keyed import KeyedOptions, function_blob
 from streamstate.spark.placement import place
 from streamstate.spark.sinks import Sink, StagedBatch, sink_from, spark_readable
-from streamstate.spark.subtask import OUTPUTS_DIR, BatchResult, job_storage
+from streamstate.spark.subtask import OUTPUTS_DIR, BatchResult, StagedOutput, job_storage
 from streamstate.spark.tasks import ACK_SCHEMA, micro_batch_task
 
 __all__ = ["KeyedStream", "KeyedStreamingQuery", "spark_checkpoint_location"]
@@ -176,9 +176,16 @@ class KeyedStreamingQuery:
         else:
             results = self._compute(df, plan, figures)
             t_commit = time.perf_counter()
-            self.log.commit(plan, results)
+            completed = self.log.commit(plan, results)
             figures["commit_ms"] = (time.perf_counter() - t_commit) * 1e3
             files = [r.outputs for r in results if r.outputs is not None]
+            if completed.metadata.properties.get("lineage") != plan.new_lineage:
+                # an older run committed this batch just before this query took over: its
+                # outputs are the batch's (commit.CheckpointLog._adopt)
+                files = [
+                    msgspec.convert(o, StagedOutput)
+                    for o in completed.metadata.properties.get("outputs", [])
+                ]
         t_sink = time.perf_counter()
         self.sink.write(
             StagedBatch(
