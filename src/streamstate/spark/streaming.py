@@ -37,12 +37,13 @@ from streamstate.errors import CheckpointFencedError
 from streamstate.spark.commit import BatchPlan, CheckpointLog
 from streamstate.spark.job import FUNCTIONS_DIR, JobSpec, arrow_schema_from_bytes, src_path
 from streamstate.spark.keyed import KeyedOptions, function_blob
+from streamstate.spark.locations import spark_checkpoint_location
 from streamstate.spark.placement import place
-from streamstate.spark.sinks import Sink, StagedBatch, sink_from, spark_readable
+from streamstate.spark.sinks import Sink, StagedBatch, sink_from
 from streamstate.spark.subtask import OUTPUTS_DIR, BatchResult, StagedOutput, job_storage
 from streamstate.spark.tasks import ACK_SCHEMA, micro_batch_task
 
-__all__ = ["KeyedStream", "KeyedStreamingQuery", "spark_checkpoint_location"]
+__all__ = ["KeyedStream", "KeyedStreamingQuery"]
 
 log = logging.getLogger(__name__)
 
@@ -333,41 +334,3 @@ class KeyedStreamingQuery:
             f"KeyedStreamingQuery({self.options.operator_name!r}, p={self.job.parallelism}, "
             f"checkpoint={self.job.checkpoint_url!r}, active={self.is_active})"
         )
-
-
-def spark_checkpoint_location(
-    spark: Any, default: str, given: str | None, state_checkpoint: str
-) -> str:
-    """The location of Spark's streaming checkpoint as Spark reads it: ``given`` (made
-    absolute) or ``default``; a ValueError naming the setting if Hadoop has no filesystem for
-    its scheme (``s3a://`` needs the ``hadoop-aws`` jar) or if it is the state checkpoint
-    directory itself."""
-    import os
-
-    if given is not None:
-        if not isinstance(given, str) or not given.strip():
-            raise ValueError(f"spark_checkpoint must be a path or URL, got {given!r}")
-        location = given if "://" in given else os.path.abspath(given)
-        if location.rstrip("/") == state_checkpoint.rstrip("/"):
-            raise ValueError(
-                f"spark_checkpoint={given!r} is the state checkpoint directory itself; give "
-                f"Spark its own directory (the default is {default})"
-            )
-    else:
-        location = default
-    location = spark_readable(location)
-    scheme = location.split("://", 1)[0] if "://" in location else "file"
-    if scheme != "file":
-        try:
-            jvm = spark.sparkContext._jvm
-            conf = spark.sparkContext._jsc.hadoopConfiguration()
-            jvm.org.apache.hadoop.fs.FileSystem.getFileSystemClass(scheme, conf)
-        except Exception as exc:
-            what = "spark_checkpoint" if given is not None else "the default spark_checkpoint"
-            raise ValueError(
-                f"Spark cannot write its streaming checkpoint to {location} ({what}): Hadoop "
-                f"has no filesystem for {scheme}:// ({str(exc).splitlines()[0][:200]}). Add the "
-                "connector (for s3a:// the hadoop-aws jar matching Spark's Hadoop) or pass "
-                "write_stream(..., spark_checkpoint=<a local or HDFS path>)"
-            ) from None
-    return location
