@@ -75,3 +75,21 @@ def make_backend(backend_kind: str, tmp_path: Any) -> Iterator[BackendFactory]:
     yield factory
     for b in created:
         b.dispose()
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """moto's S3 server on a free 127.0.0.1 port for the whole session (stopped by pid)."""
+    pytest.importorskip("moto.server")
+    pytest.importorskip("s3fs")
+    from s3_server import start
+
+    server = start(str(tmp_path_factory.mktemp("moto") / "moto.log"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_server: Any) -> tuple[str, dict[str, Any]]:
+    """A new bucket: (``s3://<bucket>``, storage_options)."""
+    return f"s3://{s3_server.bucket()}", s3_server.storage_options

@@ -17,6 +17,7 @@ from streamstate.api import __all__ as _api_all
 from streamstate.backends.factory import HeapStateBackend, RocksDBStateBackend, StateBackend
 from streamstate.errors import (
     CheckpointError,
+    CheckpointFencedError,
     CheckpointNotFoundError,
     CorruptCheckpointError,
     InvalidStateNameError,
@@ -77,6 +78,7 @@ __all__ = [
     *_api_all,
     "VOID_NAMESPACE",
     "CheckpointError",
+    "CheckpointFencedError",
     "CheckpointNotFoundError",
     "ContinuousEventTimeTrigger",
     "ContinuousProcessingTimeTrigger",

@@ -10,6 +10,11 @@ or savepoint directory): operators, subtasks, key-group ranges, states, entry co
 ``streamstate checkpoints verify <path>``: reads every file and checks every checksum (whole
 file and every key-group block; a RocksDB manifest's own checksum); exits with status 1 naming
 the file and key group of any corruption.
+
+``streamstate checkpoints rollback <dir> --to N``: rolls a streaming job back to checkpoint
+``chk-N``: later checkpoints go, Spark's offset and commit logs are rolled back with them, and
+(with ``--sink``) the parquet sink's later batches, so the restarted query re-runs batch N+1 and
+every later one exactly once (:mod:`streamstate.checkpoint.rollback`).
 """
 
 from __future__ import annotations
@@ -45,7 +50,9 @@ from streamstate.keygroups import KeyGroupRange
 __all__ = ["app", "main"]
 
 app = typer.Typer(help="streamstate: Flink's state layer for PySpark.", no_args_is_help=True)
-checkpoints_app = typer.Typer(help="Inspect and verify checkpoints.", no_args_is_help=True)
+checkpoints_app = typer.Typer(
+    help="Inspect, verify and roll back checkpoints.", no_args_is_help=True
+)
 app.add_typer(checkpoints_app, name="checkpoints")
 
 PathArg = Annotated[str, typer.Argument(help="job, checkpoint or savepoint directory (or URL)")]
@@ -221,6 +228,61 @@ def verify(path: PathArg) -> None:
         console.print(f"[red]{failures} corrupt or missing file(s)[/]")
         raise typer.Exit(1)
     console.print("[green]every checksum matches[/]")
+
+
+@checkpoints_app.command("rollback")
+def rollback_command(
+    path: Annotated[str, typer.Argument(help="the job's checkpoint directory (or URL)")],
+    to: Annotated[int, typer.Option("--to", help="the checkpoint id to go back to")],
+    sink: Annotated[
+        str | None,
+        typer.Option(help="the query's parquet sink path: its batches after N are re-delivered"),
+    ] = None,
+    spark_checkpoint: Annotated[
+        str | None,
+        typer.Option(
+            help="Spark's streaming checkpoint (default: what the query recorded, else <dir>/spark)"
+        ),
+    ] = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="do it without asking")] = False,
+) -> None:
+    """Roll a streaming job back to checkpoint N (after a lost or corrupt latest _metadata).
+
+    Stop the query first (a running one is fenced anyway): the restarted query re-runs batch
+    N+1 and every later one from chk-N."""
+    from streamstate.checkpoint.rollback import plan_rollback, rollback
+
+    console = Console()
+    storage, directory = open_location(path)
+    if directory is not None:
+        console.print(
+            f"[red]{escape(path)} is a checkpoint directory; give the job directory and --to[/]"
+        )
+        raise typer.Exit(2)
+    try:
+        plan = plan_rollback(storage, to, spark_checkpoint=spark_checkpoint, sink=sink)
+    except CheckpointError as exc:
+        console.print(f"[red]{escape(str(exc))}[/]")
+        raise typer.Exit(1) from None
+    table = Table(title=f"rollback of {storage.url} to chk-{to}")
+    table.add_column("what")
+    table.add_column("")
+    for what, detail in plan.summary():
+        table.add_row(what, escape(detail))
+    console.print(table)
+    if sink is None:
+        console.print(
+            "[yellow]no --sink: batches the sink already delivered after batch "
+            f"{to} keep their first delivery[/]"
+        )
+    if not yes and not typer.confirm("roll back?", default=False):
+        raise typer.Exit(1)
+    try:
+        rollback(storage, to, spark_checkpoint=spark_checkpoint, sink=sink)
+    except CheckpointError as exc:
+        console.print(f"[red]{escape(str(exc))}[/]")
+        raise typer.Exit(1) from None
+    console.print(f"[green]rolled back to chk-{to}: restart the query to re-run batch {to + 1}[/]")
 
 
 def _verify_file(cp: CompletedCheckpoint, handle: Any) -> str | None:

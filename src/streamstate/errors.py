@@ -8,6 +8,7 @@ from __future__ import annotations
 
 __all__ = [
     "CheckpointError",
+    "CheckpointFencedError",
     "CheckpointNotFoundError",
     "CorruptCheckpointError",
     "InvalidStateNameError",
@@ -67,6 +68,12 @@ class CheckpointError(StreamStateError, RuntimeError):
 
 class CheckpointNotFoundError(CheckpointError):
     """No complete checkpoint exists where one was asked for."""
+
+
+class CheckpointFencedError(CheckpointError):
+    """Another run owns the job's checkpoints: a newer driver took over (a higher epoch), or a
+    checkpoint this run meant to commit was already committed by another run. Nothing was
+    written."""
 
 
 class CorruptCheckpointError(CheckpointError):

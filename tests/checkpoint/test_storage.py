@@ -106,6 +106,7 @@ def test_metadata_is_written_last_and_atomically(tmp_path: Path) -> None:
     storage = FileSystemCheckpointStorage(str(tmp_path))
     order: list[str] = []
     real_open_write, real_put = storage.open_write, storage.put_atomic
+    real_create = storage.put_if_absent
 
     def open_write(path: str) -> Any:
         order.append(path)
@@ -115,8 +116,13 @@ def test_metadata_is_written_last_and_atomically(tmp_path: Path) -> None:
         order.append(path)
         real_put(path, data)
 
+    def put_if_absent(path: str, data: bytes) -> bool:
+        order.append(path)
+        return real_create(path, data)
+
     storage.open_write = open_write  # type: ignore[method-assign]
     storage.put_atomic = put_atomic  # type: ignore[method-assign]
+    storage.put_if_absent = put_if_absent  # type: ignore[method-assign]
     runner = _runner(storage)
     runner.run(all_kinds_records(5), final_watermark=False)
     runner.checkpoint()

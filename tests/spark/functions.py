@@ -100,3 +100,27 @@ class HalfCount(KeyedProcessFunction):
 
     def process_element(self, value: Any, ctx: Any) -> Any:
         yield ctx.get_current_key(), value.v / 2
+
+
+class SlowCount(Count):
+    """A count that sleeps ``delay`` seconds per record; when it sees ``value.v == marker_at``
+    it creates ``marker`` (a batch is in flight) and, with ``go``, waits until that file
+    exists (at most two minutes)."""
+
+    def __init__(
+        self, delay: float, marker: str | None = None, marker_at: int = -1, go: str | None = None
+    ) -> None:
+        self.delay = delay
+        self.marker = marker
+        self.marker_at = marker_at
+        self.go = go
+
+    def process_element(self, value: Any, ctx: Any) -> Any:
+        if self.marker and value.v == self.marker_at:
+            with open(self.marker, "a") as f:
+                f.write(f"{os.getpid()}\n")
+            deadline = time.monotonic() + 120
+            while self.go and not os.path.exists(self.go) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        time.sleep(self.delay)
+        yield from super().process_element(value, ctx)

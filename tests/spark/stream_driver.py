@@ -3,7 +3,10 @@
 usage: python stream_driver.py '<json config>'; config keys: input, checkpoint, sink,
 parallelism, fault_marker (a host sleeps at record v == fault_at until killed, once),
 fault_at, sleep_after_batch (the sink sleeps after delivering this batch, before Spark's
-commit). Prints ``BATCH <id>`` after each delivered batch and ``SLEEPING`` before a sleep.
+commit), state_backend, delay (seconds per record) with marker/marker_at/go (SlowCount),
+pause_after_batch with go (the sink waits for the file ``go`` after delivering it). Prints
+``BATCH <id>`` after each delivered batch, ``SLEEPING`` before a sleep, ``DONE [...]`` at the
+end, or ``FENCED <message>`` (exit status 3) if another driver took the job over.
 """
 
 from __future__ import annotations
@@ -14,20 +17,33 @@ import sys
 import time
 from typing import Any
 
-from functions import Count, CountWithFaults
+from functions import Count, CountWithFaults, SlowCount
 from pyspark.sql import SparkSession
 
+from streamstate.errors import CheckpointFencedError
 from streamstate.spark import FileSink, keyed_process
 
 
 class ReportingSink(FileSink):
-    def __init__(self, path: str, sleep_after: int | None) -> None:
+    def __init__(
+        self,
+        path: str,
+        sleep_after: int | None,
+        pause_after: int | None = None,
+        go: str | None = None,
+    ) -> None:
         super().__init__(path)
         self.sleep_after = sleep_after
+        self.pause_after = pause_after
+        self.go = go
 
     def write(self, batch: Any) -> None:
         super().write(batch)
         print(f"BATCH {batch.batch_id}", flush=True)
+        if batch.batch_id == self.pause_after and self.go:
+            deadline = time.monotonic() + 120
+            while not os.path.exists(self.go) and time.monotonic() < deadline:
+                time.sleep(0.05)
         if batch.batch_id == self.sleep_after:
             print("SLEEPING", flush=True)
             time.sleep(600)
@@ -46,6 +62,10 @@ def main() -> None:
     function: Any = Count()
     if cfg.get("fault_marker"):
         function = CountWithFaults(cfg["fault_at"], cfg["fault_marker"], mode="sleep")
+    if cfg.get("delay"):
+        function = SlowCount(
+            cfg["delay"], cfg.get("marker"), cfg.get("marker_at", -1), cfg.get("go")
+        )
     source = (
         spark.readStream.schema("user string, v long")
         .option("maxFilesPerTrigger", 1)
@@ -58,10 +78,26 @@ def main() -> None:
         output_schema="user string, n long",
         checkpoint=cfg["checkpoint"],
         parallelism=cfg["parallelism"],
+        state_backend=cfg.get("state_backend", "heap"),
     ).write_stream(
-        ReportingSink(cfg["sink"], cfg.get("sleep_after_batch")), trigger={"availableNow": True}
+        ReportingSink(
+            cfg["sink"], cfg.get("sleep_after_batch"), cfg.get("pause_after_batch"), cfg.get("go")
+        ),
+        trigger={"availableNow": True},
     )
-    query.await_termination()
+    try:
+        query.await_termination()
+    except Exception as exc:
+        text = str(exc)
+        if isinstance(exc, CheckpointFencedError):
+            line = text.splitlines()[0]
+        elif "CheckpointFencedError: " in text:
+            line = next(ln for ln in text.splitlines() if "CheckpointFencedError: " in ln)
+        else:
+            raise
+        print("FENCED " + line.strip(), flush=True)
+        spark.stop()
+        os._exit(3)
     restores = [b.get("restore", "replayed") for b in query.batches]
     print("DONE " + json.dumps(restores), flush=True)
     spark.stop()

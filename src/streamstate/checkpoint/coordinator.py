@@ -8,6 +8,11 @@ operator is present, every key group is covered exactly once, and every listed f
 its size; then it applies retention (in a background thread by default: deleting an old full
 snapshot must not delay the next micro-batch). A checkpoint that is declined or incomplete is never
 committed, so the last complete checkpoint stays the one restore picks.
+
+With an ``epoch`` (:meth:`~streamstate.checkpoint.storage.CheckpointStorage.acquire_epoch`), the
+coordinator checks right before writing ``_metadata`` and before each retention pass that no
+newer run took the job over; a fenced run raises
+:class:`~streamstate.errors.CheckpointFencedError` and writes and deletes nothing.
 """
 
 from __future__ import annotations
@@ -22,8 +27,8 @@ from streamstate.checkpoint.metadata import (
     OperatorMetadata,
     SubtaskStateHandle,
 )
-from streamstate.checkpoint.storage import CheckpointStorage, CompletedCheckpoint, now_ms
-from streamstate.errors import CheckpointError
+from streamstate.checkpoint.storage import CheckpointStorage, CompletedCheckpoint, Epoch, now_ms
+from streamstate.errors import CheckpointError, CheckpointFencedError
 from streamstate.keygroups import compute_key_group_range_for_operator_index
 
 __all__ = ["CheckpointCoordinator"]
@@ -44,10 +49,13 @@ class CheckpointCoordinator:
         *,
         retained: int | None = None,
         background_retention: bool = True,
+        epoch: Epoch | None = None,
     ) -> None:
         self.storage = storage
         self.retained = retained
         self.background_retention = background_retention
+        #: the epoch this run holds (None: no fencing, e.g. a LocalRunner)
+        self.epoch = epoch
         self._acks: dict[int, list[SubtaskStateHandle]] = {}
         self._declined: dict[int, str] = {}
         self._retention: Future[Any] | None = None
@@ -109,18 +117,25 @@ class CheckpointCoordinator:
         operators = self._assemble(checkpoint_id, list(handles), expected)
         kind = "checkpoint" if savepoint_directory is None else "savepoint"
         directory = savepoint_directory or self.storage.checkpoint_directory(checkpoint_id)
+        properties = dict(properties or {})
+        if self.epoch is not None:
+            properties.setdefault("run", self.epoch.run)
+            properties.setdefault("epoch", self.epoch.number)
         metadata = CheckpointMetadata(
             kind=kind,
             job_id=getattr(self.storage, "job_id", ""),
             checkpoint_id=checkpoint_id,
             timestamp=now_ms(),
             operators=operators,
-            properties=dict(properties or {}),
+            properties=properties,
         )
         candidate = CompletedCheckpoint(self.storage, directory, metadata)
         problems = self.storage.problems(candidate)
         if problems:
             raise CheckpointError(f"{kind} {checkpoint_id} is not committed: {'; '.join(problems)}")
+        if self.epoch is not None:
+            # the last moment before the commit: a run that a newer one took over stops here
+            self.storage.check_epoch(self.epoch)
         completed = self.storage.write_metadata(directory, metadata)
         if kind == "checkpoint":
             self._start_retention()
@@ -130,7 +145,9 @@ class CheckpointCoordinator:
 
     def _retain(self) -> None:
         try:
-            self.storage.apply_retention(self.retained)
+            self.storage.apply_retention(self.retained, epoch=self.epoch)
+        except CheckpointFencedError as exc:
+            log.warning("no checkpoint retention in %s: %s", self.storage.url, exc)
         except Exception as exc:  # retention must never fail a committed checkpoint
             log.warning("checkpoint retention in %s failed: %s", self.storage.url, exc)
 

@@ -4,13 +4,22 @@
 
     <root>/<job-id>/chk-<id>/<operator>/<subtask>-<attempt>.state     keyed snapshot (full)
     <root>/<job-id>/chk-<id>/<operator>/<subtask>-<attempt>.opstate   operator state
-    <root>/<job-id>/chk-<id>/_metadata                                 written last, atomically
+                                          (Spark: <subtask>-<attempt>-<token>.state/.opstate)
+    <root>/<job-id>/chk-<id>/_metadata                                 written last, once
+    <root>/<job-id>/_epochs/epoch-<n>                                  the drivers' epochs
     <root>/<job-id>/shared/<operator>/...                              incremental chains, SSTs
     <root>/<job-id>/savepoints/sp-<id>/...                             self-contained savepoints
 
 A checkpoint is complete iff its ``_metadata`` exists and every file it lists exists with the
-listed size (and, when checked deeply, the listed CRC32C). ``_metadata`` goes to a temporary
-name and is renamed into place (or written with one atomic put on object stores).
+listed size (and, when checked deeply, the listed CRC32C). ``_metadata`` is written once and
+never replaced: it is created only if absent (a temporary file hard-linked into place locally, a
+conditional put with ``If-None-Match: *`` on S3), so a committed checkpoint cannot be
+overwritten by another run.
+
+Fencing (SPEC §6.1): a driver takes an *epoch* when it starts (:meth:`CheckpointStorage.
+acquire_epoch` creates ``_epochs/epoch-<n+1>`` if absent); it checks right before each commit
+and before each retention pass that no newer epoch exists, and stops with
+:class:`~streamstate.errors.CheckpointFencedError` (naming both runs) if one does.
 
 :class:`CheckpointStorage` implements the layout, listing, completeness and retention on top of
 a handful of file operations; :class:`FileSystemCheckpointStorage` provides them through fsspec
@@ -21,10 +30,13 @@ and :class:`MemoryCheckpointStorage` is a private in-memory instance for tests.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import logging
 import os
 import posixpath
 import re
+import threading
 import time
 import uuid
 from abc import ABC, abstractmethod
@@ -37,13 +49,20 @@ from streamstate.checkpoint.metadata import (
     decode_metadata,
     encode_metadata,
 )
-from streamstate.errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError
+from streamstate.errors import (
+    CheckpointError,
+    CheckpointFencedError,
+    CheckpointNotFoundError,
+    CorruptCheckpointError,
+)
 
 __all__ = [
     "DEFAULT_RETAINED_CHECKPOINTS",
+    "EPOCHS_DIR",
     "METADATA_FILE",
     "CheckpointStorage",
     "CompletedCheckpoint",
+    "Epoch",
     "FileSystemCheckpointStorage",
     "MemoryCheckpointStorage",
     "checkpoint_storage_from",
@@ -56,7 +75,9 @@ log = logging.getLogger(__name__)
 
 METADATA_FILE = "_metadata"
 DEFAULT_RETAINED_CHECKPOINTS = 3
+EPOCHS_DIR = "_epochs"
 _CHK = re.compile(r"^chk-(\d+)$")
+_EPOCH = re.compile(r"^epoch-(\d+)$")
 _SP = re.compile(r"^sp-(\d+)$")
 #: shared files: incremental chains' ".full.state"/".delta.state" and RocksDB's ".sst", named
 #: "<subtask>-<attempt>-<checkpoint id>-<token>"
@@ -108,6 +129,30 @@ class CompletedCheckpoint:
         return f"CompletedCheckpoint({self.url!r}, id={self.checkpoint_id})"
 
 
+@dataclasses.dataclass(frozen=True)
+class Epoch:
+    """The epoch a run holds in a job's checkpoint storage, and who it is (for messages)."""
+
+    number: int
+    #: a uuid of the run, plus what it says about itself (host, pid, started, ...)
+    run: str
+    owner: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def describe(self) -> str:
+        extra = ", ".join(f"{k}={v}" for k, v in sorted(self.owner.items()) if k != "run")
+        return f"run {self.run} (epoch {self.number}{', ' + extra if extra else ''})"
+
+
+def _owner_defaults() -> dict[str, Any]:
+    import socket
+
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
 class CheckpointStorage(ABC):
     """Layout, listing, completeness and retention of one job's checkpoints.
 
@@ -134,6 +179,17 @@ class CheckpointStorage(ABC):
     @abstractmethod
     def put_atomic(self, path: str, data: bytes) -> None:
         """Write ``data`` so that readers see the whole file or none of it."""
+
+    def put_if_absent(self, path: str, data: bytes) -> bool:
+        """Create ``path`` with ``data`` unless it exists; False (nothing written) if it does.
+        Readers see the whole file or none of it.
+
+        This default checks, then writes (a storage without an exclusive create); subclasses
+        that have one override it."""
+        if self.size(path) is not None:
+            return False
+        self.put_atomic(path, data)
+        return True
 
     @abstractmethod
     def size(self, path: str) -> int | None:
@@ -178,9 +234,12 @@ class CheckpointStorage(ABC):
         return f"savepoints/sp-{savepoint_id}"
 
     @staticmethod
-    def subtask_file(operator: str, subtask: int, attempt: int, suffix: str = "state") -> str:
-        """Path of a subtask's file relative to its checkpoint directory."""
-        return f"{operator}/{subtask}-{attempt}.{suffix}"
+    def subtask_file(
+        operator: str, subtask: int, attempt: int, suffix: str = "state", *, token: str = ""
+    ) -> str:
+        """Path of a subtask's file relative to its checkpoint directory (``token``: a random
+        part that keeps the names of concurrent writers apart)."""
+        return f"{operator}/{subtask}-{attempt}{'-' + token if token else ''}.{suffix}"
 
     @staticmethod
     def shared_file(
@@ -216,9 +275,77 @@ class CheckpointStorage(ABC):
         return ids[-1] + 1 if ids else 1
 
     def write_metadata(self, directory: str, metadata: CheckpointMetadata) -> CompletedCheckpoint:
-        """Commit: write ``directory/_metadata`` atomically (the last write of a checkpoint)."""
-        self.put_atomic(f"{directory}/{METADATA_FILE}", encode_metadata(metadata))
-        return CompletedCheckpoint(self, directory, metadata)
+        """Commit: create ``directory/_metadata`` (the last write of a checkpoint).
+
+        A committed checkpoint is never replaced: if ``_metadata`` exists already (another run
+        committed this id), nothing is written and :class:`CheckpointFencedError` names both
+        runs, unless the existing file is byte for byte this commit (a retried write)."""
+        path = f"{directory}/{METADATA_FILE}"
+        data = encode_metadata(metadata)
+        if self.put_if_absent(path, data):
+            return CompletedCheckpoint(self, directory, metadata)
+        try:
+            existing = self.read_bytes(path)
+        except CheckpointError:
+            existing = b""
+        if existing == data:
+            return CompletedCheckpoint(self, directory, metadata)
+        theirs = "another run"
+        try:
+            other = decode_metadata(existing, self.url_of(path))
+            theirs = _describe_commit(other)
+        except CheckpointError:
+            theirs = "another run (its _metadata is unreadable)"
+        raise CheckpointFencedError(
+            f"{metadata.kind} {self.url_of(directory)} is already committed by {theirs}; this "
+            f"commit by {_describe_commit(metadata)} was not written (two drivers share the "
+            "checkpoint directory?)"
+        )
+
+    # ---- epochs (fencing concurrent drivers) ---------------------------------------------------
+
+    def epoch_numbers(self) -> list[int]:
+        """The epochs taken so far, ascending."""
+        return sorted(
+            int(m.group(1))
+            for name, is_dir in self.list_dir(EPOCHS_DIR)
+            if not is_dir and (m := _EPOCH.match(name))
+        )
+
+    def read_epoch(self, number: int) -> Epoch:
+        path = f"{EPOCHS_DIR}/epoch-{number}"
+        try:
+            owner = json.loads(self.read_bytes(path))
+        except (CheckpointError, ValueError):
+            owner = {"run": "?"}
+        return Epoch(number, str(owner.get("run", "?")), owner)
+
+    def current_epoch(self) -> Epoch | None:
+        numbers = self.epoch_numbers()
+        return self.read_epoch(numbers[-1]) if numbers else None
+
+    def acquire_epoch(self, **owner: Any) -> Epoch:
+        """Take over the job: create ``_epochs/epoch-<n+1>`` (n: the newest epoch) if absent.
+        Every run with an older epoch is fenced from then on (:meth:`check_epoch`)."""
+        run = uuid.uuid4().hex
+        info = {"run": run, **_owner_defaults(), **owner}
+        data = json.dumps(info, sort_keys=True, default=str).encode()
+        for _ in range(100):
+            numbers = self.epoch_numbers()
+            number = (numbers[-1] if numbers else 0) + 1
+            if self.put_if_absent(f"{EPOCHS_DIR}/epoch-{number}", data):
+                return Epoch(number, run, info)
+        raise CheckpointError(f"could not take an epoch in {self.url_of(EPOCHS_DIR)}")
+
+    def check_epoch(self, epoch: Epoch, action: str = "commit") -> None:
+        """Raise :class:`CheckpointFencedError` if a newer epoch than ``epoch`` exists."""
+        numbers = self.epoch_numbers()
+        if numbers and numbers[-1] > epoch.number:
+            newer = self.read_epoch(numbers[-1])
+            raise CheckpointFencedError(
+                f"{epoch.describe()} was fenced off {self.url}: {newer.describe()} took over "
+                f"the job; this run does not {action} (stop it; the newer run continues)"
+            )
 
     def read_metadata(self, directory: str) -> CheckpointMetadata | None:
         """The metadata of a directory, or None when ``_metadata`` does not exist."""
@@ -304,13 +431,18 @@ class CheckpointStorage(ABC):
 
     # ---- retention -----------------------------------------------------------------------------
 
-    def apply_retention(self, retained: int | None = None) -> list[str]:
+    def apply_retention(self, retained: int | None = None, epoch: Epoch | None = None) -> list[str]:
         """Keep the last ``retained`` complete checkpoints; delete older ones, failed attempts
         older than the latest complete one, unlisted files in kept checkpoints, and shared files
-        no kept checkpoint needs. Returns what was deleted (relative paths)."""
+        no kept checkpoint needs. Returns what was deleted (relative paths).
+
+        With ``epoch``, a run that a newer epoch fenced deletes nothing
+        (:class:`CheckpointFencedError`)."""
         retained = self.retained_checkpoints if retained is None else retained
         if retained < 1:
             raise ValueError(f"at least one checkpoint must be retained, got {retained}")
+        if epoch is not None:
+            self.check_epoch(epoch, "apply retention")
         ids = self.checkpoint_ids()
         loaded = {cid: self._try_load(self.checkpoint_directory(cid)) for cid in ids}
         complete = [cid for cid in ids if loaded[cid] and not self.problems(loaded[cid])]  # type: ignore[arg-type]
@@ -395,6 +527,9 @@ class FileSystemCheckpointStorage(CheckpointStorage):
         self._root = posixpath.join(root, self.job_id) if self.job_id else root
         protocols = fs.protocol if isinstance(fs.protocol, tuple | list) else (fs.protocol,)
         self._object_store = bool(_OBJECT_STORES.intersection(protocols))
+        # s3fs implements pipe_file(mode="create") as a conditional PUT (If-None-Match: *);
+        # other filesystems may ignore the mode, so they get the generic check-then-write
+        self._conditional_put = bool({"s3", "s3a"}.intersection(protocols))
         self._local = "file" in protocols or "local" in protocols
 
     def __getstate__(self) -> dict[str, Any]:
@@ -474,7 +609,57 @@ class FileSystemCheckpointStorage(CheckpointStorage):
         except (OSError, PermissionError) as exc:
             raise self._not_writable(path, exc) from exc
 
+    def put_if_absent(self, path: str, data: bytes) -> bool:
+        full = self._abs(path)
+        try:
+            self._fs.makedirs(posixpath.dirname(full), exist_ok=True)
+            if self._local:
+                return self._link_if_absent(full, data)
+            if self._conditional_put:
+                # one conditional PUT (If-None-Match: *): S3 and moto refuse it atomically when
+                # the key exists; a server that ignores the header overwrites (docs/spark.md)
+                try:
+                    self._fs.pipe_file(full, data, mode="create")
+                except FileExistsError:
+                    return False
+                return True
+            with _ABSENT_LOCK:
+                # no exclusive create in fsspec's generic API (memory://, hdfs://, ...): check,
+                # then write; the window between the two is documented (docs/spark.md)
+                self._fresh(full)
+                if self._fs.exists(full):
+                    return False
+                self._fs.pipe_file(full, data)
+                return True
+        except (OSError, PermissionError) as exc:
+            raise self._not_writable(path, exc) from exc
+
+    def _link_if_absent(self, full: str, data: bytes) -> bool:
+        """A complete temporary file hard-linked to its name: link() fails if the name exists,
+        so a file is created whole, once, whatever other processes do."""
+        tmp = f"{full}.tmp-{uuid.uuid4().hex[:8]}"
+        with open(tmp, "wb") as f:
+            f.write(data)
+            if self.durable:
+                f.flush()
+                os.fsync(f.fileno())
+        try:
+            os.link(tmp, full)
+        except FileExistsError:
+            return False
+        finally:
+            os.unlink(tmp)
+        return True
+
+    def _fresh(self, full: str) -> None:
+        """Forget cached listings of ``full`` (s3fs caches them; another process may have
+        written since)."""
+        if not self._local:
+            with contextlib.suppress(Exception):
+                self._fs.invalidate_cache(full)
+
     def size(self, path: str) -> int | None:
+        self._fresh(self._abs(path))
         try:
             info = self._fs.info(self._abs(path))
         except (FileNotFoundError, NotADirectoryError):
@@ -484,6 +669,7 @@ class FileSystemCheckpointStorage(CheckpointStorage):
         return int(info["size"])
 
     def list_dir(self, path: str) -> list[tuple[str, bool]]:
+        self._fresh(self._abs(path))
         try:
             entries = self._fs.ls(self._abs(path), detail=True)
         except (FileNotFoundError, NotADirectoryError):
@@ -500,6 +686,7 @@ class FileSystemCheckpointStorage(CheckpointStorage):
     def delete(self, path: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             self._fs.rm(self._abs(path), recursive=True)
+        self._fresh(self._abs(path))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"
@@ -569,6 +756,21 @@ def resolve_checkpoint(
         return storage.load(text)
     other, directory = open_location(text)
     return other.load(directory)
+
+
+def _describe_commit(metadata: CheckpointMetadata) -> str:
+    props = metadata.properties
+    parts = [f"lineage {props.get('lineage', '?')}"]
+    if "run" in props:
+        parts.insert(0, f"run {props['run']}")
+    if "epoch" in props:
+        parts.append(f"epoch {props['epoch']}")
+    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(metadata.timestamp / 1000))
+    return f"{', '.join(parts)}, at {when}"
+
+
+#: one check-then-write at a time in this process for filesystems without exclusive create
+_ABSENT_LOCK = threading.Lock()
 
 
 def now_ms() -> int:

@@ -32,6 +32,7 @@ import dataclasses
 import logging
 import posixpath
 import time
+import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
@@ -216,6 +217,8 @@ class SubtaskCheckpointer:
         incremental: write deltas (needs a heap backend with ``incremental=True``); True for
             the default :class:`IncrementalPolicy` or a policy.
         writer: a shared writer thread (one is created if None).
+        unique_names: a random token in the names of a checkpoint's own files (Spark: attempt
+            numbers of two drivers can collide).
     """
 
     def __init__(
@@ -227,10 +230,12 @@ class SubtaskCheckpointer:
         compression: str = "lz4",
         incremental: bool | IncrementalPolicy = False,
         writer: AsyncSnapshotWriter | None = None,
+        unique_names: bool = False,
     ) -> None:
         self.storage = storage
         self.target = target
         self.attempt = attempt
+        self.unique_names = unique_names
         self.compression = compression
         #: a RocksDB backend checkpoints natively: new SST files only, plus a manifest
         self.native = bool(getattr(target.keyed_backend, "native_incremental", False))
@@ -258,17 +263,38 @@ class SubtaskCheckpointer:
         operator_snapshot = t.operator_backend.snapshot()
         directory = self.storage.checkpoint_directory(checkpoint_id)
         backend = t.keyed_backend
+        # with unique_names a checkpoint's own files get a random token: two drivers racing on
+        # one directory (the older one is fenced before it commits) never write the same name
+        token = uuid.uuid4().hex[:8] if self.unique_names else ""
         if self.native:
             keyed = backend.snapshot(checkpoint_id)
-            handle_path = self.storage.subtask_file(t.operator_name, t.subtask_index, self.attempt)
+            handle_path = self.storage.subtask_file(
+                t.operator_name, t.subtask_index, self.attempt, token=token
+            )
             return self.writer.submit(
-                self._write_native, checkpoint_id, directory, keyed, handle_path, operator_snapshot
+                self._write_native,
+                checkpoint_id,
+                directory,
+                keyed,
+                handle_path,
+                operator_snapshot,
+                token,
             )
         if self.policy is None:
             keyed = backend.snapshot(checkpoint_id)
-            handle_path = self.storage.subtask_file(t.operator_name, t.subtask_index, self.attempt)
+            handle_path = self.storage.subtask_file(
+                t.operator_name, t.subtask_index, self.attempt, token=token
+            )
             return self.writer.submit(
-                self._write, checkpoint_id, directory, keyed, handle_path, [], operator_snapshot, []
+                self._write,
+                checkpoint_id,
+                directory,
+                keyed,
+                handle_path,
+                [],
+                operator_snapshot,
+                [],
+                token,
             )
         self._collect_materialized()
         if self._chain is None or self._broken:
@@ -297,6 +323,7 @@ class SubtaskCheckpointer:
             before,
             operator_snapshot,
             pending,
+            token,
         )
         self._chain = [*before, _Link(checkpoint_id, future, kind)]
         future.add_done_callback(self._on_done)
@@ -407,6 +434,7 @@ class SubtaskCheckpointer:
         before: list[_Link],
         operator_snapshot: OperatorStateSnapshot,
         pending: list[str],
+        token: str = "",
     ) -> SubtaskStateHandle:
         written: list[str] = []
         try:
@@ -416,7 +444,9 @@ class SubtaskCheckpointer:
             )
             written.append(path)
             chain = [link.handle() for link in before] + [keyed_handle]
-            op_handle = self._write_operator_state(checkpoint_id, directory, operator_snapshot)
+            op_handle = self._write_operator_state(
+                checkpoint_id, directory, operator_snapshot, token
+            )
         except BaseException:
             keyed.release()
             for p in written:
@@ -432,6 +462,7 @@ class SubtaskCheckpointer:
         keyed: Any,
         handle_path: str,
         operator_snapshot: OperatorStateSnapshot,
+        token: str = "",
     ) -> SubtaskStateHandle:
         """Upload a RocksDB snapshot's new SST files and its manifest (``native.py``)."""
         from streamstate.checkpoint.native import job_file_store, native_file_handles
@@ -446,7 +477,9 @@ class SubtaskCheckpointer:
             keyed.release()
             raise
         try:
-            op_handle = self._write_operator_state(checkpoint_id, directory, operator_snapshot)
+            op_handle = self._write_operator_state(
+                checkpoint_id, directory, operator_snapshot, token
+            )
         except BaseException:
             with contextlib.suppress(Exception):
                 self.storage.delete(path)
@@ -455,11 +488,15 @@ class SubtaskCheckpointer:
         return self._subtask_handle(checkpoint_id, chain, op_handle, [])
 
     def _write_operator_state(
-        self, checkpoint_id: int, directory: str, snapshot: OperatorStateSnapshot
+        self,
+        checkpoint_id: int,
+        directory: str,
+        snapshot: OperatorStateSnapshot,
+        token: str = "",
     ) -> StateFileHandle | None:
         t = self.target
         op_path = self.storage.subtask_file(
-            t.operator_name, t.subtask_index, self.attempt, "opstate"
+            t.operator_name, t.subtask_index, self.attempt, "opstate", token=token
         )
         return write_operator_file(
             self.storage, self._resolve(directory, op_path), op_path, snapshot, checkpoint_id

@@ -19,6 +19,11 @@ what the next batch needs:
 ``side_outputs``
     the same for each side output the query delivers (tag id -> files), when there are any.
 
+Fencing: a query takes an epoch in the checkpoint directory when it starts; a query that a
+newer one took over (same directory) stops at its next plan or commit with
+:class:`~streamstate.errors.CheckpointFencedError`, and ``_metadata`` is created only if absent,
+so a committed checkpoint is never replaced.
+
 Cases at the start of batch ``b`` (:meth:`CheckpointLog.plan`): the latest complete checkpoint
 is ``b - 1`` (normal), ``b`` (the driver died after our commit and Spark replays: only the sink
 runs again) or anything else (a gap: the state does not belong to this query's progress, an
@@ -28,16 +33,19 @@ error naming both).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 import uuid
 from typing import Any
 
 import msgspec
 
-from streamstate.errors import CheckpointError, CheckpointNotFoundError
+from streamstate.errors import CheckpointError, CheckpointFencedError, CheckpointNotFoundError
 from streamstate.spark.subtask import MIN_WATERMARK, BatchResult, StagedOutput
 
 __all__ = ["BatchPlan", "CheckpointLog"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -73,6 +81,7 @@ class CheckpointLog:
         *,
         watermark_delay: int | None = None,
         retained: int | None = None,
+        epoch: Any = None,
     ) -> None:
         from streamstate.checkpoint.coordinator import CheckpointCoordinator
 
@@ -80,7 +89,9 @@ class CheckpointLog:
         self.operator = operator
         self.parallelism = parallelism
         self.watermark_delay = watermark_delay
-        self.coordinator = CheckpointCoordinator(storage, retained=retained)
+        #: the epoch this query holds (None: no fencing)
+        self.epoch = epoch
+        self.coordinator = CheckpointCoordinator(storage, retained=retained, epoch=epoch)
         self._latest: Any = None
         self._scanned = False
 
@@ -95,6 +106,10 @@ class CheckpointLog:
         return self._latest
 
     def plan(self, batch: int) -> BatchPlan:
+        if self.epoch is not None:
+            # a fenced query must not even run its tasks: they would move the state hosts,
+            # which the newer query shares, to this query's lineage
+            self.storage.check_epoch(self.epoch, f"run micro-batch {batch}")
         latest = self.latest()
         now = time.time_ns() // 1_000_000
         if latest is None:
@@ -119,7 +134,9 @@ class CheckpointLog:
             raise CheckpointError(
                 f"Spark runs micro-batch {batch} but the latest complete state checkpoint in "
                 f"{self.storage.url} is chk-{cid}: the state does not match the query's progress "
-                "(was the Spark checkpoint or the state directory replaced?)"
+                "(was the Spark checkpoint or the state directory replaced? if later checkpoints "
+                f"were lost or corrupt: streamstate checkpoints rollback {self.storage.url} "
+                f"--to {cid})"
             )
         op = latest.metadata.operators.get(self.operator)
         attempts = {} if op is None else {s.subtask_index: s.attempt for s in op.subtasks}
@@ -180,11 +197,46 @@ class CheckpointLog:
                 side.setdefault(tag, []).append(msgspec.to_builtins(staged))
         if side:  # the staged side outputs, delivered again if Spark replays the batch
             properties["side_outputs"] = side
-        completed = self.coordinator.commit(
-            plan.batch, handles, expected={self.operator: self.parallelism}, properties=properties
-        )
+        try:
+            completed = self.coordinator.commit(
+                plan.batch,
+                handles,
+                expected={self.operator: self.parallelism},
+                properties=properties,
+            )
+        except CheckpointFencedError:
+            completed = self._adopt(plan.batch)
+            if completed is None:
+                raise
         self._latest, self._scanned = completed, True
         return completed
+
+    def _adopt(self, batch: int) -> Any:
+        """``chk-<batch>`` exists already: if an older run committed it (it passed its last
+        epoch check just before this query took over) and this query still holds the newest
+        epoch, it is as good as this query's own result (same input, same base): continue from
+        it. Returns it, or None (fenced)."""
+        if self.epoch is None:
+            return None
+        current = self.storage.current_epoch()
+        if current is None or current.number != self.epoch.number:
+            return None
+        try:
+            existing = self.storage.load(batch)
+        except CheckpointError:
+            return None
+        op = existing.metadata.operators.get(self.operator)
+        their_epoch = int(existing.metadata.properties.get("epoch", 0))
+        if op is None or op.parallelism != self.parallelism or their_epoch >= self.epoch.number:
+            return None
+        log.warning(
+            "%s was committed by an older run (epoch %s) before this query (epoch %s) took "
+            "over; continuing from it",
+            existing.url,
+            their_epoch,
+            self.epoch.number,
+        )
+        return existing
 
     def close(self) -> None:
         self.coordinator.close()

@@ -20,6 +20,12 @@ The query is driven by ``foreachBatch``. Micro-batch ``b`` on the driver
 A task that fails (host killed, user function raised, worker lost) is retried by Spark; its
 host has dropped the half-applied batch and reloads ``chk-(b-1)``. Old staged outputs and
 checkpoints are deleted behind the retained ones.
+
+A query takes an epoch in the checkpoint directory when it starts (fencing: an older query on
+the same directory stops before its next batch or commit, and leaves the hosts to the newer
+one). Spark's own streaming checkpoint is ``<checkpoint>/spark`` unless ``spark_checkpoint=``
+puts it elsewhere (e.g. a local or HDFS path when Spark cannot write the checkpoint's object
+store).
 """
 
 from __future__ import annotations
@@ -34,13 +40,15 @@ from typing import Any
 
 import msgspec
 
+from streamstate.errors import CheckpointFencedError
 from streamstate.spark.commit import BatchPlan, CheckpointLog
 from streamstate.spark.failures import original_error
 from streamstate.spark.job import FUNCTIONS_DIR, JobSpec, arrow_schema_from_bytes, src_path
 from streamstate.spark.keyed import KeyedOptions, function_blob
+from streamstate.spark.locations import spark_checkpoint_location
 from streamstate.spark.placement import place
-from streamstate.spark.sinks import Sink, StagedBatch, sink_from, spark_readable
-from streamstate.spark.subtask import OUTPUTS_DIR, BatchResult, job_storage
+from streamstate.spark.sinks import Sink, StagedBatch, sink_from
+from streamstate.spark.subtask import OUTPUTS_DIR, BatchResult, StagedOutput, job_storage
 from streamstate.spark.tasks import ACK_SCHEMA, micro_batch_task
 
 __all__ = ["KeyedStream", "KeyedStreamingQuery"]
@@ -69,6 +77,7 @@ class KeyedStream:
         side_sinks: dict[Any, Any] | None = None,
         host_bind: str | None = None,
         host_connect_timeout: float = 3.0,
+        spark_checkpoint: str | None = None,
     ) -> KeyedStreamingQuery:
         """Start the query, writing outputs to ``sink`` (see :mod:`streamstate.spark.sinks`).
 
@@ -92,6 +101,11 @@ class KeyedStream:
                 127.0.0.1 with a ``local`` master).
             host_connect_timeout: seconds a task waits for the TCP connection to a host on
                 another node before it starts one on its own node (which reloads).
+            spark_checkpoint: where Spark keeps its own streaming checkpoint (offsets and
+                commit logs), a path or URL Hadoop can write (default
+                ``<checkpoint>/spark``). Use it when the state checkpoint is on storage Spark
+                has no connector for (``s3://`` without ``hadoop-aws``). It must stay with the
+                state checkpoint for the life of the query.
         """
         if storage_options is None:
             storage_options = self.options.storage_options
@@ -104,6 +118,7 @@ class KeyedStream:
             _side_sinks(self.options, side_sinks, storage_options),
             host_bind,
             host_connect_timeout,
+            spark_checkpoint,
         )
 
     start = write_stream
@@ -150,6 +165,7 @@ class KeyedStreamingQuery:
         side_sinks: dict[str, Sink] | None = None,
         host_bind: str | None = None,
         host_connect_timeout: float = 3.0,
+        spark_checkpoint: str | None = None,
     ) -> None:
         from streamstate.spark.security import new_secret
 
@@ -171,12 +187,20 @@ class KeyedStreamingQuery:
         self.job = self._ship_function(options)
         self.storage = job_storage(self.job)
         self.output_schema = arrow_schema_from_bytes(self.job.output_schema)
+        self.spark_checkpoint = spark_checkpoint_location(
+            self.spark, self.storage.url_of(SPARK_CHECKPOINT_DIR), spark_checkpoint, checkpoint
+        )
+        #: this query's epoch: starting takes the job over from any earlier query
+        self.epoch = self.storage.acquire_epoch(
+            operator=options.operator_name, spark_checkpoint=self.spark_checkpoint
+        )
         self.log = CheckpointLog(
             self.storage,
             options.operator_name,
             options.parallelism,
             watermark_delay=options.watermark_delay,
             retained=options.retained_checkpoints,
+            epoch=self.epoch,
         )
         #: one dict of figures per micro-batch run by this query object
         self.batches: list[dict[str, Any]] = []
@@ -189,8 +213,7 @@ class KeyedStreamingQuery:
         for tag, side_sink in self.side_sinks.items():
             side_sink.open(f"{query_name or options.operator_name}.{tag}")
         writer = options.df.writeStream.foreachBatch(self._run_batch).option(
-            "checkpointLocation",
-            spark_readable(self.storage.url_of(SPARK_CHECKPOINT_DIR)),
+            "checkpointLocation", self.spark_checkpoint
         )
         if trigger:
             writer = writer.trigger(**trigger)
@@ -235,13 +258,22 @@ class KeyedStreamingQuery:
         else:
             results = self._compute(df, plan, figures)
             t_commit = time.perf_counter()
-            self.log.commit(plan, results)
+            completed = self.log.commit(plan, results)
             figures["commit_ms"] = (time.perf_counter() - t_commit) * 1e3
             files = [r.outputs for r in results if r.outputs is not None]
             side_files = {}
             for r in sorted(results, key=lambda r: r.subtask):
                 for tag, staged in r.side_outputs.items():
                     side_files.setdefault(tag, []).append(staged)
+            if completed.metadata.properties.get("lineage") != plan.new_lineage:
+                # an older run committed this batch just before this query took over: its
+                # outputs are the batch's (commit.CheckpointLog._adopt)
+                props = completed.metadata.properties
+                files = [msgspec.convert(o, StagedOutput) for o in props.get("outputs", [])]
+                side_files = {
+                    tag: [msgspec.convert(o, StagedOutput) for o in staged]
+                    for tag, staged in props.get("side_outputs", {}).items()
+                }
         t_sink = time.perf_counter()
         self.sink.write(
             StagedBatch(

@@ -262,7 +262,11 @@ class SubtaskRuntime:
         if isinstance(op.keyed_backend, HeapKeyedStateBackend) and op.keyed_backend.incremental:
             incremental = IncrementalPolicy(max_deltas=self.job.max_deltas)
         return SubtaskCheckpointer(
-            self._storage(), op, compression=self.job.compression, incremental=incremental
+            self._storage(),
+            op,
+            compression=self.job.compression,
+            incremental=incremental,
+            unique_names=True,
         )
 
     def _discard(self) -> None:

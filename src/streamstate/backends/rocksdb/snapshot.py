@@ -55,7 +55,9 @@ __all__ = ["RocksDBKeyedStateSnapshot", "decode_entries", "sweep_ttl", "take_sna
 #: uploads of unconfirmed checkpoints kept for a later notify_checkpoint_complete
 _MAX_PENDING = 16
 
-_SUBTASK_FILE = re.compile(r"^(?:.*/)?chk-\d+/([^/]+)/(\d+)-(\d+)\.state$")
+#: a manifest's path: ``chk-<id>/<operator>/<subtask>-<attempt>[-<token>].state`` (the Spark
+#: runtime adds a random token to the names of a checkpoint's own files)
+_SUBTASK_FILE = re.compile(r"^(?:.*/)?chk-\d+/([^/]+)/(\d+)-(\d+)(?:-[0-9a-f]+)?\.state$")
 
 
 # ---- synchronous phase -----------------------------------------------------------------------
