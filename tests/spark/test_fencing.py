@@ -150,9 +150,11 @@ def test_a_second_driver_fences_the_first_and_the_job_stays_exact(
     time.sleep(0.5)
 
 
-def test_a_fenced_query_leaves_the_state_hosts_to_the_newer_one(spark: Any, tmp_path: Any) -> None:
+def test_a_fenced_query_stops_only_its_own_state_hosts(spark: Any, tmp_path: Any) -> None:
+    """Hosts belong to one query run: the fenced query's shutdown leaves the newer query's
+    hosts serving it."""
     from streamstate.spark import keyed_process
-    from streamstate.spark.host_client import host_spec, ping
+    from streamstate.spark.host_client import ping
 
     write_batches(str(tmp_path / "in"), make_batches(2, 50, users=5))
 
@@ -174,14 +176,17 @@ def test_a_fenced_query_leaves_the_state_hosts_to_the_newer_one(spark: Any, tmp_
     older.query.awaitTermination()  # Spark's own wait: the hosts stay up
     newer = start()  # takes the job over (epoch 2)
     newer.query.awaitTermination()
-    specs = [
-        host_spec(newer.job.checkpoint_url, newer.job.operator, i, 2, watch=False) for i in range(2)
-    ]
-    assert all(ping(s) is not None for s in specs)
-    assert older.shutdown_hosts() == 0  # fenced: the hosts serve the newer query now
-    assert all(ping(s) is not None for s in specs)
+
+    def alive(query: Any) -> list[bool]:
+        return [ping(query._host_spec(i), query._secret) is not None for i in range(2)]
+
+    assert alive(older) == [True, True]
+    assert alive(newer) == [True, True]
+    assert older.shutdown_hosts() == 2  # its own run's hosts
+    assert alive(older) == [False, False]
+    assert alive(newer) == [True, True]
     assert newer.shutdown_hosts() == 2
-    assert all(ping(s) is None for s in specs)
+    assert alive(newer) == [False, False]
 
 
 def test_a_batch_an_older_run_committed_first_is_adopted_by_the_newer_run(tmp_path: Any) -> None:
