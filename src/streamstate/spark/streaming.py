@@ -40,7 +40,6 @@ from typing import Any
 
 import msgspec
 
-from streamstate.errors import CheckpointFencedError
 from streamstate.spark.commit import BatchPlan, CheckpointLog
 from streamstate.spark.failures import original_error
 from streamstate.spark.job import FUNCTIONS_DIR, JobSpec, arrow_schema_from_bytes, src_path
