@@ -439,7 +439,8 @@ def main() -> None:
                     old = hot.get(backend, {})
                     if args.append:  # these runs join the stored ones of the same size
                         sizes = {
-                            s: _join_runs(old[s], v) if s in old else v for s, v in sizes.items()
+                            s: _join_runs(old[s], v) if s.isdigit() and s in old else v
+                            for s, v in sizes.items()
                         }
                     merged = {**old, **sizes}
                     keys = sorted((s for s in merged if s.isdigit()), key=int)

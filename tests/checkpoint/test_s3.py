@@ -97,3 +97,33 @@ def test_rocksdb_checkpoints_on_s3_reference_earlier_ssts_instead_of_uploading(
     counts = {k: v for (s, k, _), v in runner_content(fresh).items() if s == "count"}
     assert counts == {k: 2 if k % 100 == 0 else 1 for k in range(20_000)}
     fresh.close()
+
+
+def test_the_cli_verifies_and_rolls_back_a_job_on_s3(
+    s3_server: Any, s3_bucket: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from streamstate.cli import app
+
+    url, options = s3_bucket
+    storage = FileSystemCheckpointStorage(f"{url}/ck", "job", storage_options=options)
+    runner = _runner(storage, "rocksdb")
+    records = all_kinds_records(60, per_key=1)
+    for i in range(3):
+        runner.run(records[i * 20 : (i + 1) * 20], final_watermark=False)
+        runner.checkpoint()
+    runner.close()
+    # the command line reaches S3 through the environment (endpoint and credentials)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.endpoint)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-1")
+    job = f"{url}/ck/job"
+    result = CliRunner().invoke(app, ["checkpoints", "verify", job])
+    assert result.exit_code == 0 and "every checksum matches" in result.output, result.output
+    result = CliRunner().invoke(app, ["checkpoints", "rollback", job, "--to", "1", "--yes"])
+    assert result.exit_code == 0, result.output
+    assert storage.checkpoint_ids() == [1]
+    assert not [p for p in storage.walk_files("shared") if "-2-" in p or "-3-" in p]
+    assert storage.problems(storage.load(1), deep=True) == []
