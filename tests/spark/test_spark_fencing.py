@@ -156,7 +156,8 @@ def test_a_fenced_query_stops_only_its_own_state_hosts(spark: Any, tmp_path: Any
     from streamstate.spark import keyed_process
     from streamstate.spark.host_client import ping
 
-    write_batches(str(tmp_path / "in"), make_batches(2, 50, users=5))
+    batches = make_batches(4, 50, users=5)
+    write_batches(str(tmp_path / "in"), batches[:2])
 
     def start() -> Any:
         from functions import Count
@@ -174,8 +175,10 @@ def test_a_fenced_query_stops_only_its_own_state_hosts(spark: Any, tmp_path: Any
 
     older = start()
     older.query.awaitTermination()  # Spark's own wait: the hosts stay up
-    newer = start()  # takes the job over (epoch 2)
+    write_batches(str(tmp_path / "in"), batches[2:], start=2)
+    newer = start()  # takes the job over (epoch 2) and runs the new files on its own hosts
     newer.query.awaitTermination()
+    assert [b["batch"] for b in newer.batches] == [2, 3]
 
     def alive(query: Any) -> list[bool]:
         return [ping(query._host_spec(i), query._secret) is not None for i in range(2)]
