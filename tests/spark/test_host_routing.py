@@ -6,8 +6,10 @@ Two "nodes" are simulated in one process: two run directories, hence two node id
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import socket
 from typing import Any
 
 import msgspec
@@ -19,8 +21,10 @@ from test_state_host import SCHEMA, Driver, _wait_gone
 
 from streamstate.spark import FileSink, keyed_process, read_state
 from streamstate.spark.host_client import connect, ping, run_batch, shutdown
-from streamstate.spark.network import bind_tcp, default_bind, split_address
+from streamstate.spark.network import bind_tcp, default_bind, port_range, split_address
 from streamstate.spark.security import new_secret, node_id
+from streamstate.spark.state_host import host_id
+from streamstate.spark.streaming import KeyedStreamingQuery
 from streamstate.spark.subtask import BatchResult
 
 
@@ -35,7 +39,8 @@ class TwoNodes(Driver):
     def __init__(self, tmp_path: Any) -> None:
         super().__init__(tmp_path, Count())
         self.secret = new_secret()
-        self.spec = msgspec.structs.replace(self.spec, bind="127.0.0.1", run="r1")
+        hid = host_id(self.job.checkpoint_url, "op", 0, 1, "r1")
+        self.spec = msgspec.structs.replace(self.spec, bind="127.0.0.1", run="r1", id=hid)
         self.node_a = _private(tmp_path / "node-a")
         self.node_b = _private(tmp_path / "node-b")
         self.location: dict[str, Any] | None = None
@@ -144,6 +149,25 @@ def test_a_host_of_another_run_is_not_reached(nodes: TwoNodes) -> None:
     assert ping(msgspec.structs.replace(nodes.spec, run_dir=nodes.node_a), nodes.secret)
 
 
+def test_the_driver_retires_a_host_its_subtask_left_and_only_that_process(
+    nodes: TwoNodes,
+) -> None:
+    """When an acknowledgement shows subtask 0 on another node, the driver tells the host it
+    left to exit, naming its pid: a SHUTDOWN for another pid (a reused port) is ignored."""
+    r0, t0 = nodes.run(0, ["a"], on=nodes.node_a)
+    query = KeyedStreamingQuery.__new__(KeyedStreamingQuery)  # the driver's bookkeeping only
+    query.job, query.run_id, query.run_dir = nodes.job, "r1", nodes.node_b
+    query._secret, query.host_connect_timeout = nodes.secret, 1.0
+    query.host_locations = {0: {**t0["location"], "pid": 1}}
+    moved = {"subtask": 0, "timings": json.dumps({"location": {"node": "B"}, "route": "unix"})}
+    assert query._update_locations([moved]) == {0: "unix"}
+    assert query.host_locations[0] == {"node": "B"}
+    assert not query._retire(0, {**t0["location"], "pid": 1}, "wrong pid")
+    assert ping(msgspec.structs.replace(nodes.spec, run_dir=nodes.node_a), nodes.secret)
+    assert query._retire(0, t0["location"], "moved")
+    _wait_gone(int(r0.stats["host_pid"]))
+
+
 def _source(spark: Any, directory: str) -> Any:
     return (
         spark.readStream.schema("user string, v long")
@@ -216,3 +240,26 @@ def test_bind_address_resolution(monkeypatch: Any) -> None:
         assert address == f"127.0.0.1:{listener.getsockname()[1]}"
     finally:
         listener.close()
+
+
+def test_hosts_listen_inside_a_port_range(monkeypatch: Any) -> None:
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    busy = probe.getsockname()[1]  # a taken port: the range starts there
+    probe.listen(1)
+    try:
+        monkeypatch.setenv("STREAMSTATE_HOST_PORTS", f"{busy}-{busy + 20}")
+        listener, address = bind_tcp("127.0.0.1")
+        try:
+            port = int(address.rpartition(":")[2])
+            assert busy < port <= busy + 20
+        finally:
+            listener.close()
+        with pytest.raises(OSError, match=f"no free port in {busy}-{busy}"):
+            bind_tcp("127.0.0.1", range(busy, busy + 1))
+    finally:
+        probe.close()
+    for bad in ("x", "10-5", "0-3", "70000"):
+        with pytest.raises(ValueError, match="STREAMSTATE_HOST_PORTS"):
+            port_range(bad)
+    assert port_range("4000") == range(4000, 4001)

@@ -452,7 +452,7 @@ def host_spec(
     bind: str | None = "off",
 ) -> HostSpec:
     """The spec of the host of one subtask of query run ``run``, watching this process's
-    executor JVM; ``bind`` as :func:`~streamstate.spark.state_host.default_bind` (default
+    executor JVM; ``bind`` as :func:`~streamstate.spark.network.default_bind` (default
     ``"off"``: no TCP)."""
     from streamstate.spark.network import default_bind
     from streamstate.spark.state_host import host_id, run_dir

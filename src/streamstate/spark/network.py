@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import socket
 
-__all__ = ["bind_tcp", "default_bind", "split_address", "tcp_tune"]
+__all__ = ["bind_tcp", "default_bind", "port_range", "split_address", "tcp_tune"]
 
 
 def default_bind(option: str | None = None) -> str | None:
@@ -37,14 +37,48 @@ def split_address(address: str) -> tuple[str, int]:
     return address, 0
 
 
-def bind_tcp(address: str) -> tuple[socket.socket, str]:
-    """A TCP listener on ``address`` and the address clients should dial."""
+def port_range(value: str | None = None) -> range | None:
+    """The ports hosts may listen on: ``value`` or ``$STREAMSTATE_HOST_PORTS`` (``"lo-hi"``,
+    inclusive, for a firewall that opens only those), None for any ephemeral port."""
+    value = value if value is not None else os.environ.get("STREAMSTATE_HOST_PORTS")
+    if not value:
+        return None
+    try:
+        lo, _, hi = value.partition("-")
+        ports = range(int(lo), int(hi or lo) + 1)
+    except ValueError:
+        ports = range(0)
+    if not ports or ports.start < 1 or ports.stop > 65536:
+        raise ValueError(f"STREAMSTATE_HOST_PORTS must be 'low-high' (1..65535), got {value!r}")
+    return ports
+
+
+def bind_tcp(address: str, ports: range | None = None) -> tuple[socket.socket, str]:
+    """A TCP listener on ``address`` and the address clients should dial. Without a port in
+    ``address`` it takes the first free one of ``ports`` (default :func:`port_range`), else an
+    ephemeral one."""
     host, port = split_address(address)
+    if ports is None:
+        ports = port_range()
     info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     family, _, _, _, addr = info[0]
     listener = socket.socket(family, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind(addr)
+    try:
+        if port or ports is None:
+            listener.bind(addr)
+        else:
+            for candidate in ports:
+                try:
+                    listener.bind((addr[0], candidate, *addr[2:]))
+                    break
+                except OSError:
+                    continue
+            else:
+                raise OSError(f"no free port in {ports.start}-{ports.stop - 1} on {host}")
+    except BaseException:
+        listener.close()
+        raise
     bound = listener.getsockname()
     advertised = bound[0]
     if advertised in ("0.0.0.0", "::"):

@@ -399,7 +399,7 @@ class KeyedStreamingQuery:
 def _bind_for(spark: Any, option: str | None) -> str | None:
     """The ``bind`` host setting: the option, else (with a ``local`` master and no
     ``STREAMSTATE_HOST_BIND``/``SPARK_LOCAL_IP``) loopback; None leaves it to each node
-    (:func:`~streamstate.spark.state_host.default_bind`)."""
+    (:func:`~streamstate.spark.network.default_bind`)."""
     if option is not None:
         return option
     env = os.environ.get("STREAMSTATE_HOST_BIND") or os.environ.get("SPARK_LOCAL_IP")
