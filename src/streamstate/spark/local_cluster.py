@@ -7,7 +7,7 @@ and its own ``STREAMSTATE_RUN_DIR`` (the executors it launches, their Python wor
 state hosts those start inherit the worker's environment), so state hosts of two workers never
 see each other's sockets, as on two machines.
 
-Used by the cluster tests (``tests/cluster``), ``bench/spark_cluster.py`` and
+Used by the cluster tests (``tests/spark_cluster``), ``bench/spark_cluster.py`` and
 ``streamstate demo --cluster N``. Every process is started in a new session and stopped by its
 process group; :meth:`LocalCluster.kill_node` SIGKILLs one worker with everything it started
 (executor JVM, Python workers, state hosts) to simulate losing a machine.
