@@ -5,6 +5,9 @@ One master and two workers per pytest session, started from pyspark's own ``spar
 two are separate nodes for the state hosts. Queries run in a child driver process
 (``cluster_driver.py``): a pytest process holds one SparkContext, the local one of
 ``tests/spark``. Skip these tests in a quick local run with ``-m "not cluster"``.
+
+The directory sorts after ``tests/conftest.py``: with ``--doctest-modules`` pytest imports that
+file as the module ``conftest``, which must not be this one yet (an "import file mismatch").
 """
 
 from __future__ import annotations
