@@ -275,7 +275,7 @@ class KeyedStreamingQuery:
         try:
             # the driver's JVM runs the tasks in local mode: the hosts watch it, as theirs do
             jvm = int(self.spark._jvm.java.lang.ProcessHandle.current().pid())
-        except Exception:  # noqa: BLE001 - no JVM handle (e.g. Spark Connect): no head start
+        except Exception:  # no JVM handle (e.g. Spark Connect): no head start
             return None
         thread = threading.Thread(
             target=self._spawn_local_hosts, args=(jvm,), name="streamstate-prespawn", daemon=True
@@ -287,8 +287,8 @@ class KeyedStreamingQuery:
         from concurrent.futures import ThreadPoolExecutor
 
         from streamstate.spark.host_client import connect, host_spec
-        from streamstate.spark.state_host import proc_start_time
         from streamstate.spark.job import src_path
+        from streamstate.spark.state_host import proc_start_time
 
         t0 = time.perf_counter()
         job = self.job
@@ -306,9 +306,7 @@ class KeyedStreamingQuery:
                 bind=self.host_bind,
                 watch=False,
             )
-            spec = msgspec.structs.replace(
-                spec, watch_pid=jvm, watch_start=proc_start_time(jvm)
-            )
+            spec = msgspec.structs.replace(spec, watch_pid=jvm, watch_start=proc_start_time(jvm))
             got = connect(spec, pythonpath=src_path(), secret=self._secret)
             if got is not None:
                 got[0].close()
@@ -316,7 +314,7 @@ class KeyedStreamingQuery:
         try:
             with ThreadPoolExecutor(max_workers=min(8, job.parallelism)) as pool:
                 list(pool.map(start, range(job.parallelism)))
-        except Exception as exc:  # noqa: BLE001 - the tasks start their hosts themselves
+        except Exception as exc:  # the tasks start their hosts themselves
             log.warning("starting the state hosts ahead of the first micro-batch failed: %r", exc)
         self.timings["spawn_ms"] = (time.perf_counter() - t0) * 1e3
 
