@@ -87,3 +87,24 @@ def test_all_null_and_other_columns_are_unchanged() -> None:
     assert _pylist(pa.array([None, None], pa.timestamp("us", tz="UTC"))) == [None, None]
     assert _pylist(pa.array([1, None, 3])) == [1, None, 3]
     assert _pylist(pa.array([], pa.timestamp("ms"))) == []
+
+
+@pytest.mark.spark
+def test_integer_key_groups_in_one_select_equal_the_runtimes(spark: Any) -> None:
+    from streamstate.keygroups import assign_key_groups_for_columns
+    from streamstate.spark.placement import KEY_GROUP_COLUMN, with_key_group
+
+    ks = [0, 1, -1, 7, 42, 2**31 - 1, -(2**31), 2**31, 2**63 - 1, -(2**63), 123456789012345]
+    ks += list(range(-500, 500, 7))
+    df = spark.createDataFrame([(k, k % 3) for k in ks], "k long, v long")
+    for max_p in (128, 1000, 32768):
+        placed = with_key_group(df, ["k"], max_p)
+        # the input's columns and the key group, no intermediate step
+        assert placed.columns == ["k", "v", KEY_GROUP_COLUMN]
+        got = {r.k: r[KEY_GROUP_COLUMN] for r in placed.collect()}
+        expected = assign_key_groups_for_columns([pa.array(ks, pa.int64())], max_p)
+        assert [got[k] for k in ks] == list(expected), max_p
+    # a column named like the step (or the old `_h`) does not change the result
+    clash = df.withColumnRenamed("v", "_h")
+    got = {r.k: r[KEY_GROUP_COLUMN] for r in with_key_group(clash, ["k"], 128).collect()}
+    assert [got[k] for k in ks] == list(assign_key_groups_for_columns([pa.array(ks)], 128))
