@@ -147,6 +147,12 @@ def run_streamstate(spark: Any, src: Any, backend: str, work: str) -> dict[str, 
         "rows": sum(b.get("rows", 0) for b in query.batches),
         "batch_ms": [b["batch_ms"] for b in query.batches],
         "restore": [b.get("restore") for b in query.batches],
+        # where the fixed costs went (start, host spawn, stop; see KeyedStreamingQuery.timings)
+        "timings": dict(query.timings),
+        "first_batch": {
+            k: query.batches[0].get(k)
+            for k in ("plan_ms", "place_ms", "job_ms", "commit_ms", "sink_ms", "subtasks")
+        },
         "final": table,
     }
 

@@ -168,6 +168,14 @@ class KeyedStreamingQuery:
     ) -> None:
         from streamstate.spark.security import new_secret
 
+        t_init = time.perf_counter()
+        #: where the query's fixed costs went, in ms: ``ship_ms`` (pickling and storing the
+        #: function), ``epoch_ms`` (taking the checkpoint over), ``spark_start_ms`` (Spark's
+        #: ``start()``), ``init_ms`` (all of the constructor), ``first_batch_at_ms`` (from
+        #: the constructor's start to the first micro-batch's), then at stop
+        #: ``stop_ms`` (Spark's ``stop()``) and ``shutdown_ms`` (the state hosts')
+        self.timings: dict[str, float] = {}
+        self._t_created = t_init
         self.options = options
         self.sink = sink
         #: side-output tag id -> its sink
@@ -183,12 +191,15 @@ class KeyedStreamingQuery:
         self.host_locations: dict[int, dict[str, Any]] = {}
         checkpoint = options.checkpoint
         assert checkpoint is not None
+        t = time.perf_counter()
         self.job = self._ship_function(options)
+        self.timings["ship_ms"] = (time.perf_counter() - t) * 1e3
         self.storage = job_storage(self.job)
         self.output_schema = arrow_schema_from_bytes(self.job.output_schema)
         self.spark_checkpoint = spark_checkpoint_location(
             self.spark, self.storage.url_of(SPARK_CHECKPOINT_DIR), spark_checkpoint, checkpoint
         )
+        t = time.perf_counter()
         #: this query's epoch: starting takes the job over from any earlier query
         self.epoch = self.storage.acquire_epoch(
             operator=options.operator_name, spark_checkpoint=self.spark_checkpoint
@@ -201,6 +212,9 @@ class KeyedStreamingQuery:
             retained=options.retained_checkpoints,
             epoch=self.epoch,
         )
+        self.timings["epoch_ms"] = (time.perf_counter() - t) * 1e3
+        #: starts this run's state hosts while Spark plans the first micro-batch (local master)
+        self._prespawn = self._prespawn_hosts()
         #: one dict of figures per micro-batch run by this query object
         self.batches: list[dict[str, Any]] = []
         self._hosts_stopped = False
@@ -218,7 +232,10 @@ class KeyedStreamingQuery:
             writer = writer.trigger(**trigger)
         if query_name:
             writer = writer.queryName(query_name)
+        t = time.perf_counter()
         self.query = writer.start()
+        self.timings["spark_start_ms"] = (time.perf_counter() - t) * 1e3
+        self.timings["init_ms"] = (time.perf_counter() - t_init) * 1e3
 
     # ---- set-up --------------------------------------------------------------------------------
 
@@ -236,6 +253,71 @@ class KeyedStreamingQuery:
             storage.put_atomic(path, blob)
         return job
 
+    def _prespawn_hosts(self) -> threading.Thread | None:
+        """With a ``local`` master the tasks run on this node and would each start their host
+        in the first micro-batch (an interpreter start and imports, ~0.5-2 s, after Spark's
+        planning): start them now, in parallel with the rest of the set-up and Spark's
+        planning. A task that finds its host starting waits for it (the spawn lock); one that
+        finds none starts it as before, so a failure here only costs the head start.
+        Skipped when the workers run another Python than this one, or with
+        ``STREAMSTATE_PRESPAWN=0``."""
+        import shutil
+        import sys
+
+        if os.environ.get("STREAMSTATE_PRESPAWN", "1") == "0":
+            return None
+        sc = getattr(self.spark, "sparkContext", None)
+        if sc is None or not str(sc.master).startswith("local"):
+            return None
+        worker = shutil.which(getattr(sc, "pythonExec", None) or "python3")
+        if worker is None or os.path.abspath(worker) != os.path.abspath(sys.executable):
+            return None
+        try:
+            # the driver's JVM runs the tasks in local mode: the hosts watch it, as theirs do
+            jvm = int(self.spark._jvm.java.lang.ProcessHandle.current().pid())
+        except Exception:  # no JVM handle (e.g. Spark Connect): no head start
+            return None
+        thread = threading.Thread(
+            target=self._spawn_local_hosts, args=(jvm,), name="streamstate-prespawn", daemon=True
+        )
+        thread.start()
+        return thread
+
+    def _spawn_local_hosts(self, jvm: int) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        from streamstate.spark.host_client import connect, host_spec
+        from streamstate.spark.job import src_path
+        from streamstate.spark.state_host import proc_start_time
+
+        t0 = time.perf_counter()
+        job = self.job
+
+        def start(subtask: int) -> None:
+            # the spec a task of this subtask computes (tasks.micro_batch_task)
+            spec = host_spec(
+                job.checkpoint_url,
+                job.operator,
+                subtask,
+                job.parallelism,
+                directory=self.run_dir,
+                idle_timeout=self.options.host_idle_timeout,
+                run=self.run_id,
+                bind=self.host_bind,
+                watch=False,
+            )
+            spec = msgspec.structs.replace(spec, watch_pid=jvm, watch_start=proc_start_time(jvm))
+            got = connect(spec, pythonpath=src_path(), secret=self._secret)
+            if got is not None:
+                got[0].close()
+
+        try:
+            with ThreadPoolExecutor(max_workers=min(8, job.parallelism)) as pool:
+                list(pool.map(start, range(job.parallelism)))
+        except Exception as exc:  # the tasks start their hosts themselves
+            log.warning("starting the state hosts ahead of the first micro-batch failed: %r", exc)
+        self.timings["spawn_ms"] = (time.perf_counter() - t0) * 1e3
+
     # ---- one micro-batch -----------------------------------------------------------------------
 
     def _run_batch(self, df: Any, batch_id: int) -> None:
@@ -249,8 +331,14 @@ class KeyedStreamingQuery:
 
     def _run_micro_batch(self, df: Any, batch_id: int) -> None:
         t0 = time.perf_counter()
+        if not self.batches:
+            self.timings.setdefault("first_batch_at_ms", (t0 - self._t_created) * 1e3)
         plan = self.log.plan(batch_id)
-        figures: dict[str, Any] = {"batch": batch_id, "replayed": plan.replay}
+        figures: dict[str, Any] = {
+            "batch": batch_id,
+            "replayed": plan.replay,
+            "plan_ms": (time.perf_counter() - t0) * 1e3,
+        }
         if plan.replay:
             files = plan.outputs
             side_files = plan.side_outputs
@@ -308,6 +396,7 @@ class KeyedStreamingQuery:
         options = self.options
         if not options.adaptive:
             df.sparkSession.conf.set("spark.sql.adaptive.enabled", "false")
+        t_place = time.perf_counter()
         placed = place(df, options.key_columns, options.parallelism, options.max_parallelism)
         task = micro_batch_task(
             msgspec.msgpack.encode(self.job),
@@ -332,6 +421,7 @@ class KeyedStreamingQuery:
             },
         )
         t_job = time.perf_counter()
+        figures["place_ms"] = (t_job - t_place) * 1e3
         rows = placed.mapInArrow(task, ACK_SCHEMA).collect()
         figures["job_ms"] = (time.perf_counter() - t_job) * 1e3
         results = [msgspec.msgpack.decode(r["result"], type=BatchResult) for r in rows]
@@ -341,12 +431,23 @@ class KeyedStreamingQuery:
         figures["late_records_dropped"] = sum(r.late_records_dropped for r in results)
         figures["side_outputs_dropped"] = sum(r.side_outputs_dropped for r in results)
         figures["restore"] = sorted({r.restore for r in results})
+        # the task's side: connecting (spawn_ms: starting the host, None if it was running)
+        # and streaming the partition to it
+        task_timings = {
+            int(row["subtask"]): {
+                k: v
+                for k, v in json.loads(row["timings"] or "{}").items()
+                if k in ("connect_ms", "spawn_ms", "stream_ms")
+            }
+            for row in rows
+        }
         figures["subtasks"] = [
             {
                 "subtask": r.subtask,
                 "restore": r.restore,
                 "route": routes.get(r.subtask),
                 "rows": r.rows,
+                **task_timings.get(r.subtask, {}),
                 **r.stats,
             }
             for r in sorted(results, key=lambda r: r.subtask)
@@ -469,9 +570,11 @@ class KeyedStreamingQuery:
 
     def stop(self) -> None:
         """Stop the query and shut this job's state hosts down."""
+        t = time.perf_counter()
         try:
             self.query.stop()
         finally:
+            self.timings.setdefault("stop_ms", (time.perf_counter() - t) * 1e3)
             self.shutdown_hosts()
 
     def shutdown_hosts(self, reason: str = "query stopped") -> int:
@@ -487,6 +590,9 @@ class KeyedStreamingQuery:
         if self._hosts_stopped:
             return 0
         self._hosts_stopped = True
+        t = time.perf_counter()
+        if self._prespawn is not None:
+            self._prespawn.join()  # a host it is starting must be found and stopped too
         self.log.close()
         here = node_id(self._host_spec(0).run_dir)
         remote = {
@@ -500,6 +606,7 @@ class KeyedStreamingQuery:
             shutdown(self._host_spec(i), reason, secret=self._secret)
             for i in range(self.job.parallelism)
         )
+        self.timings["shutdown_ms"] = (time.perf_counter() - t) * 1e3
         return near + sum(far)
 
     def __enter__(self) -> KeyedStreamingQuery:

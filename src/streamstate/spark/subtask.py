@@ -320,7 +320,7 @@ class SubtaskRuntime:
                 self._max_event_time = top
         new = tuple.__new__
         cls = self.row_type
-        columns = [batch.column(c).to_pylist() for c in job.value_columns]
+        columns = [_pylist(batch.column(c)) for c in job.value_columns]
         process = self.op.process_element
         for key, values, t, kg in zip(
             keys, zip(*columns, strict=True), timestamps, kgs, strict=False
@@ -443,6 +443,45 @@ def _safe_name(tag: str) -> str:
     if clean == tag:
         return tag
     return f"{clean}-{hashlib.sha1(tag.encode()).hexdigest()[:8]}"
+
+
+#: time zones with a zero offset all year: their datetimes are the UTC ones with the zone set
+_UTC_ZONES = frozenset(
+    ("UTC", "Etc/UTC", "+00:00", "Z", "GMT", "Etc/GMT", "UCT", "Etc/UCT", "Universal", "Zulu")
+)
+#: datetime.datetime's range in microseconds since the epoch (year 1 to year 9999)
+_DATETIME_US = (-62135596800_000_000, 253402300799_999_999)
+
+
+def _pylist(column: Any) -> list[Any]:
+    """``column.to_pylist()``, faster for timestamps (Spark sends every timestamp column in
+    the session's zone, UTC on most servers): pyarrow builds each aware datetime through the
+    zone (about 5 us a value, more than the rest of a record's path); numpy builds naive ones
+    in C and setting a zero-offset zone is cheap. Same values, same ``tzinfo``."""
+    import pyarrow as pa
+
+    typ = column.type
+    if not pa.types.is_timestamp(typ) or typ.unit == "ns" or not len(column):
+        return column.to_pylist()
+    if typ.tz is not None and typ.tz not in _UTC_ZONES:
+        return column.to_pylist()
+    import pyarrow.compute as pc
+
+    us = pc.cast(column, pa.timestamp("us", typ.tz)).cast(pa.int64())
+    bounds = pc.min_max(us)
+    low, high = bounds["min"].as_py(), bounds["max"].as_py()
+    if low is None:  # all nulls
+        return column.to_pylist()
+    if low < _DATETIME_US[0] or high > _DATETIME_US[1]:
+        return column.to_pylist()  # pyarrow raises the error the user would get
+    naive = us.to_numpy(zero_copy_only=False).astype("datetime64[us]").astype(object)
+    if column.null_count:
+        naive[us.is_null().to_numpy(zero_copy_only=False)] = None
+    values: list[Any] = naive.tolist()
+    if typ.tz is None:
+        return values
+    zone = column[pc.index(us, low).as_py()].as_py().tzinfo
+    return [None if v is None else v.replace(tzinfo=zone) for v in values]
 
 
 def _event_time_ms(column: Any) -> Any:

@@ -1,0 +1,228 @@
+"""Fixed costs of streamstate on Spark (issue 14, goal 2), side by side with the JVM, in one run.
+
+Streaming: a per-key count (heap backend) over ``--events`` events in ``--batches`` Parquet
+files (one per micro-batch, ``availableNow``), against ``groupBy(k).count()`` on the same input.
+For each, the wall time is split into the micro-batches (Spark's ``triggerExecution`` of
+each, for both) and the rest (start and stop); streamstate's start and stop are broken down
+per phase from ``query.timings`` and its first micro-batch from ``query.batches[0]``.
+Goals: streamstate's first micro-batch <= the JVM's first + 1 s; <= 1 s outside batches.
+
+Batch: ``keyed_process(...).collect()`` over ``--batch-rows`` rows against
+``groupBy(k).count().collect()`` (goal: within 1.5x), with one output row per key as
+``groupBy`` (the count emitted by a timer at the end of the input) and one per record.
+
+    python bench/spark_fixed_costs.py [--events 100000] [--batches 3] [--keys 10000]
+        [--batch-rows 100000] [--repeat 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+sys.path.insert(0, os.path.dirname(__file__))
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+from spark_pipeline import ROCKSDB_PROVIDER, CountPerKey, source, write_input
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def stream_streamstate(spark: Any, src: Any, work: str) -> dict[str, Any]:
+    from streamstate.spark import keyed_process
+
+    t0 = time.perf_counter()
+    query = keyed_process(
+        src,
+        key="k",
+        function=CountPerKey(),
+        output_schema="k long, n long",
+        checkpoint=os.path.join(work, "ck"),
+        parallelism=2,
+        state_backend="heap",
+    ).write_stream("parquet", path=os.path.join(work, "out"), trigger={"availableNow": True})
+    query.await_termination()
+    query.stop()
+    wall = (time.perf_counter() - t0) * 1e3
+    batches = query.batches
+    # Spark's own figure per trigger, as for the JVM contender: our foreachBatch plus
+    # Spark's offset and commit logs of the micro-batch
+    trigger_ms = [
+        p["durationMs"]["triggerExecution"] for p in query.recent_progress if p["numInputRows"] > 0
+    ]
+    in_batches = sum(trigger_ms)
+    first = batches[0]
+    return {
+        "wall_ms": wall,
+        "batches_ms": in_batches,
+        "outside_ms": wall - in_batches,
+        "foreach_batch_ms": [b["batch_ms"] for b in batches],
+        "first_batch_ms": trigger_ms[0],
+        "first_batch": {
+            k: first.get(k) for k in ("plan_ms", "job_ms", "commit_ms", "sink_ms", "subtasks")
+        },
+        "steady_batch_ms": statistics.median(trigger_ms[1:]) if len(trigger_ms) > 1 else None,
+        "timings": query.timings,
+    }
+
+
+def stream_jvm(spark: Any, src: Any, work: str) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    q = (
+        src.groupBy("k")
+        .count()
+        .writeStream.outputMode("update")
+        .format("noop")
+        .option("checkpointLocation", os.path.join(work, "spark"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    q.awaitTermination()
+    q.stop()
+    wall = (time.perf_counter() - t0) * 1e3
+    progress = [p for p in q.recentProgress if p["numInputRows"] > 0]
+    ms = [p["durationMs"]["triggerExecution"] for p in progress]
+    return {
+        "wall_ms": wall,
+        "batches_ms": sum(ms),
+        "outside_ms": wall - sum(ms),
+        "first_batch_ms": ms[0],
+        "steady_batch_ms": statistics.median(ms[1:]) if len(ms) > 1 else None,
+    }
+
+
+class FinalCount(CountPerKey):
+    """The count per key, emitted once at the end of the input (as ``groupBy(k).count()``):
+    an event-time timer per key, registered when the key is first seen, fires at the end."""
+
+    def __init__(self) -> None:
+        super().__init__(emit=False)
+
+    def process_element(self, value: Any, ctx: Any) -> Any:
+        n = self.n.value() + 1
+        self.n.update(n)
+        if n == 1:
+            ctx.timer_service().register_event_time_timer(1 << 62)
+        return None
+
+    def on_timer(self, timestamp: int, ctx: Any) -> Any:
+        yield ctx.get_current_key(), self.n.value()
+
+
+def batch_collect(spark: Any, rows: int, keys: int) -> dict[str, Any]:
+    """``keyed_process(...).collect()`` (one output row per key, and one per record) against
+    ``groupBy(k).count().collect()`` over the same cached input."""
+    from streamstate.spark import keyed_process
+
+    df = spark.range(rows).selectExpr(f"id % {keys} as k", "timestamp_millis(id) as ts").cache()
+    df.count()
+    out: dict[str, Any] = {}
+    for name, function in (("per_key", FinalCount()), ("per_record", CountPerKey(emit=True))):
+        t0 = time.perf_counter()
+        got = keyed_process(
+            df,
+            key="k",
+            function=function,
+            output_schema="k long, n long",
+            parallelism=2,
+            event_time="ts",
+        ).collect()
+        out[f"streamstate_{name}_ms"] = (time.perf_counter() - t0) * 1e3
+        assert len(got) == (min(keys, rows) if name == "per_key" else rows), name
+    t0 = time.perf_counter()
+    jvm_rows = df.groupBy("k").count().collect()
+    out["jvm_groupby_ms"] = jvm = (time.perf_counter() - t0) * 1e3
+    df.unpersist()
+    assert len(jvm_rows) == min(keys, rows)
+    out["ratio"] = out["streamstate_per_key_ms"] / jvm
+    out["ratio_per_record"] = out["streamstate_per_record_ms"] / jvm
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--events", type=int, default=100_000)
+    parser.add_argument("--keys", type=int, default=10_000)
+    parser.add_argument("--batches", type=int, default=3)
+    parser.add_argument("--batch-rows", type=int, default=100_000)
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--out", default=os.path.join(HERE, "results", "spark_fixed_costs.json"))
+    args = parser.parse_args()
+
+    from pyspark.sql import SparkSession
+
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("streamstate-bench-fixed")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.default.parallelism", "2")
+        .config("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    tmp = tempfile.mkdtemp(prefix="bench-fixed-")
+    results: dict[str, Any] = {
+        "benchmark": "spark_fixed_costs",
+        "command": "python " + " ".join(sys.argv),
+        "cpus": os.cpu_count(),
+        "runs": [],
+    }
+    try:
+        data = os.path.join(tmp, "in")
+        write_input(data, args.events, args.keys, args.batches, seed=1)
+        # warm-up: the JVM's first query pays class loading, the Python workers start
+        batch_collect(spark, 1000, 10)
+        stream_jvm(spark, source(spark, data), tempfile.mkdtemp(dir=tmp))
+        for r in range(args.repeat):
+            run: dict[str, Any] = {}
+            for name, fn in (("streamstate", stream_streamstate), ("jvm", stream_jvm)):
+                res = fn(spark, source(spark, data), tempfile.mkdtemp(dir=tmp))
+                run[name] = res
+                print(
+                    f"[stream {r}] {name:<12} wall {res['wall_ms']:7.0f} ms, batches "
+                    f"{res['batches_ms']:7.0f}, outside {res['outside_ms']:6.0f}, first batch "
+                    f"{res['first_batch_ms']:6.0f}, steady {res['steady_batch_ms'] or 0:6.0f}"
+                )
+            ss, jvm = run["streamstate"], run["jvm"]
+            print(f"  streamstate timings: {json.dumps(ss['timings'])}")
+            fb = {k: v for k, v in ss["first_batch"].items() if k != "subtasks"}
+            print(f"  first batch: {json.dumps(fb)}")
+            for s in ss["first_batch"]["subtasks"] or []:
+                print(f"    subtask {json.dumps(s)}")
+            print(
+                f"  first batch - JVM's: {ss['first_batch_ms'] - jvm['first_batch_ms']:6.0f} ms "
+                f"(goal <= 1000); outside batches {ss['outside_ms']:6.0f} ms (goal <= 1000)"
+            )
+            run["batch"] = batch_collect(spark, args.batch_rows, args.keys)
+            b = run["batch"]
+            print(
+                f"[batch {r}] keyed_process collect: one row per key "
+                f"{b['streamstate_per_key_ms']:6.0f} ms, one per record "
+                f"{b['streamstate_per_record_ms']:6.0f} ms; groupBy {b['jvm_groupby_ms']:6.0f} "
+                f"ms: {b['ratio']:.2f}x (goal <= 1.5), per record {b['ratio_per_record']:.2f}x"
+            )
+            results["runs"].append(run)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        spark.stop()
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(results, f, indent=2, default=str)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
