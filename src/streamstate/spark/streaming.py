@@ -46,6 +46,7 @@ from streamstate.spark.job import FUNCTIONS_DIR, JobSpec, arrow_schema_from_byte
 from streamstate.spark.keyed import KeyedOptions, function_blob
 from streamstate.spark.locations import spark_checkpoint_location
 from streamstate.spark.placement import place
+from streamstate.spark.session import is_local
 from streamstate.spark.sinks import Sink, StagedBatch, sink_from
 from streamstate.spark.subtask import OUTPUTS_DIR, BatchResult, StagedOutput, job_storage
 from streamstate.spark.tasks import ACK_SCHEMA, micro_batch_task
@@ -522,6 +523,6 @@ def _bind_for(spark: Any, option: str | None) -> str | None:
     if option is not None:
         return option
     env = os.environ.get("STREAMSTATE_HOST_BIND") or os.environ.get("SPARK_LOCAL_IP")
-    if not env and spark.sparkContext.master.startswith("local"):
+    if not env and is_local(spark):
         return "127.0.0.1"
     return None
