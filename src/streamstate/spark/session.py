@@ -20,7 +20,15 @@ from __future__ import annotations
 import re
 from typing import Any
 
-__all__ = ["conf", "default_parallelism", "functions_for", "is_connect", "is_local", "master", "parse_ddl"]
+__all__ = [
+    "conf",
+    "default_parallelism",
+    "functions_for",
+    "is_connect",
+    "is_local",
+    "master",
+    "parse_ddl",
+]
 
 
 def is_connect(spark: Any) -> bool:

@@ -30,6 +30,7 @@ store).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -46,8 +47,8 @@ from streamstate.spark.job import FUNCTIONS_DIR, JobSpec, arrow_schema_from_byte
 from streamstate.spark.keyed import KeyedOptions, function_blob
 from streamstate.spark.locations import spark_checkpoint_location
 from streamstate.spark.placement import place
-from streamstate.spark.session import is_local
-from streamstate.spark.sinks import Sink, StagedBatch, sink_from
+from streamstate.spark.session import is_connect, is_local
+from streamstate.spark.sinks import MemorySink, Sink, StagedBatch, sink_from
 from streamstate.spark.subtask import OUTPUTS_DIR, BatchResult, StagedOutput, job_storage
 from streamstate.spark.tasks import ACK_SCHEMA, micro_batch_task
 
@@ -56,6 +57,8 @@ __all__ = ["KeyedStream", "KeyedStreamingQuery"]
 log = logging.getLogger(__name__)
 
 SPARK_CHECKPOINT_DIR = "spark"
+#: where the server side of a Spark Connect query reports to its client (per query run)
+CONNECT_DIR = "connect"
 
 
 class KeyedStream:
@@ -212,6 +215,14 @@ class KeyedStreamingQuery:
         self.side_schemas = options.side_output_schemas()
         for tag, side_sink in self.side_sinks.items():
             side_sink.open(f"{query_name or options.operator_name}.{tag}")
+        #: Spark Connect: runs the batches in a Python process on the server, which reports
+        #: each batch's figures (and memory sinks their outputs) under this directory of the
+        #: checkpoint for the client (:meth:`_sync_from_server`); None for a classic session
+        self._report_dir = f"{CONNECT_DIR}/{self.run_id}" if is_connect(self.spark) else None
+        if self._report_dir:
+            for name, s in [("main", sink), *self.side_sinks.items()]:
+                if isinstance(s, MemorySink):
+                    s.mirror_to(self.storage, f"{self._report_dir}/memory/{name}")
         writer = options.df.writeStream.foreachBatch(self._run_batch).option(
             "checkpointLocation", self.spark_checkpoint
         )
@@ -220,6 +231,24 @@ class KeyedStreamingQuery:
         if query_name:
             writer = writer.queryName(query_name)
         self.query = writer.start()
+
+    # ---- Spark Connect -------------------------------------------------------------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        """A Spark Connect client pickles the foreachBatch function (this query's ``_run_batch``)
+        to a Python process on the server, which runs every micro-batch (plan, tasks, commit,
+        sinks) with the batch DataFrame's session there; the client's session, input DataFrame,
+        Spark query and lock stay behind."""
+        state = dict(self.__dict__)
+        state["options"] = dataclasses.replace(self.options, df=None)
+        for name in ("spark", "query", "_lock"):
+            state.pop(name, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.spark = None
+        self._lock = threading.Lock()
 
     # ---- set-up --------------------------------------------------------------------------------
 
@@ -282,7 +311,7 @@ class KeyedStreamingQuery:
                 self.storage,
                 self.output_schema,
                 self.options.output_struct,
-                self.spark,
+                df.sparkSession,
             )
         )
         for tag, side_sink in self.side_sinks.items():
@@ -293,7 +322,7 @@ class KeyedStreamingQuery:
                     self.storage,
                     self.side_schemas[tag],
                     self.options.side_output_structs[tag],
-                    self.spark,
+                    df.sparkSession,
                 )
             )
         figures["side_output_rows"] = {
@@ -304,6 +333,27 @@ class KeyedStreamingQuery:
         figures["batch_ms"] = (time.perf_counter() - t0) * 1e3
         with self._lock:
             self.batches.append(figures)
+        if self._report_dir:
+            self.storage.put_atomic(
+                f"{self._report_dir}/batches/{batch_id:012d}-{len(self.batches):06d}.json",
+                json.dumps(figures, default=str).encode(),
+            )
+
+    def _sync_from_server(self) -> None:
+        """Spark Connect client: load what the server's batches reported (figures into
+        :attr:`batches`, memory sinks' outputs)."""
+        if not self._report_dir or self.spark is None:
+            return
+        prefix = f"{self._report_dir}/batches"
+        names = sorted(n for n, is_dir in self.storage.list_dir(prefix) if not is_dir)
+        figures = [
+            json.loads(self.storage.read_bytes(f"{prefix}/{n.rsplit('/', 1)[-1]}")) for n in names
+        ]
+        with self._lock:
+            self.batches[:] = figures
+        for s in [self.sink, *self.side_sinks.values()]:
+            if isinstance(s, MemorySink):
+                s.sync()
 
     def _compute(self, df: Any, plan: BatchPlan, figures: dict[str, Any]) -> list[BatchResult]:
         options = self.options
@@ -444,6 +494,8 @@ class KeyedStreamingQuery:
             self.query.processAllAvailable()
         except Exception as exc:
             self._raise_failure(exc)
+        finally:
+            self._sync_from_server()
 
     def await_termination(self, timeout: float | None = None) -> bool | None:
         """Wait for the query to end (an ``availableNow`` trigger ends by itself); then shut
@@ -458,6 +510,7 @@ class KeyedStreamingQuery:
         except Exception as exc:
             self._raise_failure(exc)
         finally:
+            self._sync_from_server()
             if not self.query.isActive:
                 self.shutdown_hosts()
         return done
@@ -473,6 +526,7 @@ class KeyedStreamingQuery:
         try:
             self.query.stop()
         finally:
+            self._sync_from_server()
             self.shutdown_hosts()
 
     def shutdown_hosts(self, reason: str = "query stopped") -> int:
