@@ -43,7 +43,13 @@ import msgspec
 
 from streamstate.spark.commit import BatchPlan, CheckpointLog
 from streamstate.spark.failures import original_error
-from streamstate.spark.job import FUNCTIONS_DIR, JobSpec, arrow_schema_from_bytes, src_path
+from streamstate.spark.job import (
+    FUNCTIONS_DIR,
+    JobSpec,
+    arrow_schema_from_bytes,
+    pickle_function,
+    src_path,
+)
 from streamstate.spark.keyed import KeyedOptions, function_blob
 from streamstate.spark.locations import spark_checkpoint_location
 from streamstate.spark.placement import place
@@ -223,7 +229,12 @@ class KeyedStreamingQuery:
             for name, s in [("main", sink), *self.side_sinks.items()]:
                 if isinstance(s, MemorySink):
                     s.mirror_to(self.storage, f"{self._report_dir}/memory/{name}")
-        writer = options.df.writeStream.foreachBatch(self._run_batch).option(
+        run_batch: Any = self._run_batch
+        if self._report_dir:
+            # pickled now, by value for modules the server cannot import (a notebook's or a
+            # test's functions, sinks and callbacks), like the function the tasks run
+            run_batch = _ServerBatches(pickle_function(self))
+        writer = options.df.writeStream.foreachBatch(run_batch).option(
             "checkpointLocation", self.spark_checkpoint
         )
         if trigger:
@@ -568,6 +579,31 @@ class KeyedStreamingQuery:
             f"KeyedStreamingQuery({self.options.operator_name!r}, p={self.job.parallelism}, "
             f"checkpoint={self.job.checkpoint_url!r}, active={self.is_active})"
         )
+
+
+class _ServerBatches:
+    """The foreachBatch function of a query started from a Spark Connect client: it runs in a
+    Python process of the server, which keeps it for the life of the query; the first batch
+    unpickles the :class:`KeyedStreamingQuery` (its :meth:`~KeyedStreamingQuery.__getstate__`)
+    and every batch runs through it."""
+
+    def __init__(self, blob: bytes) -> None:
+        self.blob = blob
+        self.query: KeyedStreamingQuery | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"blob": self.blob}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.blob = state["blob"]
+        self.query = None
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        if self.query is None:
+            import cloudpickle
+
+            self.query = cloudpickle.loads(self.blob)
+        self.query._run_batch(df, batch_id)
 
 
 def _bind_for(spark: Any, option: str | None) -> str | None:
