@@ -241,7 +241,7 @@ class KeyedStreamingQuery:
             writer = writer.trigger(**trigger)
         if query_name:
             writer = writer.queryName(query_name)
-        self.query = writer.start()
+        self.query = _start(writer, connect=self._report_dir is not None)
 
     # ---- Spark Connect -------------------------------------------------------------------------
 
@@ -579,6 +579,19 @@ class KeyedStreamingQuery:
             f"KeyedStreamingQuery({self.options.operator_name!r}, p={self.job.parallelism}, "
             f"checkpoint={self.job.checkpoint_url!r}, active={self.is_active})"
         )
+
+
+def _start(writer: Any, connect: bool) -> Any:
+    """``writer.start()``. Through Spark Connect, the server first starts the foreachBatch
+    Python process and waits a fixed 10 s for it to connect back; on a busy server that can time
+    out before anything ran, so that one failure is retried once."""
+    try:
+        return writer.start()
+    except Exception as exc:
+        if not connect or "failed to connect back" not in str(exc):
+            raise
+        log.warning("the Spark Connect server's foreachBatch process was slow to start: retrying")
+        return writer.start()
 
 
 class _ServerBatches:
