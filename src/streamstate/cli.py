@@ -369,6 +369,14 @@ def demo(
             help="keyed state backend; a checkpoint of either backend resumes on the other"
         ),
     ] = Backend.heap,
+    remote: Annotated[
+        str | None,
+        typer.Option(
+            help="run through a Spark Connect server (sc://host:port) instead of embedded "
+            "Spark; its Python must have streamstate installed, and --dir must be a path the "
+            "server can read and write"
+        ),
+    ] = None,
 ) -> None:
     """The main job: page views per app per hour, streamed through keyed_process on Spark."""
     console = Console()
@@ -391,13 +399,30 @@ def demo(
         state_backend=state_backend.value,
     )
     try:
-        if cluster:
+        if remote:
+            _demo_on_connect(directory, remote, console, kwargs)
+        elif cluster:
             _demo_on_cluster(directory, cluster, console, kwargs)
         else:
             run_streaming(directory, **kwargs)
     except ValueError as exc:
         console.print(f"[red]{escape(str(exc))}[/]")
         raise typer.Exit(2) from exc
+
+
+def _demo_on_connect(directory: str, url: str, console: Any, kwargs: dict[str, Any]) -> None:
+    """The demo as a Spark Connect client of the server at ``url``."""
+    from pyspark.sql import SparkSession
+
+    from streamstate.demo.streaming import run_streaming
+
+    with console.status(f"connecting to {url}"):
+        spark = SparkSession.builder.remote(url).getOrCreate()
+    console.print(f"Spark Connect: {url}")
+    try:
+        run_streaming(os.path.abspath(directory), spark=spark, **kwargs)
+    finally:
+        spark.stop()
 
 
 def _demo_on_cluster(directory: str, workers: int, console: Any, kwargs: dict[str, Any]) -> None:

@@ -1,4 +1,10 @@
-"""One local SparkSession for every Spark test (starting one takes 5-15 s).
+"""One local SparkSession for every Spark test (starting one takes 5-15 s), and one local Spark
+Connect server (a second JVM, started by the first test that asks for ``connect_spark`` or
+``any_spark``) with a Connect client session to it.
+
+``any_spark`` runs a test once per session kind: ``classic`` (the shared local session) and
+``connect`` (the Connect client); both have two worker threads, two shuffle partitions and a
+default parallelism of 2, so a test expects the same results from both.
 
 The master is ``local[2,3]``: two worker threads like ``local[2]``, and up to three attempts per
 task, so that the tests of failures see Spark retry a task (plain ``local[N]`` never retries).
@@ -19,7 +25,7 @@ os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
     for item in items:
-        if "spark" in item.fixturenames:
+        if {"spark", "connect_spark", "any_spark"} & set(item.fixturenames):
             item.add_marker(pytest.mark.spark)
 
 
@@ -40,3 +46,38 @@ def spark() -> Iterator[Any]:
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def connect_server(tmp_path_factory: Any) -> Iterator[Any]:
+    pytest.importorskip("pyspark.sql.connect.session")
+    pytest.importorskip("grpc")
+    from streamstate.spark.local_connect import LocalConnectServer
+
+    log = str(tmp_path_factory.mktemp("connect") / "server.log")
+    server = LocalConnectServer(
+        master="local[2,3]",
+        conf={
+            "spark.sql.shuffle.partitions": "2",
+            "spark.default.parallelism": "2",
+            "spark.sql.streaming.minBatchesToRetain": "3",
+            "spark.driver.memory": "1g",
+        },
+        log=log,
+    )
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def connect_spark(connect_server: Any) -> Iterator[Any]:
+    session = connect_server.session()
+    yield session
+    session.stop()
+
+
+@pytest.fixture(params=["classic", "connect"])
+def any_spark(request: Any) -> Any:
+    """The classic session, then the Spark Connect client session."""
+    return request.getfixturevalue("spark" if request.param == "classic" else "connect_spark")

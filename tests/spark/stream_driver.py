@@ -1,7 +1,8 @@
 """A streaming keyed query as a child process, for the tests that SIGKILL the driver.
 
 usage: python stream_driver.py '<json config>'; config keys: input, checkpoint, sink,
-parallelism, fault_marker (a host sleeps at record v == fault_at until killed, once),
+parallelism, remote (a Spark Connect URL: the driver is a Connect client),
+fault_marker (a host sleeps at record v == fault_at until killed, once),
 fault_at, sleep_after_batch (the sink sleeps after delivering this batch, before Spark's
 commit), state_backend, delay (seconds per record) with marker/marker_at/go (SlowCount),
 pause_after_batch with go (the sink waits for the file ``go`` after delivering it). Prints
@@ -51,14 +52,17 @@ class ReportingSink(FileSink):
 
 def main() -> None:
     cfg = json.loads(sys.argv[1])
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    if cfg.get("remote"):
+        spark = SparkSession.builder.remote(cfg["remote"]).getOrCreate()
+    else:
+        spark = (
+            SparkSession.builder.master("local[2]")
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.sql.shuffle.partitions", "2")
+            .getOrCreate()
+        )
+        spark.sparkContext.setLogLevel("ERROR")
     function: Any = Count()
     if cfg.get("fault_marker"):
         function = CountWithFaults(cfg["fault_at"], cfg["fault_marker"], mode="sleep")

@@ -14,7 +14,8 @@ from streamstate.spark import keyed_process, read_state
 pytestmark = pytest.mark.spark
 
 
-def test_batch_mode_equals_the_local_runner(spark: Any) -> None:
+def test_batch_mode_equals_the_local_runner(any_spark: Any) -> None:
+    spark = any_spark
     records = [(f"u{(i * 7) % 13}", i) for i in range(300)]
     df = spark.createDataFrame(records, "user string, v long")
     out = keyed_process(
@@ -32,7 +33,8 @@ def test_batch_mode_equals_the_local_runner(spark: Any) -> None:
     assert by_key == {k: sum(i for i in range(200) if i % 17 == k) for k in range(17)}
 
 
-def test_windows_in_batch_mode_equal_the_local_runner(spark: Any) -> None:
+def test_windows_in_batch_mode_equal_the_local_runner(any_spark: Any) -> None:
+    spark = any_spark
     events = list(generate_events(3_000, apps=3, hours=4))
     df = spark.createDataFrame(events, "app string, ts long")
     out = keyed_process(
@@ -53,14 +55,16 @@ def test_windows_in_batch_mode_equal_the_local_runner(spark: Any) -> None:
     assert sorted(tuple(r) for r in out.collect()) == sorted(runner.run(events))
 
 
-def test_output_schema_mismatch_names_the_column(spark: Any) -> None:
+def test_output_schema_mismatch_names_the_column(any_spark: Any) -> None:
+    spark = any_spark
     df = spark.createDataFrame([("a", 1)], "user string, v long")
     out = keyed_process(df, key="user", function=BadOutput(), output_schema="user string, n long")
     with pytest.raises(Exception, match=r"output column 'n' is declared int64 .*'not a number'"):
         out.collect()
 
 
-def test_savepoint_bootstraps_state_that_read_state_returns(spark: Any, tmp_path: Any) -> None:
+def test_savepoint_bootstraps_state_that_read_state_returns(any_spark: Any, tmp_path: Any) -> None:
+    spark = any_spark
     df = spark.createDataFrame([(f"u{i % 5}", i) for i in range(50)], "user string, v long")
     savepoint = str(tmp_path / "sp")
     out = keyed_process(

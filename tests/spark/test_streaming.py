@@ -30,8 +30,9 @@ def _source(spark: Any, directory: str) -> Any:
 
 @pytest.mark.parametrize("state_backend", ["heap", "rocksdb"])
 def test_streaming_query_equals_a_pandas_oracle(
-    spark: Any, tmp_path: Any, state_backend: str
+    any_spark: Any, tmp_path: Any, state_backend: str
 ) -> None:
+    spark = any_spark
     batches = make_batches(4, 400, users=60)
     write_batches(str(tmp_path / "in"), batches)
     query = keyed_process(
@@ -70,8 +71,9 @@ def test_streaming_query_equals_a_pandas_oracle(
 
 @pytest.mark.parametrize("state_backend", ["heap", "rocksdb"])
 def test_restart_with_another_parallelism_rescales_state(
-    spark: Any, tmp_path: Any, state_backend: str
+    any_spark: Any, tmp_path: Any, state_backend: str
 ) -> None:
+    spark = any_spark
     batches = make_batches(6, 300, users=40, seed=7)
     sink = str(tmp_path / "out")
     for phase, parallelism in enumerate((2, 3, 1)):
@@ -99,8 +101,9 @@ def test_restart_with_another_parallelism_rescales_state(
 
 
 def test_event_time_windows_fire_as_the_watermark_crosses_batches(
-    spark: Any, tmp_path: Any
+    any_spark: Any, tmp_path: Any
 ) -> None:
+    spark = any_spark
     events = list(generate_events(4_000, apps=3, hours=6, disorder_ms=30_000))
     events.sort(key=lambda e: e[1])
     chunks = [events[i : i + 500] for i in range(0, len(events), 500)]

@@ -46,6 +46,10 @@ class WorkerPythonError(StreamStateError, RuntimeError):
 def check_worker_python(spark: Any, pythonpath: str = "") -> None:
     """Raise :class:`WorkerPythonError` if the Python that Spark's workers run on this machine
     cannot import what streamstate needs (local masters only; cached per interpreter)."""
+    from streamstate.spark.session import is_connect
+
+    if is_connect(spark):
+        return  # the workers run on the Connect server, with its Python
     sc = spark.sparkContext
     if not str(sc.master).startswith("local"):
         return

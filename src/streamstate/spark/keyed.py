@@ -12,6 +12,7 @@ from streamstate.errors import CheckpointNotFoundError, MaxParallelismMismatchEr
 from streamstate.keygroups import compute_default_max_parallelism
 from streamstate.spark.job import JobSpec, arrow_schema_to_bytes, pickle_function, src_path
 from streamstate.spark.placement import KEY_GROUP_COLUMN
+from streamstate.spark.session import default_parallelism, is_connect, parse_ddl
 
 __all__ = ["keyed_process"]
 
@@ -213,13 +214,16 @@ def keyed_process(
     for c in [*key_columns, *([event_time] if event_time else [])]:
         if c not in df.columns:
             raise ValueError(f"column {c!r} is not in the input (columns: {df.columns})")
-    struct = StructType.fromDDL(output_schema) if isinstance(output_schema, str) else output_schema
+    spark = df.sparkSession
+    struct = parse_ddl(spark, output_schema) if isinstance(output_schema, str) else output_schema
     if not isinstance(struct, StructType):
         raise TypeError(
             f"output_schema must be a StructType or a DDL string, got {output_schema!r}"
         )
     streaming = df.isStreaming
-    side_structs = _side_output_structs(side_outputs, struct_type=StructType)
+    side_structs = _side_output_structs(
+        side_outputs, struct_type=StructType, parse=lambda ddl: parse_ddl(spark, ddl)
+    )
     if side_structs and not streaming:
         raise ValueError(
             "side_outputs= is for streaming queries (delivered to write_stream's side_sinks=); "
@@ -240,7 +244,7 @@ def keyed_process(
             )
         max_parallelism = found[1]
         parallelism = parallelism or found[0]
-    parallelism = parallelism or df.sparkSession.sparkContext.defaultParallelism
+    parallelism = parallelism or default_parallelism(df.sparkSession)
     max_parallelism = max_parallelism or compute_default_max_parallelism(parallelism)
     if not 1 <= parallelism <= max_parallelism:
         raise ValueError(
@@ -279,7 +283,9 @@ def keyed_process(
     return run_bounded(options, savepoint=_absolute(savepoint) if savepoint else None)
 
 
-def _side_output_structs(side_outputs: dict[Any, Any] | None, struct_type: Any) -> dict[str, Any]:
+def _side_output_structs(
+    side_outputs: dict[Any, Any] | None, struct_type: Any, parse: Any = None
+) -> dict[str, Any]:
     """``{OutputTag or tag id: StructType or DDL}`` -> ``{tag id: StructType}``."""
     from streamstate.api.functions import OutputTag
 
@@ -291,7 +297,10 @@ def _side_output_structs(side_outputs: dict[Any, Any] | None, struct_type: Any) 
             tag_id = tag
         else:
             raise TypeError(f"side_outputs keys must be OutputTags, got {tag!r}")
-        struct = struct_type.fromDDL(schema) if isinstance(schema, str) else schema
+        if isinstance(schema, str):
+            struct = parse(schema) if parse is not None else struct_type.fromDDL(schema)
+        else:
+            struct = schema
         if not isinstance(struct, struct_type):
             raise TypeError(
                 f"the schema of side output {tag_id!r} must be a StructType or a DDL string, "
@@ -306,6 +315,10 @@ def ensure_worker_path(spark: Any) -> None:
     functions created from now on carry its directory in their PYTHONPATH."""
     from streamstate.spark.environment import check_worker_python
 
+    if is_connect(spark):
+        # no sparkContext: the server's Python workers must import streamstate themselves
+        # (installed there; docs/spark.md "Spark Connect")
+        return
     sc = spark.sparkContext
     here = src_path()
     current = sc.environment.get("PYTHONPATH", "")

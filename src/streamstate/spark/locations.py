@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from streamstate.spark.session import is_connect
 from streamstate.spark.sinks import spark_readable
 
 __all__ = ["spark_checkpoint_location"]
@@ -35,7 +36,7 @@ def spark_checkpoint_location(
         location = default
     location = spark_readable(location)
     scheme = location.split("://", 1)[0] if "://" in location else "file"
-    if scheme != "file":
+    if scheme != "file" and not is_connect(spark):  # Connect: no py4j, the server checks
         try:
             jvm = spark.sparkContext._jvm
             conf = spark.sparkContext._jsc.hadoopConfiguration()

@@ -91,8 +91,9 @@ def is_integer_key(df: Any, key_columns: list[str]) -> bool:
 
 def with_key_group(df: Any, key_columns: list[str], max_parallelism: int) -> Any:
     """``df`` plus the INT column ``_kg``, the key group of each row's key."""
-    from pyspark.sql import functions as sf
+    from streamstate.spark.session import functions_for
 
+    sf = functions_for(df)
     if KEY_GROUP_COLUMN in df.columns:
         raise ValueError(f"the input already has a column named {KEY_GROUP_COLUMN!r}")
     for name in key_columns:
@@ -144,8 +145,9 @@ def _key_group_pass(key_columns: list[str], max_parallelism: int) -> Any:
 def place(df: Any, key_columns: list[str], parallelism: int, max_parallelism: int) -> Any:
     """``df`` with ``_kg``, repartitioned so that partition ``i`` holds exactly the rows of
     subtask ``i`` (``parallelism`` partitions, some possibly empty)."""
-    from pyspark.sql import functions as sf
+    from streamstate.spark.session import functions_for
 
+    sf = functions_for(df)
     placed = with_key_group(df, key_columns, max_parallelism)
     subtask = sf.expr(f"CAST(({KEY_GROUP_COLUMN} * {parallelism}) div {max_parallelism} AS INT)")
     return placed.repartitionById(parallelism, subtask)

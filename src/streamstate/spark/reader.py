@@ -220,17 +220,24 @@ def read_state(
     options = dict(storage_options or {})  # the executors open the storage themselves
     n = len(op.subtasks)
 
-    def read(partitions: Iterator[Any]) -> Iterator[Any]:
-        from pyspark import TaskContext
+    # one row per old subtask, one partition each: DataFrame APIs only (no sparkContext, no
+    # RDD), so that a Spark Connect session reads state the same way as a classic one
+    from pyspark.sql.pandas.types import to_arrow_schema
 
-        ctx = TaskContext.get()
-        assert ctx is not None, "read_state's reader runs inside a Spark task"
-        i = ctx.partitionId()
-        for _ in partitions:
-            pass
-        yield from _read_subtask(url, target, operator, i, state, key_ddl, value_ddl, options)
+    struct = spark.createDataFrame([], schema).schema
+    arrow_schema = to_arrow_schema(struct)
 
-    return spark.sparkContext.parallelize(range(n), n).mapPartitions(read).toDF(schema)
+    def read(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+
+        for batch in batches:
+            for i in batch.column(0).to_pylist():
+                rows = list(
+                    _read_subtask(url, target, operator, i, state, key_ddl, value_ddl, options)
+                )
+                yield pa.RecordBatch.from_pylist(rows, schema=arrow_schema)
+
+    return spark.range(0, n, 1, n).mapInArrow(read, struct)
 
 
 def sub_range(sub: Any) -> Any:

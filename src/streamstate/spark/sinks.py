@@ -114,10 +114,53 @@ class MemorySink(Sink):
         self.batches: dict[int, Any] = {}
         self._lock = threading.Lock()
 
+    #: Spark Connect: (checkpoint storage, directory) where the server-side copy of this sink
+    #: writes each batch (Arrow IPC) for the client's copy to read (:meth:`sync`)
+    _mirror: tuple[Any, str] | None = None
+
+    def mirror_to(self, storage: Any, directory: str) -> None:
+        self._mirror = (storage, directory)
+
+    def sync(self) -> None:
+        """Client of a Spark Connect query: load the batches the server delivered so far."""
+        import pyarrow as pa
+
+        if self._mirror is None:
+            return
+        storage, directory = self._mirror
+        loaded = {}
+        for name, is_dir in storage.list_dir(directory):
+            name = name.rsplit("/", 1)[-1]
+            if is_dir or not name.endswith(".arrow"):
+                continue
+            with pa.ipc.open_stream(storage.read_bytes(f"{directory}/{name}")) as reader:
+                loaded[int(name.split(".")[0])] = reader.read_all()
+        with self._lock:
+            self.batches.update(loaded)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     def write(self, batch: StagedBatch) -> None:
         table = batch.to_arrow()
         with self._lock:
             self.batches[batch.batch_id] = table
+        if self._mirror is not None:
+            import pyarrow as pa
+
+            storage, directory = self._mirror
+            out = pa.BufferOutputStream()
+            with pa.ipc.new_stream(out, table.schema) as writer:
+                writer.write_table(table)
+            storage.put_atomic(
+                f"{directory}/{batch.batch_id:012d}.arrow", out.getvalue().to_pybytes()
+            )
 
     def table(self) -> Any:
         """Every output so far, in batch order, as one Arrow table."""

@@ -30,6 +30,7 @@ store).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -42,11 +43,18 @@ import msgspec
 
 from streamstate.spark.commit import BatchPlan, CheckpointLog
 from streamstate.spark.failures import original_error
-from streamstate.spark.job import FUNCTIONS_DIR, JobSpec, arrow_schema_from_bytes, src_path
+from streamstate.spark.job import (
+    FUNCTIONS_DIR,
+    JobSpec,
+    arrow_schema_from_bytes,
+    pickle_function,
+    src_path,
+)
 from streamstate.spark.keyed import KeyedOptions, function_blob
 from streamstate.spark.locations import spark_checkpoint_location
 from streamstate.spark.placement import place
-from streamstate.spark.sinks import Sink, StagedBatch, sink_from
+from streamstate.spark.session import is_connect, is_local
+from streamstate.spark.sinks import MemorySink, Sink, StagedBatch, sink_from
 from streamstate.spark.subtask import OUTPUTS_DIR, BatchResult, StagedOutput, job_storage
 from streamstate.spark.tasks import ACK_SCHEMA, micro_batch_task
 
@@ -55,6 +63,8 @@ __all__ = ["KeyedStream", "KeyedStreamingQuery"]
 log = logging.getLogger(__name__)
 
 SPARK_CHECKPOINT_DIR = "spark"
+#: where the server side of a Spark Connect query reports to its client (per query run)
+CONNECT_DIR = "connect"
 
 
 class KeyedStream:
@@ -225,7 +235,20 @@ class KeyedStreamingQuery:
         self.side_schemas = options.side_output_schemas()
         for tag, side_sink in self.side_sinks.items():
             side_sink.open(f"{query_name or options.operator_name}.{tag}")
-        writer = options.df.writeStream.foreachBatch(self._run_batch).option(
+        #: Spark Connect: runs the batches in a Python process on the server, which reports
+        #: each batch's figures (and memory sinks their outputs) under this directory of the
+        #: checkpoint for the client (:meth:`_sync_from_server`); None for a classic session
+        self._report_dir = f"{CONNECT_DIR}/{self.run_id}" if is_connect(self.spark) else None
+        if self._report_dir:
+            for name, s in [("main", sink), *self.side_sinks.items()]:
+                if isinstance(s, MemorySink):
+                    s.mirror_to(self.storage, f"{self._report_dir}/memory/{name}")
+        run_batch: Any = self._run_batch
+        if self._report_dir:
+            # pickled now, by value for modules the server cannot import (a notebook's or a
+            # test's functions, sinks and callbacks), like the function the tasks run
+            run_batch = _ServerBatches(pickle_function(self))
+        writer = options.df.writeStream.foreachBatch(run_batch).option(
             "checkpointLocation", self.spark_checkpoint
         )
         if trigger:
@@ -233,9 +256,28 @@ class KeyedStreamingQuery:
         if query_name:
             writer = writer.queryName(query_name)
         t = time.perf_counter()
-        self.query = writer.start()
+        self.query = _start(writer, connect=self._report_dir is not None)
         self.timings["spark_start_ms"] = (time.perf_counter() - t) * 1e3
         self.timings["init_ms"] = (time.perf_counter() - t_init) * 1e3
+
+    # ---- Spark Connect -------------------------------------------------------------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        """A Spark Connect client pickles the foreachBatch function (this query's ``_run_batch``)
+        to a Python process on the server, which runs every micro-batch (plan, tasks, commit,
+        sinks) with the batch DataFrame's session there; the client's session, input DataFrame,
+        Spark query and lock stay behind."""
+        state = dict(self.__dict__)
+        state["options"] = dataclasses.replace(self.options, df=None)
+        for name in ("spark", "query", "_lock", "_prespawn"):
+            state.pop(name, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.spark = None
+        self._prespawn = None
+        self._lock = threading.Lock()
 
     # ---- set-up --------------------------------------------------------------------------------
 
@@ -369,7 +411,7 @@ class KeyedStreamingQuery:
                 self.storage,
                 self.output_schema,
                 self.options.output_struct,
-                self.spark,
+                df.sparkSession,
             )
         )
         for tag, side_sink in self.side_sinks.items():
@@ -380,7 +422,7 @@ class KeyedStreamingQuery:
                     self.storage,
                     self.side_schemas[tag],
                     self.options.side_output_structs[tag],
-                    self.spark,
+                    df.sparkSession,
                 )
             )
         figures["side_output_rows"] = {
@@ -391,6 +433,27 @@ class KeyedStreamingQuery:
         figures["batch_ms"] = (time.perf_counter() - t0) * 1e3
         with self._lock:
             self.batches.append(figures)
+        if self._report_dir:
+            self.storage.put_atomic(
+                f"{self._report_dir}/batches/{batch_id:012d}-{len(self.batches):06d}.json",
+                json.dumps(figures, default=str).encode(),
+            )
+
+    def _sync_from_server(self) -> None:
+        """Spark Connect client: load what the server's batches reported (figures into
+        :attr:`batches`, memory sinks' outputs)."""
+        if not self._report_dir or self.spark is None:
+            return
+        prefix = f"{self._report_dir}/batches"
+        names = sorted(n for n, is_dir in self.storage.list_dir(prefix) if not is_dir)
+        figures = [
+            json.loads(self.storage.read_bytes(f"{prefix}/{n.rsplit('/', 1)[-1]}")) for n in names
+        ]
+        with self._lock:
+            self.batches[:] = figures
+        for s in [self.sink, *self.side_sinks.values()]:
+            if isinstance(s, MemorySink):
+                s.sync()
 
     def _compute(self, df: Any, plan: BatchPlan, figures: dict[str, Any]) -> list[BatchResult]:
         options = self.options
@@ -544,6 +607,8 @@ class KeyedStreamingQuery:
             self.query.processAllAvailable()
         except Exception as exc:
             self._raise_failure(exc)
+        finally:
+            self._sync_from_server()
 
     def await_termination(self, timeout: float | None = None) -> bool | None:
         """Wait for the query to end (an ``availableNow`` trigger ends by itself); then shut
@@ -558,6 +623,7 @@ class KeyedStreamingQuery:
         except Exception as exc:
             self._raise_failure(exc)
         finally:
+            self._sync_from_server()
             if not self.query.isActive:
                 self.shutdown_hosts()
         return done
@@ -575,6 +641,7 @@ class KeyedStreamingQuery:
             self.query.stop()
         finally:
             self.timings.setdefault("stop_ms", (time.perf_counter() - t) * 1e3)
+            self._sync_from_server()
             self.shutdown_hosts()
 
     def shutdown_hosts(self, reason: str = "query stopped") -> int:
@@ -622,6 +689,44 @@ class KeyedStreamingQuery:
         )
 
 
+def _start(writer: Any, connect: bool) -> Any:
+    """``writer.start()``. Through Spark Connect, the server first starts the foreachBatch
+    Python process and waits a fixed 10 s for it to connect back; on a busy server that can time
+    out before anything ran, so that one failure is retried once."""
+    try:
+        return writer.start()
+    except Exception as exc:
+        if not connect or "failed to connect back" not in str(exc):
+            raise
+        log.warning("the Spark Connect server's foreachBatch process was slow to start: retrying")
+        return writer.start()
+
+
+class _ServerBatches:
+    """The foreachBatch function of a query started from a Spark Connect client: it runs in a
+    Python process of the server, which keeps it for the life of the query; the first batch
+    unpickles the :class:`KeyedStreamingQuery` (its :meth:`~KeyedStreamingQuery.__getstate__`)
+    and every batch runs through it."""
+
+    def __init__(self, blob: bytes) -> None:
+        self.blob = blob
+        self.query: KeyedStreamingQuery | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"blob": self.blob}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.blob = state["blob"]
+        self.query = None
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        if self.query is None:
+            import cloudpickle
+
+            self.query = cloudpickle.loads(self.blob)
+        self.query._run_batch(df, batch_id)
+
+
 def _bind_for(spark: Any, option: str | None) -> str | None:
     """The ``bind`` host setting: the option, else (with a ``local`` master and no
     ``STREAMSTATE_HOST_BIND``/``SPARK_LOCAL_IP``) loopback; None leaves it to each node
@@ -629,6 +734,6 @@ def _bind_for(spark: Any, option: str | None) -> str | None:
     if option is not None:
         return option
     env = os.environ.get("STREAMSTATE_HOST_BIND") or os.environ.get("SPARK_LOCAL_IP")
-    if not env and spark.sparkContext.master.startswith("local"):
+    if not env and is_local(spark):
         return "127.0.0.1"
     return None

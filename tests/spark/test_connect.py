@@ -1,0 +1,137 @@
+"""Spark Connect: what only a Connect client session shows (the shared cases run against both
+session kinds through the ``any_spark`` fixture in test_batch.py and test_streaming.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+from data import final_counts, make_batches, running_counts, write_batches
+from functions import Count
+
+from streamstate.spark import FileSink, keyed_process, read_state
+from streamstate.spark.job import src_path
+from streamstate.spark.session import default_parallelism, is_connect, master
+
+pytestmark = pytest.mark.spark
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _source(spark: Any, directory: str) -> Any:
+    return (
+        spark.readStream.schema("user string, v long")
+        .option("maxFilesPerTrigger", 1)
+        .parquet(directory)
+    )
+
+
+def test_session_helpers_answer_for_both_kinds(spark: Any, connect_spark: Any) -> None:
+    assert not is_connect(spark)
+    assert is_connect(connect_spark)
+    assert is_connect(connect_spark.range(1))
+    assert master(connect_spark) == master(spark) == "local[2,3]"
+    assert default_parallelism(connect_spark) == default_parallelism(spark) == 2
+    with pytest.raises(Exception, match="sparkContext"):
+        connect_spark.sparkContext  # noqa: B018 - what streamstate must never touch
+
+
+class _RecordKind:
+    """A foreach_batch callback; it runs in the server's foreachBatch process, so it reports
+    through a file."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps([batch_id, type(df).__module__, df.count()]) + "\n")
+
+
+def test_foreach_batch_gets_a_connect_dataframe(connect_spark: Any, tmp_path: Any) -> None:
+    batches = make_batches(2, 100, users=10, seed=2)
+    write_batches(str(tmp_path / "in"), batches)
+    seen = str(tmp_path / "seen.jsonl")
+    query = keyed_process(
+        _source(connect_spark, str(tmp_path / "in")),
+        key="user",
+        function=Count(),
+        output_schema="user string, n long",
+        checkpoint=str(tmp_path / "ck"),
+        parallelism=2,
+    ).write_stream("foreach_batch", callback=_RecordKind(seen), trigger={"availableNow": True})
+    query.await_termination()
+    with open(seen) as f:
+        calls = [json.loads(line) for line in f]
+    assert [(b, n) for b, _, n in calls] == [(0, 100), (1, 100)]
+    assert all(kind.startswith("pyspark.sql.connect") for _, kind, _ in calls)
+    # the figures of the server's batches reach the client
+    assert [b["batch"] for b in query.batches] == [0, 1]
+    assert [b["rows"] for b in query.batches] == [100, 100]
+
+
+def test_a_connect_client_killed_mid_batch(
+    connect_server: Any, connect_spark: Any, tmp_path: Any
+) -> None:
+    """A Connect client (a pure Connect process) SIGKILLed while the server runs one of its
+    micro-batches: the query goes on on the server without its client; a new client restarts
+    the query on the same checkpoint (Spark stops the orphaned run, streamstate fences it) and
+    every record is counted exactly once."""
+    batches = make_batches(4, 200, users=25, seed=5)
+    write_batches(str(tmp_path / "in"), batches)
+    checkpoint, sink = str(tmp_path / "ck"), str(tmp_path / "out")
+    marker, go = str(tmp_path / "in-flight"), str(tmp_path / "go")
+    cfg = {
+        "remote": connect_server.url,
+        "input": str(tmp_path / "in"),
+        "checkpoint": checkpoint,
+        "sink": sink,
+        "parallelism": 2,
+        "delay": 0.001,
+        "marker": marker,
+        "marker_at": batches[1][100][1],
+        "go": go,
+    }
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src_path(), env.get("PYTHONPATH")) if p)
+    env.pop("SPARK_REMOTE", None)
+    proc = subprocess.Popen(
+        [sys.executable, os.path.join(HERE, "stream_driver.py"), json.dumps(cfg)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=HERE,
+        env=env,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while not os.path.exists(marker):
+            assert proc.poll() is None, "the Connect client exited before batch 1 ran"
+            assert time.monotonic() < deadline, "batch 1 never started"
+            time.sleep(0.1)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    with open(go, "w"):
+        pass  # the orphaned run's batch may go on: the restart must take the job over anyway
+    query = keyed_process(
+        _source(connect_spark, str(tmp_path / "in")),
+        key="user",
+        function=Count(),
+        output_schema="user string, n long",
+        checkpoint=checkpoint,
+        parallelism=2,
+    ).write_stream("parquet", path=sink, trigger={"availableNow": True})
+    query.await_termination()
+    out = FileSink(sink).read_arrow().to_pylist()
+    assert sorted((r["user"], r["n"]) for r in out) == running_counts(batches)  # once each
+    assert sorted({r["batch"] for r in out}) == [0, 1, 2, 3]
+    state = read_state(connect_spark, checkpoint, state="n").collect()
+    assert {r.key: r.value for r in state} == final_counts(batches)
