@@ -280,10 +280,7 @@ def test_key_group_cache_follows_a_restored_max_parallelism(method: str) -> None
     runner.run(keys)  # fills the cache with key groups out of 128
     runner.restore(cp)
     assert runner.max_parallelism == 256
-    if method == "run":
-        out = runner.run(keys)
-    else:
-        out = [o for k in keys for o in runner.process(k)]
+    out = runner.run(keys) if method == "run" else [o for k in keys for o in runner.process(k)]
     assert out == [(k, 2, _expected_owner(k, 256, 3)) for k in keys]
 
 

@@ -435,11 +435,6 @@ class KeyedSnapshotReader:
         start = self.key_group_range.start
         return [kg for kg in wanted if self._sizes[kg - start]]
 
-    def entry_counts(self) -> dict[int, int]:
-        """Key group -> number of entries, for non-empty key groups."""
-        start = self.key_group_range.start
-        return {start + i: n for i, n in enumerate(self._entries) if self._sizes[i]}
-
     def block_size(self, key_group: int) -> int:
         return self._sizes[key_group - self.key_group_range.start]
 

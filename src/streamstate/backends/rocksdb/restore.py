@@ -95,16 +95,11 @@ def _check_fresh(backend: RocksDBKeyedStateBackend) -> None:
 
 
 def _remember_states(backend: RocksDBKeyedStateBackend, states: Iterable[dict[str, Any]]) -> None:
+    states = list(states)
+    backend.restored.remember(states)
     for d in states:
-        name = d["name"]
-        known = backend._restored_states.get(name)
-        if known is not None and known["kind"] != d["kind"]:
-            raise CorruptCheckpointError(
-                f"state {name!r} appears as {known['kind']} and {d['kind']} state in the snapshots "
-                "being restored"
-            )
-        backend._restored_states.setdefault(name, d)
-        backend._restored_meta.setdefault(name, RestoredStateMeta.from_dict(d))
+        if backend.restored_state_meta(d["name"]) is None:
+            backend.add_restored_meta(RestoredStateMeta.from_dict(d))
 
 
 # ---- incremental ------------------------------------------------------------------------------
@@ -162,7 +157,7 @@ def restore_incremental(
     download_snapshot(store, base, instance.db_path, base_where)
     stats["base_files"] = len(base.shared)
     instance.open()
-    n = backend._key_layout.kg_bytes
+    n = backend.key_layout.kg_bytes
     if base_range.start < new_range.start:
         instance.delete_range(key_group_bound(0, n), key_group_bound(new_range.start, n))
         stats["deleted_ranges"] += 1
@@ -191,7 +186,7 @@ def restore_incremental(
             if timers:
                 backend.add_restored_timers(block.meta["name"], timers)
     # the base's files are now files of this database: the next checkpoint references them
-    backend.confirmed_uploads = {f.name: f for f in base.shared}
+    backend.uploads.restored(base.shared)
     return stats
 
 

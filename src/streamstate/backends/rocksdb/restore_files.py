@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from streamstate.backends.base import TimerQueueOwner
+from streamstate.backends.restore import KeyedStateRestore
 from streamstate.backends.rocksdb.keys import KeyLayout, key_group_bound, prefix_successor
 from streamstate.backends.rocksdb.restore import (
     _check_compatible,
@@ -134,7 +136,7 @@ def _builtin(meta: dict[str, Any]) -> bool:
     )
 
 
-def restore_files(backend: RocksDBKeyedStateBackend, files: Sequence[Any]) -> int:
+def restore_files(backend: RocksDBKeyedStateBackend, files: Sequence[KeyedStateRestore]) -> int:
     """Restore a fresh ``backend`` from ``KeyedStateRestore`` files; returns entries written."""
     _check_fresh(backend)
     instance = backend.instance
@@ -148,7 +150,7 @@ def restore_files(backend: RocksDBKeyedStateBackend, files: Sequence[Any]) -> in
             name = meta["name"]
             if meta["kind"] == TIMER_STATE_KIND:
                 # timers are replaced per key group by every file: keep the last block
-                backend._restored_timer_blocks.setdefault(name, {})[block.key_group] = block
+                backend.restored.add_timer_block(name, block)
                 continue
             if name not in writers:
                 writers[name] = None
@@ -162,9 +164,7 @@ def restore_files(backend: RocksDBKeyedStateBackend, files: Sequence[Any]) -> in
                     )
             writer = writers[name]
             if writer is None:
-                deferred = backend._deferred_files.setdefault(name, [])
-                if f not in deferred:
-                    deferred.append(f)
+                backend.restored.defer(name, f)
                 continue
             written += writer.apply(batch, block, str(f.path))
             if batch.size_in_bytes() >= instance.config.restore_batch_bytes:
@@ -190,7 +190,7 @@ def restore_deferred_state(
     state_serializer: TypeSerializer[Any],
 ) -> int:
     """Decode a deferred state's blocks with the program's serializers (on registration)."""
-    files: Iterable[Any] = backend._deferred_files.pop(name, [])
+    files: Iterable[KeyedStateRestore] = backend.restored.take_deferred(name)
     writer = BlockWriter(backend, name, kind, namespace_serializer, state_serializer)
     instance = backend.instance
     batch = instance.new_batch()
@@ -206,13 +206,13 @@ def restore_deferred_state(
     return written
 
 
-def restore_file_timers(backend: RocksDBKeyedStateBackend, service: Any) -> int:
+def restore_file_timers(backend: RocksDBKeyedStateBackend, service: TimerQueueOwner) -> int:
     """Decode the timer blocks of ``service`` (restored from files) into it."""
     from streamstate.checkpoint.codec import StateCodec
 
     n = 0
     for domain in ("event", "processing"):
-        blocks = backend._restored_timer_blocks.pop(service.state_name(domain), None)
+        blocks = backend.restored.take_timer_blocks(service.state_name(domain))
         if not blocks:
             continue
         codec = StateCodec(backend.key_serializer, service.namespace_serializer, Int64Serializer())

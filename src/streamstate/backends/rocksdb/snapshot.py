@@ -37,6 +37,7 @@ from streamstate.backends.rocksdb.incremental import (
     PrivateFile,
     SharedFile,
     TimerBlock,
+    UploadTracker,
 )
 from streamstate.backends.rocksdb.instance import ColumnFamily, RocksDBConfig, open_read_only
 from streamstate.backends.rocksdb.keys import KeyLayout, key_group_bound, key_group_prefix_bytes
@@ -52,9 +53,6 @@ if TYPE_CHECKING:
 
 __all__ = ["RocksDBKeyedStateSnapshot", "decode_entries", "sweep_ttl", "take_snapshot"]
 
-#: uploads of unconfirmed checkpoints kept for a later notify_checkpoint_complete
-_MAX_PENDING = 16
-
 _SUBTASK_FILE = re.compile(r"^(?:.*/)?chk-\d+/([^/]+)/(\d+)-(\d+)\.state$")
 
 
@@ -65,14 +63,15 @@ def take_snapshot(
     backend: RocksDBKeyedStateBackend, checkpoint_id: int
 ) -> RocksDBKeyedStateSnapshot:
     """The synchronous phase of a snapshot of ``backend`` (see the module docstring)."""
-    if backend._deferred_files:
+    deferred = backend.restored.deferred_names()
+    if deferred:
         raise CheckpointError(
-            f"states {sorted(backend._deferred_files)} were restored from snapshot files but are "
+            f"states {deferred} were restored from snapshot files but are "
             "not registered yet (their serializers are not built in, so they are decoded with the "
             "program's serializers on registration); register them before the next checkpoint"
         )
     backend.cache.flush()
-    for reg in list(backend._registered.values()):
+    for reg in backend.registered_states():
         hook = reg.ttl_hook
         if hook is not None and hook.max_entries_per_checkpoint > 0:
             sweep_ttl(backend, reg)
@@ -83,9 +82,11 @@ def take_snapshot(
     instance.create_checkpoint(target)
     states: list[_SnapshotState] = [
         _SnapshotState(reg.meta.to_dict(), reg.meta, reg.layout, _full_snapshot_transform(reg))
-        for reg in backend._registered.values()
+        for reg in backend.registered_states()
     ]
-    states.extend(_SnapshotState(d, None, None, None) for d in backend._restored_states.values())
+    states.extend(
+        _SnapshotState(d, None, None, None) for d in backend.restored.state_descriptions()
+    )
     timer_sources: list[SnapshotSource] = []
     for participant in backend.snapshot_participants:
         timer_sources.extend(participant.snapshot_sources())
@@ -99,8 +100,8 @@ def take_snapshot(
         config=backend.config,
         states=states,
         timer_sources=timer_sources,
-        previous_uploads=dict(backend.confirmed_uploads),
-        pending_uploads=backend._pending_uploads,
+        previous_uploads=dict(backend.uploads.confirmed),
+        uploads=backend.uploads,
     )
 
 
@@ -272,7 +273,7 @@ class RocksDBKeyedStateSnapshot(KeyedStateSnapshot):
         states: list[_SnapshotState],
         timer_sources: list[SnapshotSource],
         previous_uploads: dict[str, SharedFile] | None = None,
-        pending_uploads: dict[int, dict[str, SharedFile]] | None = None,
+        uploads: UploadTracker | None = None,
     ) -> None:
         self.key_serializer = key_serializer
         self.max_parallelism = max_parallelism
@@ -284,7 +285,7 @@ class RocksDBKeyedStateSnapshot(KeyedStateSnapshot):
         #: local SST name -> SharedFile of the last confirmed checkpoint, at snapshot time
         self.previous_uploads: dict[str, SharedFile] = previous_uploads or {}
         #: where write_incremental offers its uploads (the backend's, for a later confirmation)
-        self._pending_uploads = pending_uploads if pending_uploads is not None else {}
+        self._uploads = uploads if uploads is not None else UploadTracker()
         self._states = states
         self._timer_sources = timer_sources
         self._timer_metas = [s.meta for s in timer_sources]
@@ -441,10 +442,7 @@ class RocksDBKeyedStateSnapshot(KeyedStateSnapshot):
             data = manifest.encode()
             store.put_bytes(data, path)
             uploaded += len(data)
-            pending = self._pending_uploads
-            pending[self.checkpoint_id] = {f.name: f for f in shared}
-            for old in [c for c in pending if c < self.checkpoint_id - _MAX_PENDING]:
-                del pending[old]  # never confirmed (a runtime that does not notify)
+            self._uploads.offer(self.checkpoint_id, shared)
             return IncrementalStateHandle(
                 path=path,
                 size=len(data),
