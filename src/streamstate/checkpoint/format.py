@@ -293,7 +293,7 @@ def write_keyed_snapshot(
         key_group_range=snapshot.key_group_range,
         states=snapshot.states,
         kind=snapshot.kind,
-        checkpoint_id=getattr(snapshot, "checkpoint_id", 0),
+        checkpoint_id=snapshot.checkpoint_id,
         compression=compression,
         pause=pause,
     )

@@ -26,7 +26,19 @@ from streamstate.backends.rocksdb.instance import (
     RocksDBInstance,
 )
 from streamstate.backends.rocksdb.keys import KeyLayout
+from streamstate.backends.rocksdb.parts import RegisteredState
+from streamstate.backends.rocksdb.restore import (
+    migrate_column_family,
+    restore_canonical,
+    restore_incremental,
+)
+from streamstate.backends.rocksdb.restore_files import (
+    restore_deferred_state,
+    restore_file_timers,
+    restore_files,
+)
 from streamstate.backends.rocksdb.restored import RestoredStates
+from streamstate.backends.rocksdb.snapshot import RocksDBKeyedStateSnapshot, take_snapshot
 from streamstate.backends.rocksdb.states import STATE_FACTORIES, CurrentKeyBytes
 from streamstate.backends.snapshot import KeyedStateSnapshot, StateMetaInfo
 from streamstate.errors import InvalidStateNameError, StateBackendError, StateMigrationException
@@ -36,28 +48,8 @@ from streamstate.serializers.base import TypeSerializer
 
 if TYPE_CHECKING:
     from streamstate.backends.decorators.ttl_cleanup import TtlCleanupHook
-    from streamstate.backends.rocksdb.snapshot import RocksDBKeyedStateSnapshot
 
 __all__ = ["RegisteredState", "RocksDBKeyedStateBackend"]
-
-
-class RegisteredState:
-    """What the backend knows about one state's column family."""
-
-    __slots__ = ("cache", "cf", "layout", "meta", "ttl_hook")
-
-    def __init__(
-        self,
-        meta: StateMetaInfo,
-        cf: ColumnFamily,
-        layout: KeyLayout,
-        cache: ValueCache | MapCache,
-    ) -> None:
-        self.meta = meta
-        self.cf = cf
-        self.layout = layout
-        self.cache = cache
-        self.ttl_hook: Any = None
 
 
 class RocksDBKeyedStateBackend(KeyedStateBackend):
@@ -141,8 +133,6 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         cf = self.instance.column_family(name)
         restored = self.restored.take_state(name)
         if self.restored.is_deferred(name):
-            from streamstate.backends.rocksdb.restore_files import restore_deferred_state
-
             restore_deferred_state(
                 self, name, kind.value, namespace_serializer, meta.state_serializer
             )
@@ -188,8 +178,6 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                 f"state {name!r} needs migration but its checkpointed serializer cannot be "
                 f"rebuilt: {exc}"
             ) from exc
-        from streamstate.backends.rocksdb.restore import migrate_column_family
-
         migrate_column_family(self.instance, cf, meta.kind, old, new, layout)
 
     def register_ttl_cleanup(self, hook: TtlCleanupHook) -> Callable[[], object] | None:
@@ -283,8 +271,6 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         n = 0
         if not self.restored.has_timers():
             return n
-        from streamstate.backends.rocksdb.restore_files import restore_file_timers
-
         n += restore_file_timers(self, service)
         ns_serializer = service.namespace_serializer
         for domain in ("event", "processing"):
@@ -322,8 +308,6 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             if not restore_input.reuse_shared_files:
                 self.forget_uploads()
             return
-        from streamstate.backends.rocksdb.restore_files import restore_files
-
         restore_files(self, restore_input.files)
 
     def restore_from_incremental(self, store: Any, handles: Sequence[Any]) -> dict[str, int]:
@@ -334,16 +318,12 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         return self._restore_native(store, handles)
 
     def _restore_native(self, store: Any, handles: Sequence[Any]) -> dict[str, int]:
-        from streamstate.backends.rocksdb.restore import restore_incremental
-
         return restore_incremental(self, store, handles)
 
     def restore_from_snapshots(self, snapshots: Iterable[KeyedStateSnapshot]) -> int:
         """Restore (before any state is registered) from canonical in-memory keyed snapshots
         (savepoints of any backend, any parallelism)."""
         self._check_open()
-        from streamstate.backends.rocksdb.restore import restore_canonical
-
         return restore_canonical(self, snapshots)
 
     # ---- snapshots ---------------------------------------------------------------------------
@@ -356,8 +336,6 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         savepoints) and can also be uploaded incrementally (``write_incremental``).
         """
         self._check_open()
-        from streamstate.backends.rocksdb.snapshot import take_snapshot
-
         return take_snapshot(self, checkpoint_id)
 
     @property

@@ -20,25 +20,23 @@ The checkpoint package is imported lazily: this module is only used through it.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
 from streamstate.backends.base import TimerQueueOwner
 from streamstate.backends.restore import KeyedStateRestore
 from streamstate.backends.rocksdb.keys import KeyLayout, key_group_bound, prefix_successor
+from streamstate.backends.rocksdb.parts import RocksDBParts
 from streamstate.backends.rocksdb.restore import (
-    _check_compatible,
-    _check_fresh,
-    _remember_states,
+    check_compatible,
+    check_fresh,
+    remember_states,
 )
 from streamstate.backends.snapshot import TIMER_STATE_KIND
 from streamstate.errors import CorruptCheckpointError, StateMigrationException
 from streamstate.serializers import Int64Serializer, serializer_from_snapshot
 from streamstate.serializers.base import TypeSerializer
-
-if TYPE_CHECKING:
-    from streamstate.backends.rocksdb.backend import RocksDBKeyedStateBackend
 
 __all__ = ["BlockWriter", "restore_deferred_state", "restore_file_timers", "restore_files"]
 
@@ -56,7 +54,7 @@ class BlockWriter:
 
     def __init__(
         self,
-        backend: RocksDBKeyedStateBackend,
+        backend: RocksDBParts,
         name: str,
         kind: str,
         namespace_serializer: TypeSerializer[Any],
@@ -136,15 +134,15 @@ def _builtin(meta: dict[str, Any]) -> bool:
     )
 
 
-def restore_files(backend: RocksDBKeyedStateBackend, files: Sequence[KeyedStateRestore]) -> int:
+def restore_files(backend: RocksDBParts, files: Sequence[KeyedStateRestore]) -> int:
     """Restore a fresh ``backend`` from ``KeyedStateRestore`` files; returns entries written."""
-    _check_fresh(backend)
+    check_fresh(backend)
     instance = backend.instance
     writers: dict[str, BlockWriter | None] = {}
     written = 0
     batch = instance.new_batch()
     for f in files:
-        _check_compatible(backend, f.max_parallelism, f.key_serializer, str(f.path))
+        check_compatible(backend, f.max_parallelism, f.key_serializer, str(f.path))
         for block in f.blocks():
             meta = block.state
             name = meta["name"]
@@ -176,14 +174,14 @@ def restore_files(backend: RocksDBKeyedStateBackend, files: Sequence[KeyedStateR
         for meta in f.states:
             if meta["kind"] != TIMER_STATE_KIND:
                 states.setdefault(meta["name"], meta)
-    _remember_states(backend, states.values())
+    remember_states(backend, states.values())
     for participant in backend.snapshot_participants:  # timer services present now
         backend.restore_pending_timers(participant)
     return written
 
 
 def restore_deferred_state(
-    backend: RocksDBKeyedStateBackend,
+    backend: RocksDBParts,
     name: str,
     kind: str,
     namespace_serializer: TypeSerializer[Any],
@@ -206,7 +204,7 @@ def restore_deferred_state(
     return written
 
 
-def restore_file_timers(backend: RocksDBKeyedStateBackend, service: TimerQueueOwner) -> int:
+def restore_file_timers(backend: RocksDBParts, service: TimerQueueOwner) -> int:
     """Decode the timer blocks of ``service`` (restored from files) into it."""
     from streamstate.checkpoint.codec import StateCodec
 

@@ -27,7 +27,7 @@ import re
 import shutil
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import google_crc32c
 
@@ -41,15 +41,13 @@ from streamstate.backends.rocksdb.incremental import (
 )
 from streamstate.backends.rocksdb.instance import ColumnFamily, RocksDBConfig, open_read_only
 from streamstate.backends.rocksdb.keys import KeyLayout, key_group_bound, key_group_prefix_bytes
+from streamstate.backends.rocksdb.parts import RegisteredState, RocksDBParts
 from streamstate.backends.rocksdb.storage import SnapshotFileStore, crc32c_of_file
 from streamstate.backends.snapshot import KeyedStateSnapshot, SnapshotSource, StateMetaInfo
 from streamstate.errors import CheckpointError
 from streamstate.keygroups import KeyGroupRange
 from streamstate.serializers import serializer_from_snapshot
 from streamstate.serializers.base import TypeSerializer
-
-if TYPE_CHECKING:
-    from streamstate.backends.rocksdb.backend import RegisteredState, RocksDBKeyedStateBackend
 
 __all__ = ["RocksDBKeyedStateSnapshot", "decode_entries", "sweep_ttl", "take_snapshot"]
 
@@ -59,9 +57,7 @@ _SUBTASK_FILE = re.compile(r"^(?:.*/)?chk-\d+/([^/]+)/(\d+)-(\d+)\.state$")
 # ---- synchronous phase -----------------------------------------------------------------------
 
 
-def take_snapshot(
-    backend: RocksDBKeyedStateBackend, checkpoint_id: int
-) -> RocksDBKeyedStateSnapshot:
+def take_snapshot(backend: RocksDBParts, checkpoint_id: int) -> RocksDBKeyedStateSnapshot:
     """The synchronous phase of a snapshot of ``backend`` (see the module docstring)."""
     deferred = backend.restored.deferred_names()
     if deferred:
@@ -112,7 +108,7 @@ def _full_snapshot_transform(reg: RegisteredState) -> Callable[[Any], Any] | Non
     return hook.transform  # type: ignore[no-any-return]
 
 
-def sweep_ttl(backend: RocksDBKeyedStateBackend, reg: RegisteredState) -> int:
+def sweep_ttl(backend: RocksDBParts, reg: RegisteredState) -> int:
     """One bounded TTL sweep of a state (the stand-in for Flink's compaction filter).
 
     Visits at most ``hook.max_entries_per_checkpoint`` RocksDB entries from ``hook.cursor`` (a raw
@@ -122,6 +118,8 @@ def sweep_ttl(backend: RocksDBKeyedStateBackend, reg: RegisteredState) -> int:
     if anything changed. Returns the number of entries changed.
     """
     hook = reg.ttl_hook
+    if hook is None:  # not a TTL state
+        return 0
     transform = hook.transform
     left = hook.max_entries_per_checkpoint
     meta = reg.meta
