@@ -388,3 +388,34 @@ def test_sigkill_during_an_upload_keeps_the_last_checkpoint(tmp_path: Path) -> N
     assert storage.checkpoint_ids() == [1, 2]
     assert storage.problems(storage.load(2), deep=True) == []
     assert not any(storage.size(p) is not None for p in orphans)
+
+
+def test_a_failed_checkpoint_is_aborted_on_every_subtask(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint that fails to commit is aborted: every subtask's backend drops what it
+    uploaded for it, and the next checkpoint references none of those files."""
+    storage = FileSystemCheckpointStorage(str(tmp_path))
+    runner = _runner(storage, fn=Count())
+    runner.run([(k, 0) for k in range(5000)], final_watermark=False)
+    aborted: list[int] = []
+    for op in runner.subtasks:
+        real = op.keyed_backend.notify_checkpoint_aborted
+
+        def spy(cid: int, real: Any = real) -> None:
+            aborted.append(cid)
+            real(cid)
+
+        monkeypatch.setattr(op.keyed_backend, "notify_checkpoint_aborted", spy)
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise CheckpointError("commit refused (test)")
+
+    monkeypatch.setattr(runner.checkpoint_coordinator, "commit", refuse)
+    with pytest.raises(CheckpointError, match="commit refused"):
+        runner.checkpoint()
+    assert len(aborted) == 2 and len(set(aborted)) == 1
+    monkeypatch.undo()
+    cp = runner.checkpoint()
+    assert all(f.checkpoint_id == cp.checkpoint_id for f in _ssts(cp))
+    runner.close()

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
 
 from streamstate.api.descriptors import StateDescriptor
 from streamstate.api.state import InternalKvState
@@ -32,12 +33,21 @@ from streamstate.serializers import (
 )
 from streamstate.serializers.base import SerializerSnapshot
 
+if TYPE_CHECKING:
+    from streamstate.backends.decorators.ttl_cleanup import TtlCleanupHook
+    from streamstate.backends.restore import KeyedStateRestore
+    from streamstate.backends.snapshot import KeyedStateSnapshot, SnapshotSource
+
 __all__ = [
     "Clock",
     "KeyContext",
     "KeyedStateBackend",
+    "NativeSnapshotSource",
+    "RestoreInput",
     "RestoredStateMeta",
+    "SnapshotParticipant",
     "SystemClock",
+    "TimerQueueOwner",
     "check_written_value",
 ]
 
@@ -115,15 +125,106 @@ class RestoredStateMeta:
         )
 
 
+class SnapshotParticipant(Protocol):
+    """Data besides the registered states that a keyed snapshot carries (timer queues, restored
+    state still encoded): the backend asks for its snapshot sources at every snapshot."""
+
+    def snapshot_sources(self) -> list[SnapshotSource]:
+        """Sources of a full snapshot (the synchronous phase)."""
+        ...
+
+    def delta_snapshot_sources(self) -> list[SnapshotSource]:
+        """Sources of an incremental (delta) snapshot: what changed since :meth:`reset_changes`."""
+        ...
+
+    def reset_changes(self) -> None:
+        """The current content is the base of the next delta."""
+        ...
+
+
+class TimerQueueOwner(SnapshotParticipant, Protocol):
+    """A timer service as the keyed backend sees it (Flink's ``InternalTimerService``): its
+    timers are the pseudo-states ``state_name("event")`` / ``state_name("processing")`` of the
+    keyed snapshot, and restored timers go back through :meth:`restore_timer`."""
+
+    @property
+    def namespace_serializer(self) -> TypeSerializer[Any]: ...
+
+    def state_name(self, domain: str) -> str:
+        """The pseudo-state name of the timers of ``domain`` ("event" or "processing")."""
+        ...
+
+    def restore_timer(
+        self, domain: str, key: Any, namespace: Any, timestamp: int, key_group: int
+    ) -> None:
+        """Re-register one checkpointed timer."""
+        ...
+
+
+class NativeSnapshotSource(Protocol):
+    """A restore file that is a backend's native snapshot (a RocksDB incremental manifest): a
+    backend that understands it restores from ``store`` + ``incremental_handle`` directly."""
+
+    @property
+    def store(self) -> Any:
+        """The file store the handle's paths are relative to (``rocksdb.storage.FileStore``)."""
+        ...
+
+    @property
+    def incremental_handle(self) -> Any:
+        """The native snapshot's handle (``rocksdb.incremental.IncrementalStateHandle``)."""
+        ...
+
+
+@dataclass(frozen=True)
+class RestoreInput:
+    """What :meth:`KeyedStateBackend.restore` restores from (SPEC §7).
+
+    ``files``: one :class:`~streamstate.backends.restore.KeyedStateRestore` per snapshot file,
+    for each old subtask its full snapshot then its deltas. A file may also be a native snapshot
+    (:class:`NativeSnapshotSource`); a backend restores those natively when every file is one
+    and reads them canonically otherwise. ``reuse_shared_files``: the files are in the storage
+    the backend checkpoints to next, so a native incremental backend may reference them instead
+    of uploading them again.
+    """
+
+    files: Sequence[KeyedStateRestore] = field(default_factory=tuple)
+    reuse_shared_files: bool = False
+
+    @classmethod
+    def of(cls, source: RestoreInput | Sequence[KeyedStateRestore]) -> RestoreInput:
+        """``source`` itself, or a plain file list as a :class:`RestoreInput`."""
+        if isinstance(source, RestoreInput):
+            return source
+        return cls(tuple(source))
+
+    def native_sources(self) -> list[NativeSnapshotSource] | None:
+        """The files as native snapshots if every one is (None otherwise)."""
+        native = [f for f in self.files if f.native_snapshot() is not None]
+        if not native or len(native) != len(self.files):
+            return None
+        return [n for f in native if (n := f.native_snapshot()) is not None]
+
+
 class KeyedStateBackend(ABC):
     """Keyed state of one subtask: registry, current key, decorators, restore checks.
 
-    Subclasses implement :meth:`_create_internal_state` (the raw state of their storage),
-    :meth:`get_keys`, :meth:`snapshot` and :meth:`dispose`.
+    The contract every backend implements (docs/architecture.md, "adding a backend"):
+
+    * states: :meth:`_create_internal_state` (the raw state of its storage), :meth:`get_keys`,
+      :meth:`num_entries`;
+    * checkpoints: :meth:`snapshot`, :meth:`notify_checkpoint_complete`,
+      :meth:`notify_checkpoint_aborted`, :meth:`forget_uploads`;
+    * restore: :meth:`restore` (one entry point, a :class:`RestoreInput`);
+    * timers: :meth:`register_timer_service` (shared) and :meth:`restore_pending_timers`;
+    * TTL: :meth:`register_ttl_cleanup`;
+    * lifecycle: :meth:`dispose`.
     """
 
     #: short name of the backend ("heap", "rocksdb")
     backend_name: str = ""
+    #: whether the backend tracks changes for delta snapshots (``snapshot_delta``)
+    incremental: bool = False
 
     def __init__(
         self,
@@ -161,6 +262,8 @@ class KeyedStateBackend(ABC):
         self._disposed = False
         #: listeners called with the key group before every key change (incremental cleanup, ...)
         self.key_selected_listeners: list[Callable[[Any], None]] = []
+        #: timer services whose timers are snapshotted with the keyed state
+        self.snapshot_participants: list[TimerQueueOwner] = []
 
     # ---- current key -------------------------------------------------------------------------
 
@@ -356,6 +459,17 @@ class KeyedStateBackend(ABC):
         lets a program rebuild a serializer it would otherwise infer from data not seen yet."""
         return self._restored_meta.get(name)
 
+    def add_restored_meta(self, meta: RestoredStateMeta) -> bool:
+        """Record what the checkpoint being restored says about a state (checked when the
+        program registers it); returns whether the state was new."""
+        new = meta.name not in self._restored_meta
+        self._restored_meta[meta.name] = meta
+        return new
+
+    def discard_restored_meta(self, name: str) -> None:
+        """Forget a restored state's meta data (a restore that failed midway undoes it)."""
+        self._restored_meta.pop(name, None)
+
     def registered_state_names(self) -> list[str]:
         return list(self._states)
 
@@ -404,13 +518,63 @@ class KeyedStateBackend(ABC):
         """Number of (key, namespace) entries of one state, or of all states."""
 
     @abstractmethod
-    def snapshot(self, checkpoint_id: int) -> Any:
+    def snapshot(self, checkpoint_id: int) -> KeyedStateSnapshot:
         """The synchronous phase of a snapshot; returns what the asynchronous phase writes."""
 
-    def restore(self, files: Sequence[Any]) -> int | None:
-        """Restore from snapshot files (:class:`~streamstate.backends.restore.KeyedStateRestore`,
-        full then deltas per old subtask), before any state is registered; all or nothing."""
-        raise NotImplementedError(f"the {self.backend_name} backend cannot restore snapshots")
+    def snapshot_delta(self, checkpoint_id: int) -> KeyedStateSnapshot:
+        """The synchronous phase of a delta snapshot: what changed since the previous one (or
+        :meth:`reset_change_tracking`). Only backends with :attr:`incremental` change tracking."""
+        raise StateBackendError(
+            f"the {self.backend_name} keyed state backend does not track changes for delta "
+            "snapshots"
+        )
+
+    def reset_change_tracking(self) -> None:
+        """Forget recorded changes: the current state is the base of the next delta (a no-op
+        without change tracking)."""
+        return None
+
+    @property
+    def native_incremental(self) -> bool:
+        """Whether the snapshots are native incremental ones (``write_incremental``, RocksDB)
+        rather than canonical snapshot files."""
+        return False
+
+    @abstractmethod
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` was committed: later checkpoints may build on it."""
+
+    @abstractmethod
+    def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` will never commit: forget what it uploaded."""
+
+    @abstractmethod
+    def forget_uploads(self) -> None:
+        """Checkpoints go to another storage now: reference nothing uploaded so far."""
+
+    @abstractmethod
+    def restore(self, source: RestoreInput | Sequence[KeyedStateRestore]) -> None:
+        """Restore from ``source`` (a :class:`RestoreInput`, or its file list) before any state
+        is registered; all or nothing."""
+
+    # ---- timers ------------------------------------------------------------------------------
+
+    def register_timer_service(self, service: TimerQueueOwner) -> int:
+        """A timer service joins: its timers go into every keyed snapshot from now on, and the
+        timers restored for it (by its name) are handed over. Returns how many."""
+        self.snapshot_participants.append(service)
+        return self.restore_pending_timers(service)
+
+    @abstractmethod
+    def restore_pending_timers(self, service: TimerQueueOwner) -> int:
+        """Hand ``service`` the checkpointed timers restored for it; returns how many."""
+
+    # ---- TTL -----------------------------------------------------------------------------------
+
+    @abstractmethod
+    def register_ttl_cleanup(self, hook: TtlCleanupHook) -> Callable[[], object] | None:
+        """Install the TTL cleanup of the state ``hook.state_name`` (just created): returns the
+        step the TTL state runs on every access (incremental cleanup), or None."""
 
     def dispose(self) -> None:
         """Release every resource; the backend cannot be used afterwards."""

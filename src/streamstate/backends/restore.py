@@ -12,11 +12,14 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from streamstate.serializers.base import Compatibility, SerializerSnapshot, TypeSerializer
+
+if TYPE_CHECKING:
+    from streamstate.backends.base import NativeSnapshotSource
 
 __all__ = [
     "BUILTIN_SERIALIZER_TYPES",
@@ -154,3 +157,8 @@ class KeyedStateRestore(ABC):
         Each key group is verified as a whole before any of its blocks is yielded; corruption
         raises :class:`~streamstate.errors.CorruptCheckpointError` naming the file and key group.
         """
+
+    def native_snapshot(self) -> NativeSnapshotSource | None:
+        """This file as a backend's native snapshot (see
+        :class:`~streamstate.backends.base.NativeSnapshotSource`), or None: canonical only."""
+        return None

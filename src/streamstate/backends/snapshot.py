@@ -128,6 +128,8 @@ class KeyedStateSnapshot(ABC):
     states: list[StateMetaInfo]
     #: FULL_SNAPSHOT, or DELTA_SNAPSHOT for the changes since the previous checkpoint
     kind: str = FULL_SNAPSHOT
+    #: the checkpoint the snapshot was taken for (0: none, e.g. a savepoint of a test backend)
+    checkpoint_id: int = 0
 
     @abstractmethod
     def key_group_entries(

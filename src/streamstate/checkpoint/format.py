@@ -293,7 +293,7 @@ def write_keyed_snapshot(
         key_group_range=snapshot.key_group_range,
         states=snapshot.states,
         kind=snapshot.kind,
-        checkpoint_id=getattr(snapshot, "checkpoint_id", 0),
+        checkpoint_id=snapshot.checkpoint_id,
         compression=compression,
         pause=pause,
     )
@@ -434,11 +434,6 @@ class KeyedSnapshotReader:
         )
         start = self.key_group_range.start
         return [kg for kg in wanted if self._sizes[kg - start]]
-
-    def entry_counts(self) -> dict[int, int]:
-        """Key group -> number of entries, for non-empty key groups."""
-        start = self.key_group_range.start
-        return {start + i: n for i, n in enumerate(self._entries) if self._sizes[i]}
 
     def block_size(self, key_group: int) -> int:
         return self._sizes[key_group - self.key_group_range.start]

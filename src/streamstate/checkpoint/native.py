@@ -23,8 +23,6 @@ import shutil
 import tempfile
 from typing import IO, TYPE_CHECKING, Any
 
-import msgspec
-
 from streamstate.checkpoint.format import KeyedSnapshotReader, write_keyed_snapshot
 from streamstate.checkpoint.metadata import StateFileHandle, SubtaskStateHandle
 from streamstate.checkpoint.restore import FileKeyedStateRestore
@@ -33,11 +31,11 @@ from streamstate.errors import CheckpointError, StateMigrationException
 from streamstate.keygroups import KeyGroupRange
 
 if TYPE_CHECKING:
-    from streamstate.backends.rocksdb.incremental import (
+    from streamstate.backends.rocksdb import (
+        CheckpointStorageFileStore,
         IncrementalManifest,
         IncrementalStateHandle,
     )
-    from streamstate.backends.rocksdb.storage import CheckpointStorageFileStore
     from streamstate.checkpoint.storage import CheckpointStorage, CompletedCheckpoint
 
 __all__ = [
@@ -61,7 +59,7 @@ def is_native(subtask: SubtaskStateHandle) -> bool:
 def job_file_store(storage: CheckpointStorage, directory: str) -> CheckpointStorageFileStore:
     """The file store rooted at the job directory of the checkpoint directory ``directory``
     (where a manifest's ``shared/...`` paths point)."""
-    from streamstate.backends.rocksdb.storage import CheckpointStorageFileStore
+    from streamstate.backends.rocksdb import CheckpointStorageFileStore
 
     return CheckpointStorageFileStore(storage, posixpath.normpath(posixpath.join(directory, "..")))
 
@@ -119,11 +117,14 @@ class NativeKeyedStateRestore(FileKeyedStateRestore):
         self._manifest: IncrementalManifest | None = None
         self._tmp: str | None = None
 
+    def native_snapshot(self) -> NativeKeyedStateRestore:
+        return self
+
     @property
     def incremental_handle(self) -> IncrementalStateHandle:
         """The manifest's handle for ``RocksDBKeyedStateBackend.restore_from_incremental``
         (paths relative to :attr:`store`); size and CRC32C are checked on load."""
-        from streamstate.backends.rocksdb.incremental import IncrementalStateHandle
+        from streamstate.backends.rocksdb import IncrementalStateHandle
 
         h = self.handle
         return IncrementalStateHandle(
@@ -140,7 +141,7 @@ class NativeKeyedStateRestore(FileKeyedStateRestore):
     @property
     def manifest(self) -> IncrementalManifest:
         if self._manifest is None:
-            from streamstate.backends.rocksdb.restore import load_manifest
+            from streamstate.backends.rocksdb import load_manifest
 
             self._manifest = load_manifest(self.store, self.incremental_handle)
         return self._manifest
@@ -155,8 +156,7 @@ class NativeKeyedStateRestore(FileKeyedStateRestore):
     def _open(self) -> KeyedSnapshotReader:
         if self._reader is not None:
             return self._reader
-        from streamstate.backends.rocksdb.restore import download_snapshot
-        from streamstate.backends.rocksdb.snapshot import RocksDBKeyedStateSnapshot
+        from streamstate.backends.rocksdb import download_snapshot, open_native_snapshot
 
         tmp = self._tmp = tempfile.mkdtemp(prefix="streamstate-native-")
         f: IO[bytes] | None = None
@@ -164,13 +164,8 @@ class NativeKeyedStateRestore(FileKeyedStateRestore):
             manifest = self.manifest
             database = os.path.join(tmp, "db")
             download_snapshot(self.store, manifest, database, f"RocksDB snapshot {self.path}")
-            if self.only_states is not None:
-                wanted = self.only_states
-                manifest = msgspec.structs.replace(
-                    manifest, states=[d for d in manifest.states if d["name"] in wanted], timers=[]
-                )
             try:
-                snapshot = RocksDBKeyedStateSnapshot.of_manifest(manifest, database)
+                snapshot = open_native_snapshot(manifest, database, self.only_states)
                 canonical = os.path.join(tmp, "canonical.state")
                 try:
                     with open(canonical, "wb") as out:

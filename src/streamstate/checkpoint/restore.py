@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import IO, Any
 
+from streamstate.backends.base import RestoreInput
 from streamstate.backends.operator import OperatorStateSnapshot
 from streamstate.backends.restore import KeyedStateRestore, RestoredBlock
 from streamstate.checkpoint.format import KeyedSnapshotReader
@@ -209,24 +210,14 @@ def restore_subtask(
     (the checkpoint is in the storage the subtask checkpoints to), its next incremental
     checkpoint references the restored SST files instead of uploading them again.
     """
-    from streamstate.checkpoint.native import NativeKeyedStateRestore
-
     files = keyed_restore_files(
         checkpoint, target.operator_name, target.key_group_range, target.max_parallelism
     )
     operator_state = operator_state_for_subtask(
         checkpoint, target.operator_name, target.parallelism, target.subtask_index
     )
-    backend = target.keyed_backend
-    native = [f for f in files if isinstance(f, NativeKeyedStateRestore)]
     try:
-        if native and len(native) == len(files) and hasattr(backend, "restore_from_incremental"):
-            handles = [f.incremental_handle for f in native]
-            backend.restore_from_incremental(native[0].store, handles)
-            if not reuse_shared_files:
-                backend.forget_uploads()
-        else:
-            backend.restore(files)
+        target.keyed_backend.restore(RestoreInput(files, reuse_shared_files=reuse_shared_files))
     finally:
         for f in files:
             f.close()

@@ -37,6 +37,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 
+from streamstate.backends.base import KeyedStateBackend
 from streamstate.backends.operator import OperatorStateBackend, OperatorStateSnapshot
 from streamstate.backends.snapshot import FULL_SNAPSHOT, KeyedStateSnapshot
 from streamstate.checkpoint.format import write_keyed_snapshot
@@ -97,7 +98,7 @@ class SnapshotTarget(Protocol):
     parallelism: int
     max_parallelism: int
     key_group_range: KeyGroupRange
-    keyed_backend: Any
+    keyed_backend: KeyedStateBackend
     operator_backend: OperatorStateBackend
 
     def prepare_snapshot(self, checkpoint_id: int) -> None: ...
@@ -238,11 +239,11 @@ class SubtaskCheckpointer:
         self.unique_names = unique_names
         self.compression = compression
         #: a RocksDB backend checkpoints natively: new SST files only, plus a manifest
-        self.native = bool(getattr(target.keyed_backend, "native_incremental", False))
+        self.native = target.keyed_backend.native_incremental
         if incremental is True:
             incremental = IncrementalPolicy()
         self.policy: IncrementalPolicy | None = None if self.native else (incremental or None)
-        if self.policy is not None and not getattr(target.keyed_backend, "incremental", False):
+        if self.policy is not None and not target.keyed_backend.incremental:
             raise CheckpointError(
                 f"incremental checkpoints of {target.operator_name!r} need a keyed backend with "
                 "change tracking (HeapStateBackend(incremental=True))"

@@ -31,6 +31,7 @@ from __future__ import annotations
 import copy as _copy
 import dataclasses
 from collections.abc import Callable, Iterable
+from concurrent.futures import wait
 from typing import Any
 
 from streamstate.api.functions import KeyedProcessFunction, OutputTag
@@ -310,9 +311,7 @@ class LocalRunner:
                 if moved:
                     # shared files of the old storage cannot be referenced from the new one
                     for op in self.subtasks:
-                        forget = getattr(op.keyed_backend, "forget_uploads", None)
-                        if forget is not None:
-                            forget()
+                        op.keyed_backend.forget_uploads()
         return self.checkpoint_storage
 
     @property
@@ -367,13 +366,20 @@ class LocalRunner:
         checkpointers = self._subtask_checkpointers()
         checkpoint_id = storage.next_checkpoint_id()
         futures = [c.checkpoint(checkpoint_id) for c in checkpointers]
-        handles = [f.result() for f in futures]
-        completed = self.checkpoint_coordinator.commit(
-            checkpoint_id,
-            handles,
-            expected={self.operator_name: self.parallelism},
-            properties=self._properties(),
-        )
+        try:
+            handles = [f.result() for f in futures]
+            completed = self.checkpoint_coordinator.commit(
+                checkpoint_id,
+                handles,
+                expected={self.operator_name: self.parallelism},
+                properties=self._properties(),
+            )
+        except BaseException:
+            # the checkpoint will never commit: its uploads must not be referenced later
+            wait(futures)
+            for op in self.subtasks:
+                op.notify_checkpoint_aborted(checkpoint_id)
+            raise
         for op in self.subtasks:
             op.notify_checkpoint_complete(checkpoint_id)
         return completed

@@ -399,13 +399,8 @@ class KeyedProcessOperator:
         if self._manual_processing_time is not None:
             service.advance_processing_time(self._manual_processing_time)
         self.timer_services[name] = service
-        participants = getattr(self.keyed_backend, "snapshot_participants", None)
-        if participants is not None:
-            participants.append(service)
-        # timers of this service restored before it existed (backends that keep them pending)
-        restore_pending = getattr(self.keyed_backend, "restore_pending_timers", None)
-        if restore_pending is not None:
-            restore_pending(service)
+        # its timers join keyed snapshots; timers restored before it existed are handed over
+        self.keyed_backend.register_timer_service(service)
         return service
 
     def advance_watermark(self, watermark: int) -> int:
@@ -448,9 +443,12 @@ class KeyedProcessOperator:
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` was committed: the keyed backend may build on it (a
         RocksDB backend's next checkpoint references its SST files instead of uploading them)."""
-        notify = getattr(self.keyed_backend, "notify_checkpoint_complete", None)
-        if notify is not None:
-            notify(checkpoint_id)
+        self.keyed_backend.notify_checkpoint_complete(checkpoint_id)
+
+    def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` will never commit: the keyed backend drops what it
+        uploaded for it (a RocksDB backend's next checkpoint will not reference those files)."""
+        self.keyed_backend.notify_checkpoint_aborted(checkpoint_id)
 
     def snapshot(self, checkpoint_id: int) -> OperatorSnapshot:
         """The synchronous phase of a checkpoint of this subtask."""

@@ -132,11 +132,10 @@ def _read_subtask(
     if state in tables:
         entries = (e for m in tables[state].key_group_maps() for e in m)
     else:
-        pending = backend._pending_restore
-        raw = None if pending is None else pending.states.get(state)
-        if raw is None:
+        blocks = backend.encoded_restored_state(state)
+        if blocks is None:
             return
-        entries = _raw_entries(raw.blocks, key_serializer)
+        entries = _raw_entries(blocks, key_serializer)
         value_ddl = None
     for key, namespace, value in entries:
         yield {

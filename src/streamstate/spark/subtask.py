@@ -184,6 +184,10 @@ class SubtaskRuntime:
                 # chk-<base> was committed with this runtime's files (the driver starts batch
                 # base + 1 only after committing it): the next checkpoint may build on them
                 self.op.notify_checkpoint_complete(base)
+            elif self.attempt is not None:
+                # another attempt's files may have been committed as chk-<base> (the batch this
+                # runtime checkpointed was superseded): never build on this runtime's uploads
+                self.op.notify_checkpoint_aborted(base)
             return "hot"
         self._discard()
         op = self._new_operator()
@@ -255,11 +259,10 @@ class SubtaskRuntime:
         )
 
     def _new_checkpointer(self, op: Any) -> Any:
-        from streamstate.backends.heap.backend import HeapKeyedStateBackend
         from streamstate.checkpoint.writer import IncrementalPolicy, SubtaskCheckpointer
 
         incremental: Any = False
-        if isinstance(op.keyed_backend, HeapKeyedStateBackend) and op.keyed_backend.incremental:
+        if op.keyed_backend.incremental:  # change tracking (an incremental heap backend)
             incremental = IncrementalPolicy(max_deltas=self.job.max_deltas)
         return SubtaskCheckpointer(
             self._storage(),
@@ -377,7 +380,11 @@ class SubtaskRuntime:
         outputs = self._stage(batch_id, attempt, savepoint)
         side_outputs = self._stage_side(batch_id, attempt, savepoint)
         t1 = time.perf_counter()
-        handle = future.result()
+        try:
+            handle = future.result()
+        except BaseException:
+            self.op.notify_checkpoint_aborted(batch_id)  # the batch is dropped
+            raise
         t2 = time.perf_counter()
         self.version, self.lineage, self.attempt = batch_id, new_lineage, attempt
         return BatchResult(

@@ -6,19 +6,77 @@ would clash with ``tests/conftest.py`` under ``--doctest-modules``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import pytest
 
 from streamstate.backends.rocksdb.backend import RocksDBKeyedStateBackend
-from streamstate.backends.rocksdb.incremental import IncrementalStateHandle, SharedStateRegistry
+from streamstate.backends.rocksdb.incremental import (  # noqa: F401 - SharedFile: doctest
+    IncrementalStateHandle,
+    SharedFile,
+)
 from streamstate.backends.rocksdb.instance import RocksDBConfig
-from streamstate.backends.rocksdb.storage import FsspecFileStore
+from streamstate.backends.rocksdb.storage import FsspecFileStore, SnapshotFileStore
 from streamstate.keygroups import KeyGroupRange, compute_key_group_range_for_operator_index
 from streamstate.serializers import serializer_for
 
 RocksFactory = Callable[..., RocksDBKeyedStateBackend]
+
+
+class SharedStateRegistry:
+    """(Test scaffolding: the runtimes rely on the checkpoint storage's retention instead.)
+
+    Reference counts of shared files over the retained checkpoints of a job.
+
+    The checkpoint coordinator registers each completed checkpoint's handles and releases a
+    checkpoint when retention drops it; a shared file is deleted when the last retained
+    checkpoint referencing it is released.
+
+    >>> class NoStore:
+    ...     def delete(self, path): print("delete", path)
+    >>> h = lambda cid, paths: IncrementalStateHandle(path=f"chk-{cid}", size=0, crc32c=0,
+    ...     checkpoint_id=cid, key_group_range=(0, 1), uploaded_bytes=0, reused_bytes=0,
+    ...     shared=[SharedFile(p.rsplit("/", 1)[-1], p, 1, 0) for p in paths])
+    >>> r = SharedStateRegistry(NoStore())
+    >>> r.register(1, [h(1, ["shared/a", "shared/b"])]); r.register(2, [h(2, ["shared/b"])])
+    >>> r.release(1)
+    delete shared/a
+    ['shared/a']
+    """
+
+    def __init__(self, store: SnapshotFileStore) -> None:
+        self.store = store
+        self._by_checkpoint: dict[int, set[str]] = {}
+        self._refs: dict[str, int] = {}
+
+    def register(self, checkpoint_id: int, handles: Iterable[IncrementalStateHandle]) -> None:
+        if checkpoint_id in self._by_checkpoint:
+            raise ValueError(f"checkpoint {checkpoint_id} is already registered")
+        paths = {p for h in handles for p in h.shared_paths}
+        self._by_checkpoint[checkpoint_id] = paths
+        for p in paths:
+            self._refs[p] = self._refs.get(p, 0) + 1
+
+    def release(self, checkpoint_id: int) -> list[str]:
+        """Drop a checkpoint; delete and return the shared files nothing references any more."""
+        paths = self._by_checkpoint.pop(checkpoint_id, set())
+        deleted = []
+        for p in sorted(paths):
+            n = self._refs[p] - 1
+            if n:
+                self._refs[p] = n
+            else:
+                del self._refs[p]
+                self.store.delete(p)
+                deleted.append(p)
+        return deleted
+
+    def referenced(self) -> set[str]:
+        return set(self._refs)
+
+    def retained_checkpoints(self) -> list[int]:
+        return sorted(self._by_checkpoint)
 
 
 @pytest.fixture(name="make_rocks")

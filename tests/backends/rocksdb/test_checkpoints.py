@@ -8,10 +8,16 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from rocks_helpers import checkpoint, make_rocks_fixture, raw_content, store_fixture  # noqa: F401 - fixtures
+from rocks_helpers import (  # noqa: F401 - fixtures
+    SharedStateRegistry,
+    checkpoint,
+    make_rocks_fixture,
+    raw_content,
+    store_fixture,
+)
 
 from streamstate import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
-from streamstate.backends.rocksdb.incremental import IncrementalManifest, SharedStateRegistry
+from streamstate.backends.rocksdb.incremental import IncrementalManifest
 from streamstate.backends.rocksdb.restore import load_manifest
 from streamstate.backends.rocksdb.storage import CheckpointStorageFileStore
 from streamstate.errors import (
@@ -343,3 +349,15 @@ def test_checkpoint_storage_adapter(make_rocks: Any) -> None:
     for b in new:
         b.restore_from_incremental(store, handles)
     _check(new, range(500))
+
+
+def test_an_aborted_checkpoint_drops_its_pending_uploads(make_rocks: Any, store: Any) -> None:
+    """Once checkpoint 1 is aborted, its files are never referenced, even if a (stale)
+    completion notice for it arrives later."""
+    b = make_rocks()
+    _fill([b], range(1000), p=1)
+    b.snapshot(1).write_incremental(store, "chk-1/op/0-0.state")
+    b.notify_checkpoint_aborted(1)
+    b.notify_checkpoint_complete(1)
+    h2 = b.snapshot(2).write_incremental(store, "chk-2/op/0-0.state")
+    assert h2.reused_bytes == 0

@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from streamstate.api.descriptors import StateDescriptor, StateKind
 from streamstate.api.functions import AggregateFunction, ReduceFunction
@@ -80,6 +80,9 @@ from streamstate.backends.decorators.ttl_cleanup import (
 from streamstate.errors import StateAccessError
 from streamstate.serializers import DictSerializer, ListSerializer, TypeSerializer
 from streamstate.serializers.ttl import TtlValueSerializer
+
+if TYPE_CHECKING:
+    from streamstate.backends.base import KeyedStateBackend
 
 __all__ = [
     "LONG_MAX",
@@ -608,13 +611,15 @@ _TTL_STATES: dict[StateKind, type[_TtlState]] = {
 
 
 def create_ttl_state(
-    backend: Any, namespace_serializer: TypeSerializer[Any], descriptor: StateDescriptor
+    backend: KeyedStateBackend,
+    namespace_serializer: TypeSerializer[Any],
+    descriptor: StateDescriptor,
 ) -> Any:
     """Create the raw state of ``descriptor`` in ``backend`` and wrap it with TTL.
 
-    Also wires the cleanup strategies of the descriptor's :class:`StateTtlConfig`: on the heap
-    backend the state table's snapshot transformer and the incremental cleanup cursor; on any
-    backend with ``register_ttl_cleanup`` a :class:`TtlCleanupHook`.
+    Also hands the cleanup strategies of the descriptor's :class:`StateTtlConfig` to the backend
+    as a :class:`TtlCleanupHook` (``register_ttl_cleanup``: the heap backend wires its state
+    table's snapshot transformer and incremental cleanup cursor, RocksDB its bounded sweep).
     """
     config = descriptor.ttl_config
     if config is None:
@@ -622,27 +627,14 @@ def create_ttl_state(
     policy = TtlPolicy(config, backend.clock)
     raw = backend._create_internal_state(namespace_serializer, _raw_descriptor(descriptor, policy))
     transform = snapshot_transform(descriptor.kind, policy)
-    access: Callable[[], Any] | None = None
-
-    from streamstate.backends.heap.state_table import StateTable
-
-    table = getattr(raw, "table", None)
-    if isinstance(table, StateTable):
-        table.snapshot_transformer = transform if config.cleanup_full_snapshot else None
-        if config.cleanup_size > 0:
-            cleanup = IncrementalCleanup(table, transform, config.cleanup_size)
-            access = cleanup.step
-            if config.run_cleanup_for_every_record:
-                backend.key_selected_listeners.append(cleanup)
-    else:
-        register = getattr(backend, "register_ttl_cleanup", None)
-        if register is not None:
-            register(
-                TtlCleanupHook(
-                    descriptor.name,
-                    transform,
-                    config.cleanup_full_snapshot,
-                    config.rocksdb_sweep_per_checkpoint,
-                )
-            )
+    access = backend.register_ttl_cleanup(
+        TtlCleanupHook(
+            descriptor.name,
+            transform,
+            config.cleanup_full_snapshot,
+            config.rocksdb_sweep_per_checkpoint,
+            config.cleanup_size,
+            config.run_cleanup_for_every_record,
+        )
+    )
     return _TTL_STATES[descriptor.kind](raw, descriptor, policy, access)

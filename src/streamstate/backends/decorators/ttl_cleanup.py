@@ -186,15 +186,18 @@ class IncrementalCleanup:
 
 
 class TtlCleanupHook:
-    """What a backend without heap incremental cleanup (RocksDB) gets for one TTL state.
-
-    See the module docstring for the contract; :func:`sweep` implements the bounded sweep.
+    """The cleanup strategies of one TTL state, handed to its backend's
+    ``register_ttl_cleanup``: the heap backend wires ``transform`` into the state table
+    (snapshot transformer, :class:`IncrementalCleanup` of ``cleanup_size``); RocksDB runs the
+    bounded sweep of the module docstring (:func:`sweep`) at snapshots.
     """
 
     __slots__ = (
         "cleanup_full_snapshot",
+        "cleanup_size",
         "cursor",
         "max_entries_per_checkpoint",
+        "run_cleanup_for_every_record",
         "state_name",
         "transform",
     )
@@ -205,11 +208,17 @@ class TtlCleanupHook:
         transform: Callable[[Any], Any],
         cleanup_full_snapshot: bool,
         max_entries_per_checkpoint: int,
+        cleanup_size: int = 0,
+        run_cleanup_for_every_record: bool = False,
     ) -> None:
         self.state_name = state_name
         self.transform = transform
         self.cleanup_full_snapshot = cleanup_full_snapshot
         self.max_entries_per_checkpoint = max_entries_per_checkpoint
+        #: heap incremental cleanup: entries checked per state access (0: off)
+        self.cleanup_size = cleanup_size
+        #: heap incremental cleanup: also step on every key change
+        self.run_cleanup_for_every_record = run_cleanup_for_every_record
         #: the backend's resume position for the next sweep (None: start from the beginning)
         self.cursor: Any = None
 

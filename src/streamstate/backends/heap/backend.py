@@ -7,21 +7,33 @@ from typing import Any, Literal
 
 from streamstate.api.descriptors import StateDescriptor
 from streamstate.api.state import InternalKvState
-from streamstate.backends.base import Clock, KeyedStateBackend
+from streamstate.backends.base import (
+    Clock,
+    KeyedStateBackend,
+    RestoreInput,
+    SnapshotParticipant,
+    TimerQueueOwner,
+)
+from streamstate.backends.decorators.ttl_cleanup import IncrementalCleanup, TtlCleanupHook
 from streamstate.backends.heap.incremental import (
     DeltaSnapshotSource,
-    ReplaceDeltaSource,
     TrackingStateMap,
     capture_table_changes,
     tracking_map_class,
 )
 from streamstate.backends.heap.nested_maps import NestedStateMap
+from streamstate.backends.heap.restore import HeapRestoreOperation, RestoredRawStates
 from streamstate.backends.heap.snapshot import HeapKeyedStateSnapshot, StateTableSnapshotSource
 from streamstate.backends.heap.state_map import StateMap
 from streamstate.backends.heap.state_table import StateTable
 from streamstate.backends.heap.states import STATE_FACTORIES
 from streamstate.backends.restore import KeyedStateRestore
-from streamstate.backends.snapshot import DELTA_SNAPSHOT, SnapshotSource, StateMetaInfo
+from streamstate.backends.snapshot import (
+    DELTA_SNAPSHOT,
+    EncodedEntries,
+    SnapshotSource,
+    StateMetaInfo,
+)
 from streamstate.errors import StateBackendError
 from streamstate.keygroups import KeyGroupRange
 from streamstate.serializers.base import TypeSerializer
@@ -89,9 +101,7 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         self.incremental = incremental
         self._tables: dict[str, StateTable] = {}
         #: restored state still encoded until registered (see heap/restore.py)
-        self._pending_restore: Any = None
-        #: other participants of keyed snapshots (timer services): objects with snapshot_sources()
-        self.snapshot_participants: list[Any] = []
+        self._pending_restore: RestoredRawStates | None = None
 
     # ---- states --------------------------------------------------------------------------------
 
@@ -162,7 +172,7 @@ class HeapKeyedStateBackend(KeyedStateBackend):
             StateTableSnapshotSource(t.meta, t.snapshot_maps(), t.snapshot_transformer)
             for t in self._tables.values()
         ]
-        for participant in self.snapshot_participants:
+        for participant in self._participants():
             sources.extend(participant.snapshot_sources())
         return HeapKeyedStateSnapshot(
             self.key_serializer,
@@ -189,12 +199,8 @@ class HeapKeyedStateBackend(KeyedStateBackend):
             copy = None if serializer.immutable else serializer.copy
             per_kg = capture_table_changes(t.key_group_maps(), copy, t.snapshot_transformer)
             sources.append(DeltaSnapshotSource(t.meta, per_kg))
-        for participant in self.snapshot_participants:
-            delta = getattr(participant, "delta_snapshot_sources", None)
-            if delta is not None:
-                sources.extend(delta())
-            else:
-                sources.extend(ReplaceDeltaSource(s) for s in participant.snapshot_sources())
+        for participant in self._participants():
+            sources.extend(participant.delta_snapshot_sources())
         return HeapKeyedStateSnapshot(
             self.key_serializer,
             self.max_parallelism,
@@ -208,33 +214,76 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         """Forget recorded changes: the current state is the base of the next delta."""
         for t in self._tables.values():
             _take_changes(t)
-        for participant in self.snapshot_participants:
-            reset = getattr(participant, "reset_changes", None)
-            if reset is not None:
-                reset()
+        for participant in self._participants():
+            participant.reset_changes()
+
+    def _participants(self) -> list[SnapshotParticipant]:
+        """What a snapshot carries besides the tables: timers, restored state still encoded."""
+        participants: list[SnapshotParticipant] = []
+        if self._pending_restore is not None:
+            participants.append(self._pending_restore)
+        participants.extend(self.snapshot_participants)
+        return participants
 
     # ---- restore -------------------------------------------------------------------------------
 
-    def restore(self, files: Sequence[KeyedStateRestore]) -> None:
+    def restore(self, source: RestoreInput | Sequence[KeyedStateRestore]) -> None:
         """Restore from snapshot files (full then deltas, per old subtask); all or nothing.
 
-        Must run before any state is registered; timers go to the snapshot participants (timer
-        services) present now.
+        Must run before any state is registered; timers go to the timer services present now,
+        the others get theirs when they join (:meth:`restore_pending_timers`). Native snapshots
+        are read through their canonical view.
         """
-        from streamstate.backends.heap.restore import HeapRestoreOperation
-
         self._check_open()
-        HeapRestoreOperation(self).run(files)
+        HeapRestoreOperation(self).run(RestoreInput.of(source).files)
 
-    def _install_pending_restore(self, pending: Any) -> None:
+    def install_pending_restore(self, pending: RestoredRawStates) -> None:
+        """Restored state still encoded (heap/restore.py): written into every snapshot
+        unchanged, decoded into its table when the program registers the state."""
         self._pending_restore = pending
-        self.snapshot_participants.append(pending)
 
-    def restore_pending_timers(self, service: Any) -> int:
+    def has_state_table(self, name: str) -> bool:
+        return name in self._tables
+
+    def drop_state_table(self, name: str) -> None:
+        """Forget the table of ``name`` (a restore that failed midway undoes its tables)."""
+        self._tables.pop(name, None)
+
+    def restore_pending_timers(self, service: TimerQueueOwner) -> int:
         """Hand a timer service created after the restore its checkpointed timers."""
         if self._pending_restore is None:
             return 0
-        return int(self._pending_restore.restore_timers(service, self.key_serializer))
+        return self._pending_restore.restore_timers(service, self.key_serializer)
+
+    def encoded_restored_state(self, name: str) -> list[EncodedEntries | None] | None:
+        """The per-key-group entries of restored state ``name`` still encoded (its serializer
+        is not built in and the program has not registered it), or None."""
+        pending = self._pending_restore
+        state = None if pending is None else pending.states.get(name)
+        return None if state is None else list(state.blocks)
+
+    # ---- checkpoints and TTL -------------------------------------------------------------------
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        """Nothing to do: a heap snapshot references no earlier upload."""
+
+    def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
+        """Nothing to do: a heap snapshot keeps nothing after it was written."""
+
+    def forget_uploads(self) -> None:
+        """Nothing to do: heap snapshots never reference earlier uploads."""
+
+    def register_ttl_cleanup(self, hook: TtlCleanupHook) -> Callable[[], object] | None:
+        """Wire the TTL cleanup strategies into the state's table: the snapshot transformer
+        (full-snapshot cleanup) and the incremental cleanup cursor."""
+        table = self.state_table(hook.state_name)
+        table.snapshot_transformer = hook.transform if hook.cleanup_full_snapshot else None
+        if hook.cleanup_size <= 0:
+            return None
+        cleanup = IncrementalCleanup(table, hook.transform, hook.cleanup_size)
+        if hook.run_cleanup_for_every_record:
+            self.key_selected_listeners.append(cleanup)
+        return cleanup.step
 
     def dispose(self) -> None:
         self._tables.clear()

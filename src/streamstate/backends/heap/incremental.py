@@ -27,7 +27,6 @@ from typing import Any
 from streamstate.backends.heap.state_map import StateMap, StateSnapshotTransformer
 from streamstate.backends.snapshot import (
     DeltaEntries,
-    EncodedEntries,
     EntryColumns,
     SnapshotSource,
     StateMetaInfo,
@@ -38,7 +37,6 @@ __all__ = [
     "LOOKUP",
     "MISSING",
     "DeltaSnapshotSource",
-    "ReplaceDeltaSource",
     "TrackingStateMap",
     "capture_table_changes",
     "tracking_map_class",
@@ -302,28 +300,3 @@ class DeltaSnapshotSource(SnapshotSource):
 
     def release(self) -> None:
         self._per_kg = [None] * len(self._per_kg)
-
-
-class ReplaceDeltaSource(SnapshotSource):
-    """A full source presented as a delta that replaces every key group it has entries in
-    (for snapshot participants that do not track changes)."""
-
-    __slots__ = ("_source", "meta")
-
-    def __init__(self, source: SnapshotSource) -> None:
-        self._source = source
-        self.meta = source.meta
-
-    def entries(self, key_group_index: int) -> DeltaEntries | EncodedEntries:
-        got = self._source.entries(key_group_index)
-        if got is None:
-            return DeltaEntries([], None)  # the key group may have had entries before
-        if isinstance(got, DeltaEntries | EncodedEntries):
-            return got  # encoded entries are written as a replacement too
-        return DeltaEntries(got if isinstance(got, list) else list(got), None)
-
-    def release_key_group(self, key_group_index: int) -> None:
-        self._source.release_key_group(key_group_index)
-
-    def release(self) -> None:
-        self._source.release()

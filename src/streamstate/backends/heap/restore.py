@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
-from streamstate.backends.base import RestoredStateMeta
+from streamstate.backends.base import RestoredStateMeta, TimerQueueOwner
 from streamstate.backends.restore import KeyedStateRestore, RestoredSerializer, is_builtin_snapshot
 from streamstate.backends.snapshot import (
     TIMER_STATE_KIND,
@@ -39,14 +39,48 @@ from streamstate.errors import (
     StateAccessError,
     StateMigrationException,
 )
+from streamstate.keygroups import KeyGroupRange
 from streamstate.serializers import Int64Serializer, serializer_from_snapshot
 from streamstate.serializers.base import TypeSerializer
 
 if TYPE_CHECKING:
-    from streamstate.backends.heap.backend import HeapKeyedStateBackend
     from streamstate.backends.heap.state_table import StateTable
 
-__all__ = ["HeapRestoreOperation", "RestoredRawStates"]
+__all__ = ["HeapRestoreOperation", "HeapRestoreTarget", "RestoredRawStates"]
+
+
+class HeapRestoreTarget(Protocol):
+    """What :class:`HeapRestoreOperation` needs of the backend it restores
+    (``HeapKeyedStateBackend``): given to its constructor, no private field is written."""
+
+    key_serializer: TypeSerializer[Any]
+    max_parallelism: int
+    key_group_range: KeyGroupRange
+    snapshot_participants: list[TimerQueueOwner]
+
+    def registered_state_names(self) -> list[str]: ...
+
+    def has_state_table(self, name: str) -> bool: ...
+
+    def register_state_table(
+        self,
+        name: str,
+        kind: str,
+        namespace_serializer: TypeSerializer[Any],
+        state_serializer: TypeSerializer[Any],
+        ttl: dict[str, Any] | None = None,
+    ) -> StateTable: ...
+
+    def drop_state_table(self, name: str) -> None: ...
+
+    def add_restored_meta(self, meta: RestoredStateMeta) -> bool: ...
+
+    def discard_restored_meta(self, name: str) -> None: ...
+
+    def install_pending_restore(self, pending: RestoredRawStates) -> None: ...
+
+    def reset_change_tracking(self) -> None: ...
+
 
 _ENCODER = msgspec.msgpack.Encoder()
 _RAW_SECTION = msgspec.msgpack.Decoder(
@@ -163,6 +197,9 @@ class RestoredRawStates:
     def delta_snapshot_sources(self) -> list[SnapshotSource]:
         return []  # encoded state never changes
 
+    def reset_changes(self) -> None:
+        return None  # encoded state never changes
+
     def fill(self, table: StateTable, key_serializer: TypeSerializer[Any]) -> bool:
         """Decode the pending entries of ``table``'s state into it; False if there are none."""
         pending = self.states.pop(table.meta.name, None)
@@ -177,7 +214,7 @@ class RestoredRawStates:
                 _put_section(maps[index], codec, block.data, None, table.meta.name, index)
         return True
 
-    def restore_timers(self, service: Any, key_serializer: TypeSerializer[Any]) -> int:
+    def restore_timers(self, service: TimerQueueOwner, key_serializer: TypeSerializer[Any]) -> int:
         """Give a timer service created after the restore its timers; returns how many."""
         restored = 0
         for domain in ("event", "processing"):
@@ -234,7 +271,7 @@ def _put_section(
 class HeapRestoreOperation:
     """Applies snapshot files to a fresh :class:`HeapKeyedStateBackend`, all or nothing."""
 
-    def __init__(self, backend: HeapKeyedStateBackend) -> None:
+    def __init__(self, backend: HeapRestoreTarget) -> None:
         self.backend = backend
 
     def run(self, files: Iterable[KeyedStateRestore]) -> None:
@@ -298,9 +335,9 @@ class HeapRestoreOperation:
                             ) from None
         except BaseException:
             for name in created_tables:
-                backend._tables.pop(name, None)
+                backend.drop_state_table(name)
             for name in added_meta:
-                backend._restored_meta.pop(name, None)
+                backend.discard_restored_meta(name)
             raise
         finally:
             if gc_was_enabled:
@@ -316,7 +353,7 @@ class HeapRestoreOperation:
                 for ts, key, ns in kg_timers or ():
                     service.restore_timer(domain, key, ns, ts, kg_start + i)
         if len(pending):
-            backend._install_pending_restore(pending)
+            backend.install_pending_restore(pending)
         backend.reset_change_tracking()
 
     # ---- helpers -------------------------------------------------------------------------------
@@ -347,11 +384,8 @@ class HeapRestoreOperation:
         name = meta["name"]
         if meta["kind"] == TIMER_STATE_KIND:
             for participant in backend.snapshot_participants:
-                state_name = getattr(participant, "state_name", None)
-                if state_name is None or not hasattr(participant, "restore_timer"):
-                    continue
                 for domain in ("event", "processing"):
-                    if state_name(domain) == name:
+                    if participant.state_name(domain) == name:
                         codec = StateCodec(
                             backend.key_serializer,
                             participant.namespace_serializer,
@@ -360,14 +394,13 @@ class HeapRestoreOperation:
                         return "timer", (participant, domain, codec)
             pending.states[name] = _PendingState(meta, len(backend.key_group_range))
             return "raw", None
-        if name not in backend._restored_meta:
+        if backend.add_restored_meta(RestoredStateMeta.from_dict(meta)):
             added_meta.append(name)
-        backend._restored_meta[name] = RestoredStateMeta.from_dict(meta)
         ns_snap, state_snap = meta["namespace_serializer"], meta["state_serializer"]
         if is_builtin_snapshot(ns_snap) and is_builtin_snapshot(state_snap):
             ns_ser = serializer_from_snapshot(ns_snap)
             state_ser = serializer_from_snapshot(state_snap)
-            if name not in backend._tables:
+            if not backend.has_state_table(name):
                 created_tables.append(name)
             table = backend.register_state_table(
                 name, meta["kind"], ns_ser, state_ser, meta.get("ttl")

@@ -66,9 +66,6 @@ class StateTable:
 
     # ---- current key ---------------------------------------------------------------------------
 
-    def current_map(self) -> StateMap:
-        return self.maps[self.ctx.kg_index]
-
     def get(self, namespace: Any) -> Any:
         ctx = self.ctx
         return self.maps[ctx.kg_index].get(ctx.key, namespace)

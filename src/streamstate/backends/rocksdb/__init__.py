@@ -7,8 +7,16 @@ key-group ranges. See ``docs/architecture.md`` ("RocksDB backend").
 """
 
 from streamstate.backends.rocksdb.backend import RocksDBKeyedStateBackend
-from streamstate.backends.rocksdb.incremental import IncrementalStateHandle, SharedStateRegistry
+from streamstate.backends.rocksdb.incremental import (
+    IncrementalManifest,
+    IncrementalStateHandle,
+)
 from streamstate.backends.rocksdb.instance import RocksDBConfig
+from streamstate.backends.rocksdb.native_view import (
+    download_snapshot,
+    load_manifest,
+    open_native_snapshot,
+)
 from streamstate.backends.rocksdb.snapshot import RocksDBKeyedStateSnapshot
 from streamstate.backends.rocksdb.storage import (
     CheckpointStorageFileStore,
@@ -19,10 +27,13 @@ from streamstate.backends.rocksdb.storage import (
 __all__ = [
     "CheckpointStorageFileStore",
     "FsspecFileStore",
+    "IncrementalManifest",
     "IncrementalStateHandle",
     "RocksDBConfig",
     "RocksDBKeyedStateBackend",
     "RocksDBKeyedStateSnapshot",
-    "SharedStateRegistry",
     "SnapshotFileStore",
+    "download_snapshot",
+    "load_manifest",
+    "open_native_snapshot",
 ]

@@ -10,47 +10,46 @@ from __future__ import annotations
 
 import tempfile
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 from streamstate.api.descriptors import StateDescriptor, StateKind
 from streamstate.api.state import InternalKvState
-from streamstate.backends.base import Clock, KeyedStateBackend
+from streamstate.backends.base import Clock, KeyedStateBackend, RestoreInput, TimerQueueOwner
+from streamstate.backends.restore import KeyedStateRestore
 from streamstate.backends.rocksdb.cache import MapCache, ValueCache, WriteBackCache
+from streamstate.backends.rocksdb.incremental import UploadTracker
 from streamstate.backends.rocksdb.instance import (
     DEFAULT_COLUMN_FAMILY,
     ColumnFamily,
     RocksDBConfig,
     RocksDBInstance,
 )
-from streamstate.backends.rocksdb.keys import KeyLayout, key_group_bound
+from streamstate.backends.rocksdb.keys import KeyLayout
+from streamstate.backends.rocksdb.parts import RegisteredState
+from streamstate.backends.rocksdb.restore import (
+    migrate_column_family,
+    restore_canonical,
+    restore_incremental,
+)
+from streamstate.backends.rocksdb.restore_files import (
+    restore_deferred_state,
+    restore_file_timers,
+    restore_files,
+)
+from streamstate.backends.rocksdb.restored import RestoredStates
+from streamstate.backends.rocksdb.snapshot import RocksDBKeyedStateSnapshot, take_snapshot
 from streamstate.backends.rocksdb.states import STATE_FACTORIES, CurrentKeyBytes
-from streamstate.backends.snapshot import StateMetaInfo
+from streamstate.backends.snapshot import KeyedStateSnapshot, StateMetaInfo
 from streamstate.errors import InvalidStateNameError, StateBackendError, StateMigrationException
 from streamstate.keygroups import KeyGroupRange
 from streamstate.serializers import serializer_from_snapshot
 from streamstate.serializers.base import TypeSerializer
 
+if TYPE_CHECKING:
+    from streamstate.backends.decorators.ttl_cleanup import TtlCleanupHook
+
 __all__ = ["RegisteredState", "RocksDBKeyedStateBackend"]
-
-
-class RegisteredState:
-    """What the backend knows about one state's column family."""
-
-    __slots__ = ("cache", "cf", "layout", "meta", "ttl_hook")
-
-    def __init__(
-        self,
-        meta: StateMetaInfo,
-        cf: ColumnFamily,
-        layout: KeyLayout,
-        cache: ValueCache | MapCache,
-    ) -> None:
-        self.meta = meta
-        self.cf = cf
-        self.layout = layout
-        self.cache = cache
-        self.ttl_hook: Any = None
 
 
 class RocksDBKeyedStateBackend(KeyedStateBackend):
@@ -98,22 +97,12 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         # every key change is a record boundary: the cache may flush and evict there
         self.key_selected_listeners.append(self.cache.at_record_boundary)
         self._registered: dict[str, RegisteredState] = {}
-        #: meta of restored states not registered yet (their data is in RocksDB already)
-        self._restored_states: dict[str, dict[str, Any]] = {}
-        #: timers restored from a checkpoint, waiting for their timer service to join
-        self._restored_timers: dict[str, list[tuple[Any, Any, int, int]]] = {}
-        #: timer blocks restored from snapshot files (still encoded): name -> key group -> block
-        self._restored_timer_blocks: dict[str, dict[int, Any]] = {}
-        #: states restored from snapshot files, decoded when registered: name -> files
-        self._deferred_files: dict[str, list[Any]] = {}
-        #: timer services whose (heap) timers are snapshotted with the keyed state
-        self.snapshot_participants: list[Any] = []
+        #: restored data waiting for its state or timer service (rocksdb/restored.py)
+        self.restored = RestoredStates()
         #: identifies this backend's lineage of incremental checkpoints
         self.backend_uid = uuid.uuid4().hex
-        #: local SST name -> shared file of the last *confirmed* checkpoint (reused, not uploaded)
-        self.confirmed_uploads: dict[str, Any] = {}
-        self._pending_uploads: dict[int, dict[str, Any]] = {}
-        self._last_confirmed_checkpoint = -1
+        #: shared files the next incremental checkpoint may reference instead of uploading
+        self.uploads = UploadTracker()
 
     # ---- states ------------------------------------------------------------------------------
 
@@ -142,10 +131,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         is_map = kind is StateKind.MAP
         layout = self._layout_for(namespace_serializer, has_user_key=is_map)
         cf = self.instance.column_family(name)
-        restored = self._restored_states.pop(name, None)
-        if name in self._deferred_files:
-            from streamstate.backends.rocksdb.restore_files import restore_deferred_state
-
+        restored = self.restored.take_state(name)
+        if self.restored.is_deferred(name):
             restore_deferred_state(
                 self, name, kind.value, namespace_serializer, meta.state_serializer
             )
@@ -191,16 +178,22 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                 f"state {name!r} needs migration but its checkpointed serializer cannot be "
                 f"rebuilt: {exc}"
             ) from exc
-        from streamstate.backends.rocksdb.restore import migrate_column_family
-
         migrate_column_family(self.instance, cf, meta.kind, old, new, layout)
 
-    def register_ttl_cleanup(self, hook: Any) -> None:
-        """Called by the TTL decorator (``create_ttl_state``) for every TTL state."""
+    def register_ttl_cleanup(self, hook: TtlCleanupHook) -> Callable[[], object] | None:
+        """Called by the TTL decorator (``create_ttl_state``) for every TTL state: the hook's
+        bounded sweep runs at snapshots (rocksdb/snapshot.py); nothing runs per access."""
         self._registered[hook.state_name].ttl_hook = hook
+        return None
 
-    def registered_state(self, name: str) -> RegisteredState | None:
-        return self._registered.get(name)
+    def registered_states(self) -> list[RegisteredState]:
+        """Every registered state's column family, layout, cache and TTL hook."""
+        return list(self._registered.values())
+
+    @property
+    def key_layout(self) -> KeyLayout:
+        """The layout of the key part of composite keys, shared by every state."""
+        return self._key_layout
 
     # ---- whole-state queries -----------------------------------------------------------------
 
@@ -214,7 +207,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         reg = self._registered.get(name)
         if reg is not None:
             return reg.cf, reg.layout
-        restored = self._restored_states.get(name)
+        restored = self.restored.state(name)
         if restored is None:
             return None
         try:
@@ -254,7 +247,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         if state_name is not None:
             names = [state_name]
         else:
-            names = [*self._registered, *self._restored_states]
+            names = [*self._registered, *self.restored.state_names()]
         total = 0
         for name in names:
             found = self._column_family_and_layout(name)
@@ -270,34 +263,23 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                     previous = entry
         return total
 
-    def key_group_bounds(self, key_groups: KeyGroupRange) -> tuple[bytes, bytes]:
-        """``[begin, end)`` of the composite keys of ``key_groups`` (in every column family)."""
-        n = self._key_layout.kg_bytes
-        return key_group_bound(key_groups.start, n), key_group_bound(key_groups.end + 1, n)
-
     # ---- timers ------------------------------------------------------------------------------
 
-    def restore_pending_timers(self, service: Any) -> int:
+    def restore_pending_timers(self, service: TimerQueueOwner) -> int:
         """Hand a timer service the checkpointed timers restored for it (by its name); a
         service present during the restore gets them right away. Returns how many."""
-        restore = getattr(service, "restore_timer", None)
-        state_name = getattr(service, "state_name", None)
-        if restore is None or state_name is None:
-            return 0
         n = 0
-        if self._restored_timer_blocks:
-            from streamstate.backends.rocksdb.restore_files import restore_file_timers
-
-            n += restore_file_timers(self, service)
-        if not self._restored_timers:
+        if not self.restored.has_timers():
             return n
-        ns_serializer = getattr(service, "namespace_serializer", None)
+        n += restore_file_timers(self, service)
+        ns_serializer = service.namespace_serializer
         for domain in ("event", "processing"):
-            timers = self._restored_timers.pop(state_name(domain), None)
-            for key, namespace, timestamp, key_group in timers or ():
-                if isinstance(namespace, bytes) and ns_serializer is not None:
+            for key, namespace, timestamp, key_group in self.restored.take_timers(
+                service.state_name(domain)
+            ):
+                if isinstance(namespace, bytes):
                     namespace = ns_serializer.deserialize(namespace)
-                restore(domain, key, namespace, timestamp, key_group)
+                service.restore_timer(domain, key, namespace, timestamp, key_group)
                 n += 1
         return n
 
@@ -308,39 +290,45 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
 
         A namespace given as bytes is deserialized with the service's namespace serializer.
         """
-        self._restored_timers.setdefault(state_name, []).extend(timers)
+        self.restored.add_timers(state_name, timers)
         for participant in self.snapshot_participants:
             self.restore_pending_timers(participant)
 
     # ---- restore -----------------------------------------------------------------------------
 
+    def restore(self, source: RestoreInput | Sequence[KeyedStateRestore]) -> None:
+        """Restore (before any state is registered): natively if every file is a native RocksDB
+        snapshot (download, rescale by key-group ranges), else from the keyed snapshot files
+        (full then deltas per old subtask) like the heap backend."""
+        self._check_open()
+        restore_input = RestoreInput.of(source)
+        native = restore_input.native_sources()
+        if native is not None:
+            self._restore_native(native[0].store, [n.incremental_handle for n in native])
+            if not restore_input.reuse_shared_files:
+                self.forget_uploads()
+            return
+        restore_files(self, restore_input.files)
+
     def restore_from_incremental(self, store: Any, handles: Sequence[Any]) -> dict[str, int]:
         """Restore (before any state is registered) from the incremental snapshots of the old
-        subtasks: handles or manifest paths in ``store``. Rescales if the ranges differ."""
+        subtasks: handles or manifest paths in ``store``; returns the restore's statistics.
+        (What :meth:`restore` does for native files, with handles of a bare file store.)"""
         self._check_open()
-        from streamstate.backends.rocksdb.restore import restore_incremental
+        return self._restore_native(store, handles)
 
+    def _restore_native(self, store: Any, handles: Sequence[Any]) -> dict[str, int]:
         return restore_incremental(self, store, handles)
 
-    def restore(self, files: Sequence[Any]) -> int:
-        """Restore (before any state is registered) from the checkpoint storage's keyed snapshot
-        files (``KeyedStateRestore``, full then deltas per old subtask), like the heap backend."""
+    def restore_from_snapshots(self, snapshots: Iterable[KeyedStateSnapshot]) -> int:
+        """Restore (before any state is registered) from canonical in-memory keyed snapshots
+        (savepoints of any backend, any parallelism)."""
         self._check_open()
-        from streamstate.backends.rocksdb.restore_files import restore_files
-
-        return restore_files(self, files)
-
-    def restore_from_snapshots(self, snapshots: Iterable[Any]) -> int:
-        """Restore (before any state is registered) from canonical keyed snapshots (savepoints
-        of any backend, any parallelism)."""
-        self._check_open()
-        from streamstate.backends.rocksdb.restore import restore_canonical
-
         return restore_canonical(self, snapshots)
 
     # ---- snapshots ---------------------------------------------------------------------------
 
-    def snapshot(self, checkpoint_id: int = 0) -> Any:
+    def snapshot(self, checkpoint_id: int = 0) -> RocksDBKeyedStateSnapshot:
         """The synchronous phase: flush, bounded TTL sweep, native checkpoint, meta, timers.
 
         Returns a :class:`~streamstate.backends.rocksdb.snapshot.RocksDBKeyedStateSnapshot`,
@@ -348,8 +336,6 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         savepoints) and can also be uploaded incrementally (``write_incremental``).
         """
         self._check_open()
-        from streamstate.backends.rocksdb.snapshot import take_snapshot
-
         return take_snapshot(self, checkpoint_id)
 
     @property
@@ -359,22 +345,16 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` is complete: later checkpoints may reuse its files."""
-        uploads = self._pending_uploads.pop(checkpoint_id, None)
-        if uploads is not None and checkpoint_id > self._last_confirmed_checkpoint:
-            self.confirmed_uploads = uploads
-            self._last_confirmed_checkpoint = checkpoint_id
-        for cid in [c for c in self._pending_uploads if c < checkpoint_id]:
-            del self._pending_uploads[cid]
+        self.uploads.complete(checkpoint_id)
 
     def forget_uploads(self) -> None:
         """Checkpoints go to another storage now: the next one uploads every file again (the
         files uploaded so far are in the old storage, and checkpoint ids start over there)."""
-        self.confirmed_uploads = {}
-        self._pending_uploads.clear()
-        self._last_confirmed_checkpoint = -1
+        self.uploads.forget()
 
     def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
-        self._pending_uploads.pop(checkpoint_id, None)
+        """Checkpoint ``checkpoint_id`` will never complete: its files are never reused."""
+        self.uploads.abort(checkpoint_id)
 
     # ---- lifecycle ---------------------------------------------------------------------------
 

@@ -386,9 +386,6 @@ class WriteBackCache:
     def size(self) -> int:
         return sum(c.count for c in self._caches)
 
-    def dirty_count(self) -> int:
-        return sum(len(c.dirty) for c in self._caches)
-
     def at_record_boundary(self, _key: Any = None) -> None:
         """Called before every key change (a ``key_selected_listener`` of the backend)."""
         self._countdown -= 1

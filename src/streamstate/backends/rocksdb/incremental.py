@@ -12,10 +12,9 @@ An incremental snapshot of one subtask is
 
 Manifest bytes: ``"SSRI" | u16 version | u32 crc32c(body) | body`` where ``body`` is msgpack.
 
-Shared files are deleted only when no retained checkpoint references them
-(:class:`SharedStateRegistry`, reference counts per retained checkpoint, for programs driving the
-backend directly; the runtimes list every SST in ``_metadata`` and the checkpoint storage's
-retention keeps what retained checkpoints list).
+Shared files are deleted only when no retained checkpoint references them: the runtimes list
+every SST in ``_metadata`` and the checkpoint storage's retention keeps what retained checkpoints
+list. :class:`UploadTracker` decides which uploaded files a backend's next checkpoint reuses.
 """
 
 from __future__ import annotations
@@ -27,7 +26,6 @@ from typing import Any
 import google_crc32c
 import msgspec
 
-from streamstate.backends.rocksdb.storage import SnapshotFileStore
 from streamstate.errors import CorruptCheckpointError
 
 __all__ = [
@@ -37,8 +35,8 @@ __all__ = [
     "IncrementalStateHandle",
     "PrivateFile",
     "SharedFile",
-    "SharedStateRegistry",
     "TimerBlock",
+    "UploadTracker",
 ]
 
 MANIFEST_MAGIC = b"SSRI"
@@ -148,54 +146,48 @@ class IncrementalStateHandle(msgspec.Struct, kw_only=True):
         ]
 
 
-class SharedStateRegistry:
-    """Reference counts of shared files over the retained checkpoints of a job.
+class UploadTracker:
+    """Which uploaded SST files a RocksDB backend's next incremental checkpoint may reference.
 
-    The checkpoint coordinator registers each completed checkpoint's handles and releases a
-    checkpoint when retention drops it; a shared file is deleted when the last retained
-    checkpoint referencing it is released.
-
-    >>> class NoStore:
-    ...     def delete(self, path): print("delete", path)
-    >>> h = lambda cid, paths: IncrementalStateHandle(path=f"chk-{cid}", size=0, crc32c=0,
-    ...     checkpoint_id=cid, key_group_range=(0, 1), uploaded_bytes=0, reused_bytes=0,
-    ...     shared=[SharedFile(p.rsplit("/", 1)[-1], p, 1, 0) for p in paths])
-    >>> r = SharedStateRegistry(NoStore())
-    >>> r.register(1, [h(1, ["shared/a", "shared/b"])]); r.register(2, [h(2, ["shared/b"])])
-    >>> r.release(1)
-    delete shared/a
-    ['shared/a']
+    ``write_incremental`` offers each checkpoint's shared files (:meth:`offer`); they become
+    reusable only once the runtime confirms that checkpoint (:meth:`complete`): files of a
+    checkpoint that never completed may be deleted as orphans. An aborted checkpoint's offer is
+    dropped (:meth:`abort`); a move to another storage forgets everything (:meth:`forget`).
     """
 
-    def __init__(self, store: SnapshotFileStore) -> None:
-        self.store = store
-        self._by_checkpoint: dict[int, set[str]] = {}
-        self._refs: dict[str, int] = {}
+    #: uploads of unconfirmed checkpoints kept for a later confirmation
+    MAX_PENDING = 16
 
-    def register(self, checkpoint_id: int, handles: Iterable[IncrementalStateHandle]) -> None:
-        if checkpoint_id in self._by_checkpoint:
-            raise ValueError(f"checkpoint {checkpoint_id} is already registered")
-        paths = {p for h in handles for p in h.shared_paths}
-        self._by_checkpoint[checkpoint_id] = paths
-        for p in paths:
-            self._refs[p] = self._refs.get(p, 0) + 1
+    def __init__(self) -> None:
+        #: local SST name -> shared file of the last *confirmed* checkpoint
+        self.confirmed: dict[str, SharedFile] = {}
+        self._pending: dict[int, dict[str, SharedFile]] = {}
+        self._last_confirmed = -1
 
-    def release(self, checkpoint_id: int) -> list[str]:
-        """Drop a checkpoint; delete and return the shared files nothing references any more."""
-        paths = self._by_checkpoint.pop(checkpoint_id, set())
-        deleted = []
-        for p in sorted(paths):
-            n = self._refs[p] - 1
-            if n:
-                self._refs[p] = n
-            else:
-                del self._refs[p]
-                self.store.delete(p)
-                deleted.append(p)
-        return deleted
+    def offer(self, checkpoint_id: int, shared: Iterable[SharedFile]) -> None:
+        """The shared files checkpoint ``checkpoint_id`` uploaded or referenced."""
+        pending = self._pending
+        pending[checkpoint_id] = {f.name: f for f in shared}
+        for old in [c for c in pending if c < checkpoint_id - self.MAX_PENDING]:
+            del pending[old]  # never confirmed (a runtime that does not notify)
 
-    def referenced(self) -> set[str]:
-        return set(self._refs)
+    def complete(self, checkpoint_id: int) -> None:
+        uploads = self._pending.pop(checkpoint_id, None)
+        if uploads is not None and checkpoint_id > self._last_confirmed:
+            self.confirmed = uploads
+            self._last_confirmed = checkpoint_id
+        for cid in [c for c in self._pending if c < checkpoint_id]:
+            del self._pending[cid]
 
-    def retained_checkpoints(self) -> list[int]:
-        return sorted(self._by_checkpoint)
+    def abort(self, checkpoint_id: int) -> None:
+        self._pending.pop(checkpoint_id, None)
+
+    def forget(self) -> None:
+        self.confirmed = {}
+        self._pending.clear()
+        self._last_confirmed = -1
+
+    def restored(self, shared: Iterable[SharedFile]) -> None:
+        """The files of the snapshot just restored natively are reusable (they are in the
+        storage the next checkpoint goes to unless :meth:`forget` follows)."""
+        self.confirmed = {f.name: f for f in shared}

@@ -323,9 +323,6 @@ class RocksDBInstance:
         self.db.create_column_family(name, self._options)
         return self._attach(name)
 
-    def has_column_family(self, name: str) -> bool:
-        return name in self._column_families
-
     def column_family_names(self) -> list[str]:
         return list(self._column_families)
 
@@ -374,10 +371,6 @@ class RocksDBInstance:
                 db.close()
             finally:
                 del db
-
-    @property
-    def is_open(self) -> bool:
-        return self._db is not None
 
 
 def open_read_only(

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import google_crc32c
 
@@ -29,6 +29,7 @@ from streamstate.backends.base import RestoredStateMeta
 from streamstate.backends.rocksdb.incremental import IncrementalManifest, IncrementalStateHandle
 from streamstate.backends.rocksdb.instance import ColumnFamily, RocksDBInstance, open_read_only
 from streamstate.backends.rocksdb.keys import KeyLayout, key_group_bound
+from streamstate.backends.rocksdb.parts import RocksDBParts
 from streamstate.backends.rocksdb.storage import SnapshotFileStore, crc32c_of_file
 from streamstate.backends.snapshot import TIMER_STATE_KIND
 from streamstate.errors import (
@@ -39,9 +40,6 @@ from streamstate.errors import (
 )
 from streamstate.keygroups import KeyGroupRange
 from streamstate.serializers.base import TypeSerializer
-
-if TYPE_CHECKING:
-    from streamstate.backends.rocksdb.backend import RocksDBKeyedStateBackend
 
 __all__ = [
     "download_snapshot",
@@ -67,8 +65,8 @@ def load_manifest(
     return IncrementalManifest.decode(data, path)
 
 
-def _check_compatible(
-    backend: RocksDBKeyedStateBackend,
+def check_compatible(
+    backend: RocksDBParts,
     max_parallelism: int,
     key_serializer: dict[str, Any],
     where: str,
@@ -86,7 +84,7 @@ def _check_compatible(
         )
 
 
-def _check_fresh(backend: RocksDBKeyedStateBackend) -> None:
+def check_fresh(backend: RocksDBParts) -> None:
     if backend.registered_state_names():
         raise StateBackendError(
             "a RocksDB keyed backend can only be restored before any state is registered "
@@ -94,17 +92,12 @@ def _check_fresh(backend: RocksDBKeyedStateBackend) -> None:
         )
 
 
-def _remember_states(backend: RocksDBKeyedStateBackend, states: Iterable[dict[str, Any]]) -> None:
+def remember_states(backend: RocksDBParts, states: Iterable[dict[str, Any]]) -> None:
+    states = list(states)
+    backend.restored.remember(states)
     for d in states:
-        name = d["name"]
-        known = backend._restored_states.get(name)
-        if known is not None and known["kind"] != d["kind"]:
-            raise CorruptCheckpointError(
-                f"state {name!r} appears as {known['kind']} and {d['kind']} state in the snapshots "
-                "being restored"
-            )
-        backend._restored_states.setdefault(name, d)
-        backend._restored_meta.setdefault(name, RestoredStateMeta.from_dict(d))
+        if backend.restored_state_meta(d["name"]) is None:
+            backend.add_restored_meta(RestoredStateMeta.from_dict(d))
 
 
 # ---- incremental ------------------------------------------------------------------------------
@@ -133,7 +126,7 @@ def download_snapshot(
 
 
 def restore_incremental(
-    backend: RocksDBKeyedStateBackend,
+    backend: RocksDBParts,
     store: SnapshotFileStore,
     handles: Sequence[IncrementalStateHandle | str],
 ) -> dict[str, int]:
@@ -141,13 +134,13 @@ def restore_incremental(
 
     Returns counters: ``{"base_files", "copied_entries", "deleted_ranges"}``.
     """
-    _check_fresh(backend)
+    check_fresh(backend)
     new_range = backend.key_group_range
     manifests = []
     for h in handles:
         m = load_manifest(store, h)
         where = f"RocksDB snapshot {h if isinstance(h, str) else h.path!r}"
-        _check_compatible(backend, m.max_parallelism, m.key_serializer, where)
+        check_compatible(backend, m.max_parallelism, m.key_serializer, where)
         old = KeyGroupRange(*m.key_group_range)
         overlap = old.intersection(new_range)
         if overlap:
@@ -162,7 +155,7 @@ def restore_incremental(
     download_snapshot(store, base, instance.db_path, base_where)
     stats["base_files"] = len(base.shared)
     instance.open()
-    n = backend._key_layout.kg_bytes
+    n = backend.key_layout.kg_bytes
     if base_range.start < new_range.start:
         instance.delete_range(key_group_bound(0, n), key_group_bound(new_range.start, n))
         stats["deleted_ranges"] += 1
@@ -181,7 +174,7 @@ def restore_incremental(
         finally:
             shutil.rmtree(directory, ignore_errors=True)
     for m, _, _, _ in manifests:
-        _remember_states(backend, m.states)
+        remember_states(backend, m.states)
         for block in m.timers:
             timers = [
                 (backend.key_serializer.deserialize(key), ns, ts, kg)
@@ -191,7 +184,7 @@ def restore_incremental(
             if timers:
                 backend.add_restored_timers(block.meta["name"], timers)
     # the base's files are now files of this database: the next checkpoint references them
-    backend.confirmed_uploads = {f.name: f for f in base.shared}
+    backend.uploads.restored(base.shared)
     return stats
 
 
@@ -230,21 +223,21 @@ def _copy_key_groups(
 # ---- canonical --------------------------------------------------------------------------------
 
 
-def restore_canonical(backend: RocksDBKeyedStateBackend, snapshots: Iterable[Any]) -> int:
+def restore_canonical(backend: RocksDBParts, snapshots: Iterable[Any]) -> int:
     """Restore ``backend`` (fresh) from canonical keyed snapshots of any backend and parallelism.
 
     Each snapshot offers ``key_serializer``, ``max_parallelism``, ``key_group_range``, ``states``
     (:class:`~streamstate.backends.snapshot.StateMetaInfo`) and ``key_group_entries(kg)``, like
     :class:`~streamstate.backends.snapshot.KeyedStateSnapshot`. Returns the entries written.
     """
-    _check_fresh(backend)
+    check_fresh(backend)
     instance = backend.instance
     new_range = backend.key_group_range
     limit = instance.config.restore_batch_bytes
     written = 0
     for snap in snapshots:
         where = f"keyed snapshot of key groups {snap.key_group_range}"
-        _check_compatible(backend, snap.max_parallelism, snap.key_serializer.snapshot(), where)
+        check_compatible(backend, snap.max_parallelism, snap.key_serializer.snapshot(), where)
         overlap = snap.key_group_range.intersection(new_range)
         if not overlap:
             continue
@@ -275,7 +268,7 @@ def restore_canonical(backend: RocksDBKeyedStateBackend, snapshots: Iterable[Any
             if release is not None:
                 release(kg)
         instance.write(batch)
-        _remember_states(backend, (m.to_dict() for m in metas if m.kind != TIMER_STATE_KIND))
+        remember_states(backend, (m.to_dict() for m in metas if m.kind != TIMER_STATE_KIND))
         for name, entries_of in timers.items():
             backend.add_restored_timers(name, entries_of)
     return written
@@ -286,7 +279,7 @@ class _EntryWriter:
 
     __slots__ = ("handle", "is_map", "layout", "serialize", "serialize_key", "serialize_value")
 
-    def __init__(self, backend: RocksDBKeyedStateBackend, meta: Any) -> None:
+    def __init__(self, backend: RocksDBParts, meta: Any) -> None:
         cf = backend.instance.column_family(meta.name)
         self.handle = cf.handle
         self.is_map = meta.kind == "map"

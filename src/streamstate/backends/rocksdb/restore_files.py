@@ -20,23 +20,23 @@ The checkpoint package is imported lazily: this module is only used through it.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
+from streamstate.backends.base import TimerQueueOwner
+from streamstate.backends.restore import KeyedStateRestore
 from streamstate.backends.rocksdb.keys import KeyLayout, key_group_bound, prefix_successor
+from streamstate.backends.rocksdb.parts import RocksDBParts
 from streamstate.backends.rocksdb.restore import (
-    _check_compatible,
-    _check_fresh,
-    _remember_states,
+    check_compatible,
+    check_fresh,
+    remember_states,
 )
 from streamstate.backends.snapshot import TIMER_STATE_KIND
 from streamstate.errors import CorruptCheckpointError, StateMigrationException
 from streamstate.serializers import Int64Serializer, serializer_from_snapshot
 from streamstate.serializers.base import TypeSerializer
-
-if TYPE_CHECKING:
-    from streamstate.backends.rocksdb.backend import RocksDBKeyedStateBackend
 
 __all__ = ["BlockWriter", "restore_deferred_state", "restore_file_timers", "restore_files"]
 
@@ -54,7 +54,7 @@ class BlockWriter:
 
     def __init__(
         self,
-        backend: RocksDBKeyedStateBackend,
+        backend: RocksDBParts,
         name: str,
         kind: str,
         namespace_serializer: TypeSerializer[Any],
@@ -134,21 +134,21 @@ def _builtin(meta: dict[str, Any]) -> bool:
     )
 
 
-def restore_files(backend: RocksDBKeyedStateBackend, files: Sequence[Any]) -> int:
+def restore_files(backend: RocksDBParts, files: Sequence[KeyedStateRestore]) -> int:
     """Restore a fresh ``backend`` from ``KeyedStateRestore`` files; returns entries written."""
-    _check_fresh(backend)
+    check_fresh(backend)
     instance = backend.instance
     writers: dict[str, BlockWriter | None] = {}
     written = 0
     batch = instance.new_batch()
     for f in files:
-        _check_compatible(backend, f.max_parallelism, f.key_serializer, str(f.path))
+        check_compatible(backend, f.max_parallelism, f.key_serializer, str(f.path))
         for block in f.blocks():
             meta = block.state
             name = meta["name"]
             if meta["kind"] == TIMER_STATE_KIND:
                 # timers are replaced per key group by every file: keep the last block
-                backend._restored_timer_blocks.setdefault(name, {})[block.key_group] = block
+                backend.restored.add_timer_block(name, block)
                 continue
             if name not in writers:
                 writers[name] = None
@@ -162,9 +162,7 @@ def restore_files(backend: RocksDBKeyedStateBackend, files: Sequence[Any]) -> in
                     )
             writer = writers[name]
             if writer is None:
-                deferred = backend._deferred_files.setdefault(name, [])
-                if f not in deferred:
-                    deferred.append(f)
+                backend.restored.defer(name, f)
                 continue
             written += writer.apply(batch, block, str(f.path))
             if batch.size_in_bytes() >= instance.config.restore_batch_bytes:
@@ -176,21 +174,21 @@ def restore_files(backend: RocksDBKeyedStateBackend, files: Sequence[Any]) -> in
         for meta in f.states:
             if meta["kind"] != TIMER_STATE_KIND:
                 states.setdefault(meta["name"], meta)
-    _remember_states(backend, states.values())
+    remember_states(backend, states.values())
     for participant in backend.snapshot_participants:  # timer services present now
         backend.restore_pending_timers(participant)
     return written
 
 
 def restore_deferred_state(
-    backend: RocksDBKeyedStateBackend,
+    backend: RocksDBParts,
     name: str,
     kind: str,
     namespace_serializer: TypeSerializer[Any],
     state_serializer: TypeSerializer[Any],
 ) -> int:
     """Decode a deferred state's blocks with the program's serializers (on registration)."""
-    files: Iterable[Any] = backend._deferred_files.pop(name, [])
+    files: Iterable[KeyedStateRestore] = backend.restored.take_deferred(name)
     writer = BlockWriter(backend, name, kind, namespace_serializer, state_serializer)
     instance = backend.instance
     batch = instance.new_batch()
@@ -206,13 +204,13 @@ def restore_deferred_state(
     return written
 
 
-def restore_file_timers(backend: RocksDBKeyedStateBackend, service: Any) -> int:
+def restore_file_timers(backend: RocksDBParts, service: TimerQueueOwner) -> int:
     """Decode the timer blocks of ``service`` (restored from files) into it."""
     from streamstate.checkpoint.codec import StateCodec
 
     n = 0
     for domain in ("event", "processing"):
-        blocks = backend._restored_timer_blocks.pop(service.state_name(domain), None)
+        blocks = backend.restored.take_timer_blocks(service.state_name(domain))
         if not blocks:
             continue
         codec = StateCodec(backend.key_serializer, service.namespace_serializer, Int64Serializer())

@@ -27,7 +27,7 @@ import re
 import shutil
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import google_crc32c
 
@@ -37,9 +37,11 @@ from streamstate.backends.rocksdb.incremental import (
     PrivateFile,
     SharedFile,
     TimerBlock,
+    UploadTracker,
 )
 from streamstate.backends.rocksdb.instance import ColumnFamily, RocksDBConfig, open_read_only
 from streamstate.backends.rocksdb.keys import KeyLayout, key_group_bound, key_group_prefix_bytes
+from streamstate.backends.rocksdb.parts import RegisteredState, RocksDBParts
 from streamstate.backends.rocksdb.storage import SnapshotFileStore, crc32c_of_file
 from streamstate.backends.snapshot import KeyedStateSnapshot, SnapshotSource, StateMetaInfo
 from streamstate.errors import CheckpointError
@@ -47,13 +49,7 @@ from streamstate.keygroups import KeyGroupRange
 from streamstate.serializers import serializer_from_snapshot
 from streamstate.serializers.base import TypeSerializer
 
-if TYPE_CHECKING:
-    from streamstate.backends.rocksdb.backend import RegisteredState, RocksDBKeyedStateBackend
-
 __all__ = ["RocksDBKeyedStateSnapshot", "decode_entries", "sweep_ttl", "take_snapshot"]
-
-#: uploads of unconfirmed checkpoints kept for a later notify_checkpoint_complete
-_MAX_PENDING = 16
 
 #: a manifest's path: ``chk-<id>/<operator>/<subtask>-<attempt>[-<token>].state`` (the Spark
 #: runtime adds a random token to the names of a checkpoint's own files)
@@ -63,18 +59,17 @@ _SUBTASK_FILE = re.compile(r"^(?:.*/)?chk-\d+/([^/]+)/(\d+)-(\d+)(?:-[0-9a-f]+)?
 # ---- synchronous phase -----------------------------------------------------------------------
 
 
-def take_snapshot(
-    backend: RocksDBKeyedStateBackend, checkpoint_id: int
-) -> RocksDBKeyedStateSnapshot:
+def take_snapshot(backend: RocksDBParts, checkpoint_id: int) -> RocksDBKeyedStateSnapshot:
     """The synchronous phase of a snapshot of ``backend`` (see the module docstring)."""
-    if backend._deferred_files:
+    deferred = backend.restored.deferred_names()
+    if deferred:
         raise CheckpointError(
-            f"states {sorted(backend._deferred_files)} were restored from snapshot files but are "
+            f"states {deferred} were restored from snapshot files but are "
             "not registered yet (their serializers are not built in, so they are decoded with the "
             "program's serializers on registration); register them before the next checkpoint"
         )
     backend.cache.flush()
-    for reg in list(backend._registered.values()):
+    for reg in backend.registered_states():
         hook = reg.ttl_hook
         if hook is not None and hook.max_entries_per_checkpoint > 0:
             sweep_ttl(backend, reg)
@@ -85,9 +80,11 @@ def take_snapshot(
     instance.create_checkpoint(target)
     states: list[_SnapshotState] = [
         _SnapshotState(reg.meta.to_dict(), reg.meta, reg.layout, _full_snapshot_transform(reg))
-        for reg in backend._registered.values()
+        for reg in backend.registered_states()
     ]
-    states.extend(_SnapshotState(d, None, None, None) for d in backend._restored_states.values())
+    states.extend(
+        _SnapshotState(d, None, None, None) for d in backend.restored.state_descriptions()
+    )
     timer_sources: list[SnapshotSource] = []
     for participant in backend.snapshot_participants:
         timer_sources.extend(participant.snapshot_sources())
@@ -101,8 +98,8 @@ def take_snapshot(
         config=backend.config,
         states=states,
         timer_sources=timer_sources,
-        previous_uploads=dict(backend.confirmed_uploads),
-        pending_uploads=backend._pending_uploads,
+        previous_uploads=dict(backend.uploads.confirmed),
+        uploads=backend.uploads,
     )
 
 
@@ -113,7 +110,7 @@ def _full_snapshot_transform(reg: RegisteredState) -> Callable[[Any], Any] | Non
     return hook.transform  # type: ignore[no-any-return]
 
 
-def sweep_ttl(backend: RocksDBKeyedStateBackend, reg: RegisteredState) -> int:
+def sweep_ttl(backend: RocksDBParts, reg: RegisteredState) -> int:
     """One bounded TTL sweep of a state (the stand-in for Flink's compaction filter).
 
     Visits at most ``hook.max_entries_per_checkpoint`` RocksDB entries from ``hook.cursor`` (a raw
@@ -123,6 +120,8 @@ def sweep_ttl(backend: RocksDBKeyedStateBackend, reg: RegisteredState) -> int:
     if anything changed. Returns the number of entries changed.
     """
     hook = reg.ttl_hook
+    if hook is None:  # not a TTL state
+        return 0
     transform = hook.transform
     left = hook.max_entries_per_checkpoint
     meta = reg.meta
@@ -274,7 +273,7 @@ class RocksDBKeyedStateSnapshot(KeyedStateSnapshot):
         states: list[_SnapshotState],
         timer_sources: list[SnapshotSource],
         previous_uploads: dict[str, SharedFile] | None = None,
-        pending_uploads: dict[int, dict[str, SharedFile]] | None = None,
+        uploads: UploadTracker | None = None,
     ) -> None:
         self.key_serializer = key_serializer
         self.max_parallelism = max_parallelism
@@ -286,7 +285,7 @@ class RocksDBKeyedStateSnapshot(KeyedStateSnapshot):
         #: local SST name -> SharedFile of the last confirmed checkpoint, at snapshot time
         self.previous_uploads: dict[str, SharedFile] = previous_uploads or {}
         #: where write_incremental offers its uploads (the backend's, for a later confirmation)
-        self._pending_uploads = pending_uploads if pending_uploads is not None else {}
+        self._uploads = uploads if uploads is not None else UploadTracker()
         self._states = states
         self._timer_sources = timer_sources
         self._timer_metas = [s.meta for s in timer_sources]
@@ -443,10 +442,7 @@ class RocksDBKeyedStateSnapshot(KeyedStateSnapshot):
             data = manifest.encode()
             store.put_bytes(data, path)
             uploaded += len(data)
-            pending = self._pending_uploads
-            pending[self.checkpoint_id] = {f.name: f for f in shared}
-            for old in [c for c in pending if c < self.checkpoint_id - _MAX_PENDING]:
-                del pending[old]  # never confirmed (a runtime that does not notify)
+            self._uploads.offer(self.checkpoint_id, shared)
             return IncrementalStateHandle(
                 path=path,
                 size=len(data),

@@ -1,0 +1,101 @@
+"""What a RocksDB backend restored but cannot use yet (SPEC §7, §10).
+
+A restore writes every state whose serializers are built in straight into RocksDB; what waits is
+kept here, owned by the backend and handed to the restore modules (``restore.py``,
+``restore_files.py``) and the snapshot (``snapshot.py``) through its public methods:
+
+* the meta data of restored states not registered yet (their data is in RocksDB already);
+* states restored from snapshot files whose serializers are not built in: their files, decoded
+  with the program's serializers when it registers the state;
+* timers, until the timer service that owns them joins: decoded ``(key, namespace, timestamp,
+  key group)`` tuples (native restore) or still-encoded blocks (snapshot files).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from streamstate.backends.restore import KeyedStateRestore, RestoredBlock
+from streamstate.errors import CorruptCheckpointError
+
+__all__ = ["RestoredStates", "RestoredTimer"]
+
+#: a restored timer: key, namespace (bytes while the service's serializer is unknown),
+#: timestamp, key group
+RestoredTimer = tuple[Any, Any, int, int]
+
+
+class RestoredStates:
+    """Restored data of one RocksDB backend waiting for its state or timer service."""
+
+    __slots__ = ("_deferred_files", "_states", "_timer_blocks", "_timers")
+
+    def __init__(self) -> None:
+        self._states: dict[str, dict[str, Any]] = {}
+        self._timers: dict[str, list[RestoredTimer]] = {}
+        self._timer_blocks: dict[str, dict[int, RestoredBlock]] = {}
+        self._deferred_files: dict[str, list[KeyedStateRestore]] = {}
+
+    # ---- states ------------------------------------------------------------------------------
+
+    def remember(self, states: Iterable[dict[str, Any]]) -> None:
+        """The state descriptions (name, kind, serializer snapshots, ttl) of a restore; the
+        first description of a name wins, a name seen with two kinds is corrupt."""
+        for d in states:
+            name = d["name"]
+            known = self._states.get(name)
+            if known is not None and known["kind"] != d["kind"]:
+                raise CorruptCheckpointError(
+                    f"state {name!r} appears as {known['kind']} and {d['kind']} state in the "
+                    "snapshots being restored"
+                )
+            self._states.setdefault(name, d)
+
+    def state(self, name: str) -> dict[str, Any] | None:
+        return self._states.get(name)
+
+    def take_state(self, name: str) -> dict[str, Any] | None:
+        """The description of restored state ``name``, which is being registered now."""
+        return self._states.pop(name, None)
+
+    def state_names(self) -> list[str]:
+        return list(self._states)
+
+    def state_descriptions(self) -> list[dict[str, Any]]:
+        return list(self._states.values())
+
+    # ---- deferred states ---------------------------------------------------------------------
+
+    def defer(self, name: str, f: KeyedStateRestore) -> None:
+        """Decode state ``name`` of file ``f`` when the program registers it."""
+        deferred = self._deferred_files.setdefault(name, [])
+        if f not in deferred:
+            deferred.append(f)
+
+    def is_deferred(self, name: str) -> bool:
+        return name in self._deferred_files
+
+    def take_deferred(self, name: str) -> list[KeyedStateRestore]:
+        return self._deferred_files.pop(name, [])
+
+    def deferred_names(self) -> list[str]:
+        return sorted(self._deferred_files)
+
+    # ---- timers ------------------------------------------------------------------------------
+
+    def add_timers(self, state_name: str, timers: Iterable[RestoredTimer]) -> None:
+        self._timers.setdefault(state_name, []).extend(timers)
+
+    def take_timers(self, state_name: str) -> list[RestoredTimer]:
+        return self._timers.pop(state_name, [])
+
+    def add_timer_block(self, state_name: str, block: RestoredBlock) -> None:
+        """Timers are replaced per key group by every file: the last block wins."""
+        self._timer_blocks.setdefault(state_name, {})[block.key_group] = block
+
+    def take_timer_blocks(self, state_name: str) -> dict[int, RestoredBlock]:
+        return self._timer_blocks.pop(state_name, {})
+
+    def has_timers(self) -> bool:
+        return bool(self._timers) or bool(self._timer_blocks)
