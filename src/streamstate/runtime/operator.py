@@ -7,6 +7,7 @@ and the Spark runtime both drive operators; they differ only in how records reac
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
 from streamstate.api.descriptors import (
@@ -219,7 +220,13 @@ class _SnapshotContext(FunctionSnapshotContext):
         return self._ts
 
 
+_GENERATOR = types.GeneratorType
+
+
 def _collect(out: list[Any], result: Any, where: str) -> None:
+    if result.__class__ is _GENERATOR:  # the common case (`yield`) first: one comparison
+        out.extend(result)
+        return
     if result is None:
         return
     if isinstance(result, (str, bytes, tuple, dict)):
