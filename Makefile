@@ -25,7 +25,7 @@ demo: $(STAMP)
 
 # pytest exits 5 when it collects no test; that is reported, not hidden.
 test: $(STAMP)
-	@$(PY) -m pytest -q; rc=$$?; \
+	@$(PY) -m pytest -q --durations=20; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
 
 lint: $(STAMP)
