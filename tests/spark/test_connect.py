@@ -135,3 +135,25 @@ def test_a_connect_client_killed_mid_batch(
     assert sorted({r["batch"] for r in out}) == [0, 1, 2, 3]
     state = read_state(connect_spark, checkpoint, state="n").collect()
     assert {r.key: r.value for r in state} == final_counts(batches)
+
+
+def test_the_demo_job_through_connect(connect_spark: Any, tmp_path: Any) -> None:
+    """``streamstate demo --remote``'s job: the closed hours equal a brute-force count."""
+    import io
+
+    import pyarrow.parquet as pq
+    from rich.console import Console
+
+    from streamstate.demo import HOUR_MS, run_streaming
+
+    directory = str(tmp_path / "demo")
+    console = Console(file=io.StringIO(), width=160)
+    run = run_streaming(directory, events=1_000, batches=5, spark=connect_spark, console=console)
+    assert [b["restore"] for b in run.batches] == [["empty"]] + [["hot"]] * 4
+    table = pq.read_table(os.path.join(directory, "input"))
+    views: dict[tuple[str, int], int] = {}
+    for app, ts in zip(table["app"].to_pylist(), table["ts"].to_pylist(), strict=True):
+        views[(app, ts // HOUR_MS)] = views.get((app, ts // HOUR_MS), 0) + 1
+    closed = {k: n for k, n in views.items() if (k[1] + 1) * HOUR_MS - 1 <= run.watermark}
+    assert closed and len(closed) < len(views)
+    assert sorted(run.results) == sorted((app, hour, n) for (app, hour), n in closed.items())
