@@ -307,7 +307,52 @@ def _interval(interval: Any, who: str) -> int:
     return interval
 
 
-class ContinuousEventTimeTrigger(Trigger):
+class _ContinuousTrigger(Trigger):
+    """What the continuous triggers share: a pending fire time kept in the reducing state
+    ``fire-time`` (min, so merged sessions keep the earliest), the next one ``interval`` later
+    and capped at the window's ``max_timestamp``; they differ in the time domain of their
+    timers."""
+
+    def __init__(self, interval: int) -> None:
+        self.interval = _interval(interval, type(self).__name__)
+        self.state_descriptor = ReducingStateDescriptor("fire-time", _min, int)
+
+    @classmethod
+    def of(cls, interval: Any) -> Any:
+        return cls(_interval(interval, cls.__name__))
+
+    def _register_timer(self, ctx: TriggerContext, time: int) -> None:
+        raise NotImplementedError
+
+    def _delete_timer(self, ctx: TriggerContext, time: int) -> None:
+        raise NotImplementedError
+
+    def _register_next(self, time: int, window: Any, ctx: TriggerContext, state: Any) -> None:
+        next_fire = min(time + self.interval, window.max_timestamp())
+        state.add(next_fire)
+        self._register_timer(ctx, next_fire)
+
+    def can_merge(self) -> bool:
+        return True
+
+    def on_merge(self, window: Any, ctx: OnMergeContext) -> None:
+        ctx.merge_partitioned_state(self.state_descriptor)
+        next_fire = ctx.get_partitioned_state(self.state_descriptor).get()
+        if next_fire is not None:
+            self._register_timer(ctx, next_fire)
+
+    def clear(self, window: Any, ctx: TriggerContext) -> None:
+        state = ctx.get_partitioned_state(self.state_descriptor)
+        fire_time = state.get()
+        if fire_time is not None:
+            self._delete_timer(ctx, fire_time)
+            state.clear()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.interval})"
+
+
+class ContinuousEventTimeTrigger(_ContinuousTrigger):
     """Fires every ``interval`` ms of event time while the window is open, and when the
     watermark passes the window's end (as Flink 1.13.6+).
 
@@ -316,18 +361,11 @@ class ContinuousEventTimeTrigger(Trigger):
     ``max_timestamp``; the pending fire time is the reducing state ``fire-time`` (min), so
     merged sessions keep the earliest."""
 
-    def __init__(self, interval: int) -> None:
-        self.interval = _interval(interval, type(self).__name__)
-        self.state_descriptor = ReducingStateDescriptor("fire-time", _min, int)
+    def _register_timer(self, ctx: TriggerContext, time: int) -> None:
+        ctx.register_event_time_timer(time)
 
-    @classmethod
-    def of(cls, interval: Any) -> ContinuousEventTimeTrigger:
-        return cls(_interval(interval, cls.__name__))
-
-    def _register_next(self, time: int, window: Any, ctx: TriggerContext, state: Any) -> None:
-        next_fire = min(time + self.interval, window.max_timestamp())
-        state.add(next_fire)
-        ctx.register_event_time_timer(next_fire)
+    def _delete_timer(self, ctx: TriggerContext, time: int) -> None:
+        ctx.delete_event_time_timer(time)
 
     def on_element(
         self, element: Any, timestamp: int | None, window: Any, ctx: TriggerContext
@@ -358,27 +396,8 @@ class ContinuousEventTimeTrigger(Trigger):
     def on_processing_time(self, time: int, window: Any, ctx: TriggerContext) -> TriggerResult:
         return TriggerResult.CONTINUE
 
-    def can_merge(self) -> bool:
-        return True
 
-    def on_merge(self, window: Any, ctx: OnMergeContext) -> None:
-        ctx.merge_partitioned_state(self.state_descriptor)
-        next_fire = ctx.get_partitioned_state(self.state_descriptor).get()
-        if next_fire is not None:
-            ctx.register_event_time_timer(next_fire)
-
-    def clear(self, window: Any, ctx: TriggerContext) -> None:
-        state = ctx.get_partitioned_state(self.state_descriptor)
-        fire_time = state.get()
-        if fire_time is not None:
-            ctx.delete_event_time_timer(fire_time)
-            state.clear()
-
-    def __repr__(self) -> str:
-        return f"ContinuousEventTimeTrigger({self.interval})"
-
-
-class ContinuousProcessingTimeTrigger(Trigger):
+class ContinuousProcessingTimeTrigger(_ContinuousTrigger):
     """Fires every ``interval`` ms of processing time (as Flink 1.13.6+): the first fire time is
     aligned on the processing time of the window's first element
     (``now - now % interval + interval``), later ones follow every ``interval``, capped at the
@@ -388,18 +407,11 @@ class ContinuousProcessingTimeTrigger(Trigger):
     registered at that same time (Flink would register it again while firing it, which fires
     again at once, forever, for an event-time window that the watermark has not closed)."""
 
-    def __init__(self, interval: int) -> None:
-        self.interval = _interval(interval, type(self).__name__)
-        self.state_descriptor = ReducingStateDescriptor("fire-time", _min, int)
+    def _register_timer(self, ctx: TriggerContext, time: int) -> None:
+        ctx.register_processing_time_timer(time)
 
-    @classmethod
-    def of(cls, interval: Any) -> ContinuousProcessingTimeTrigger:
-        return cls(_interval(interval, cls.__name__))
-
-    def _register_next(self, time: int, window: Any, ctx: TriggerContext, state: Any) -> None:
-        next_fire = min(time + self.interval, window.max_timestamp())
-        state.add(next_fire)
-        ctx.register_processing_time_timer(next_fire)
+    def _delete_timer(self, ctx: TriggerContext, time: int) -> None:
+        ctx.delete_processing_time_timer(time)
 
     def on_element(
         self, element: Any, timestamp: int | None, window: Any, ctx: TriggerContext
@@ -421,25 +433,6 @@ class ContinuousProcessingTimeTrigger(Trigger):
                 self._register_next(time, window, ctx, state)
             return TriggerResult.FIRE
         return TriggerResult.CONTINUE
-
-    def can_merge(self) -> bool:
-        return True
-
-    def on_merge(self, window: Any, ctx: OnMergeContext) -> None:
-        ctx.merge_partitioned_state(self.state_descriptor)
-        next_fire = ctx.get_partitioned_state(self.state_descriptor).get()
-        if next_fire is not None:
-            ctx.register_processing_time_timer(next_fire)
-
-    def clear(self, window: Any, ctx: TriggerContext) -> None:
-        state = ctx.get_partitioned_state(self.state_descriptor)
-        fire_time = state.get()
-        if fire_time is not None:
-            ctx.delete_processing_time_timer(fire_time)
-            state.clear()
-
-    def __repr__(self) -> str:
-        return f"ContinuousProcessingTimeTrigger({self.interval})"
 
 
 class DeltaTrigger(Trigger):
