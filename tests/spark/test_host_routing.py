@@ -13,11 +13,10 @@ import socket
 from typing import Any
 
 import msgspec
-import pyarrow as pa
 import pytest
 from data import final_counts, make_batches, running_counts, write_batches
 from functions import Count
-from test_state_host import SCHEMA, Driver, _wait_gone
+from test_state_host import Driver, _wait_gone, begin_header, user_batch
 
 from streamstate.spark import FileSink, keyed_process, read_state
 from streamstate.spark.host_client import connect, ping, run_batch, shutdown
@@ -46,30 +45,11 @@ class TwoNodes(Driver):
         self.location: dict[str, Any] | None = None
 
     def run(self, b: int, users: list[str], on: str, location: Any = None) -> tuple[Any, Any]:
-        from streamstate.keygroups import assign_key_groups
-
         spec = msgspec.structs.replace(self.spec, run_dir=on)
         plan = self.log.plan(b)
         self.attempt += 1
-        begin = {
-            "job": msgspec.msgpack.encode(self.job),
-            "batch": b,
-            "base": plan.base,
-            "lineage": plan.lineage,
-            "new_lineage": plan.new_lineage,
-            "base_attempt": plan.base_attempts.get(0),
-            "attempt": self.attempt,
-            "watermark": plan.watermark,
-            "processing_time": plan.processing_time,
-        }
-        batch = pa.record_batch(
-            [
-                pa.array(users),
-                pa.array(range(len(users)), pa.int64()),
-                pa.array(assign_key_groups(pa.array(users), 128), pa.int32()),
-            ],
-            schema=SCHEMA,
-        )
+        begin = begin_header(self.job, plan, self.attempt)
+        batch = user_batch(users)
         raw, timings = run_batch(
             spec,
             begin,

@@ -87,35 +87,14 @@ class Host(Driver):
 
     def legit_batch(self) -> BatchResult:
         """A batch of the job itself (the host must still serve it, hot after the first)."""
-        import pyarrow as pa
-        from test_state_host import SCHEMA
-
-        from streamstate.keygroups import assign_key_groups
+        from test_state_host import begin_header, user_batch
 
         b = self.next_batch
         self.next_batch += 1
         plan = self.log.plan(b)
         self.attempt += 1
-        begin = {
-            "job": msgspec.msgpack.encode(self.job),
-            "batch": b,
-            "base": plan.base,
-            "lineage": plan.lineage,
-            "new_lineage": plan.new_lineage,
-            "base_attempt": plan.base_attempts.get(0),
-            "attempt": self.attempt,
-            "watermark": plan.watermark,
-            "processing_time": plan.processing_time,
-        }
-        users = ["a", "b", "a"]
-        batch = pa.record_batch(
-            [
-                pa.array(users),
-                pa.array(range(3), pa.int64()),
-                pa.array(assign_key_groups(pa.array(users), 128), pa.int32()),
-            ],
-            schema=SCHEMA,
-        )
+        begin = begin_header(self.job, plan, self.attempt)
+        batch = user_batch(["a", "b", "a"])
         raw, _ = run_batch(self.spec, begin, [batch], secret=self.secret)
         result = msgspec.msgpack.decode(raw, type=BatchResult)
         self.log.commit(plan, [result])

@@ -25,6 +25,35 @@ SCHEMA = pa.schema([("user", pa.string()), ("v", pa.int64()), ("_kg", pa.int32()
 OUT = pa.schema([("user", pa.string()), ("n", pa.int64())])
 
 
+def begin_header(job: JobSpec, plan: Any, attempt: int) -> dict[str, Any]:
+    """The BEGIN message a task of subtask 0 sends for ``plan``."""
+    return {
+        "job": msgspec.msgpack.encode(job),
+        "batch": plan.batch,
+        "base": plan.base,
+        "lineage": plan.lineage,
+        "new_lineage": plan.new_lineage,
+        "base_attempt": plan.base_attempts.get(0),
+        "attempt": attempt,
+        "watermark": plan.watermark,
+        "processing_time": plan.processing_time,
+    }
+
+
+def user_batch(users: list[str]) -> pa.RecordBatch:
+    """Records ``(user, v = position)`` with their key groups, as placement sends them."""
+    from streamstate.keygroups import assign_key_groups
+
+    return pa.record_batch(
+        [
+            pa.array(users),
+            pa.array(range(len(users)), pa.int64()),
+            pa.array(assign_key_groups(pa.array(users), 128), pa.int32()),
+        ],
+        schema=SCHEMA,
+    )
+
+
 class Driver:
     """Plays the Spark driver and one task of a 1-subtask job."""
 
@@ -62,29 +91,10 @@ class Driver:
         self.attempt = 0
 
     def batch(self, b: int, users: list[str], *, commit: bool = True) -> BatchResult:
-        from streamstate.keygroups import assign_key_groups
-
         plan = self.log.plan(b)
         self.attempt += 1
-        begin = {
-            "job": msgspec.msgpack.encode(self.job),
-            "batch": b,
-            "base": plan.base,
-            "lineage": plan.lineage,
-            "new_lineage": plan.new_lineage,
-            "base_attempt": plan.base_attempts.get(0),
-            "attempt": self.attempt,
-            "watermark": plan.watermark,
-            "processing_time": plan.processing_time,
-        }
-        batch = pa.record_batch(
-            [
-                pa.array(users),
-                pa.array(range(len(users)), pa.int64()),
-                pa.array(assign_key_groups(pa.array(users), 128), pa.int32()),
-            ],
-            schema=SCHEMA,
-        )
+        begin = begin_header(self.job, plan, self.attempt)
+        batch = user_batch(users)
         raw, _ = run_batch(self.spec, begin, [batch])
         result = msgspec.msgpack.decode(raw, type=BatchResult)
         if commit:
