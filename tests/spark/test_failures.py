@@ -18,6 +18,7 @@ from functions import CountWithFaults
 
 from streamstate.spark import FileSink, keyed_process, read_state
 from streamstate.spark.job import src_path
+from streamstate.spark.local_cluster import descendants, live_processes
 
 pytestmark = pytest.mark.spark
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -57,34 +58,10 @@ def test_a_host_killed_mid_batch_fails_the_task_and_the_retry_restores_the_base(
     assert got == running_counts(batches)
 
 
-def _processes() -> dict[int, tuple[int, str]]:
-    out = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            if fields[0] == "Z":
-                continue
-            with open(f"/proc/{name}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-            out[int(name)] = (int(fields[1]), cmd)
-        except OSError:
-            continue
-    return out
-
-
 def _tree(root: int, marker: str) -> set[int]:
     """``root``, its descendants, and every process whose command line names ``marker``."""
-    procs = _processes()
-    found, frontier = {root}, [root]
-    while frontier:
-        parent = frontier.pop()
-        for pid, (ppid, _) in procs.items():
-            if ppid == parent and pid not in found:
-                found.add(pid)
-                frontier.append(pid)
+    procs = live_processes()
+    found = {root} | descendants(root, procs)
     found |= {pid for pid, (_, cmd) in procs.items() if marker in cmd}
     return {p for p in found if p in procs}
 
@@ -112,11 +89,11 @@ def _run_until(cfg: dict[str, Any], until: Any, marker: str) -> list[str]:
             time.sleep(0.1)
         time.sleep(0.3)
         victims = _tree(proc.pid, marker)
-        assert any(marker in _processes().get(p, (0, ""))[1] for p in victims)  # a state host
+        assert any(marker in live_processes().get(p, (0, ""))[1] for p in victims)  # a state host
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and (alive := victims & set(_processes())):
+        while time.monotonic() < deadline and (alive := victims & set(live_processes())):
             time.sleep(0.2)
         assert not alive, f"processes left after the driver was killed: {alive}"
     finally:
@@ -159,4 +136,4 @@ def test_driver_killed_between_and_inside_micro_batches(spark: Any, tmp_path: An
     state = read_state(spark, checkpoint, state="n").collect()
     assert {r.key: r.value for r in state} == final_counts(batches)
     time.sleep(0.5)
-    assert not {p for p, (_, cmd) in _processes().items() if checkpoint in cmd}
+    assert not {p for p, (_, cmd) in live_processes().items() if checkpoint in cmd}

@@ -32,7 +32,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["LocalCluster", "Node", "pyspark_home"]
+__all__ = ["LocalCluster", "Node", "descendants", "live_processes", "pyspark_home"]
 
 
 def pyspark_home() -> str:
@@ -48,7 +48,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _processes() -> dict[int, tuple[int, str]]:
+def live_processes() -> dict[int, tuple[int, str]]:
     """pid -> (parent pid, command line) of every live (non-zombie) process."""
     out = {}
     for name in os.listdir("/proc"):
@@ -67,7 +67,8 @@ def _processes() -> dict[int, tuple[int, str]]:
     return out
 
 
-def _descendants(root: int, procs: dict[int, tuple[int, str]]) -> set[int]:
+def descendants(root: int, procs: dict[int, tuple[int, str]]) -> set[int]:
+    """Every process below ``root`` in ``procs`` (from :func:`live_processes`)."""
     found, frontier = set(), [root]
     while frontier:
         parent = frontier.pop()
@@ -103,7 +104,7 @@ class Node:
 
     def executor_pids(self) -> list[int]:
         """The executor JVMs this worker launched (its ``java`` children)."""
-        procs = _processes()
+        procs = live_processes()
         return [
             pid
             for pid, (ppid, cmd) in procs.items()
@@ -114,8 +115,8 @@ class Node:
         """Every live process of this node: the worker JVM, its descendants (executor JVMs,
         Python daemons and workers) and the state hosts that run in its run directory (they
         start their own session, so they are not descendants)."""
-        procs = _processes()
-        pids = {self.pid} | _descendants(self.pid, procs)
+        procs = live_processes()
+        pids = {self.pid} | descendants(self.pid, procs)
         pids |= {pid for pid, (_, cmd) in procs.items() if self.run_dir in cmd}
         return {p for p in pids if p in procs}
 
