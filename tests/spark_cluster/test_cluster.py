@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from streamstate.spark import FileSink
-from streamstate.spark.local_cluster import LocalCluster, _processes
+from streamstate.spark.local_cluster import LocalCluster, live_processes
 
 Rows = list[tuple[str, int]]
 
@@ -82,7 +82,7 @@ def leftover_hosts(cluster: LocalCluster, timeout: float = 30) -> set[int]:
     while True:
         left = {
             pid
-            for pid, (_, cmd) in _processes().items()
+            for pid, (_, cmd) in live_processes().items()
             if "streamstate.spark.state_host" in cmd and cluster.directory in cmd
         }
         if not left or time.monotonic() > deadline:
@@ -156,7 +156,7 @@ def test_a_node_lost_mid_batch_costs_a_reload_and_nothing_else(
         if lost.alive:
             cluster.kill_node(lost)
     assert lost.process.returncode is not None
-    assert not killed & set(_processes())  # worker, executor, Python workers, state hosts
+    assert not killed & set(live_processes())  # worker, executor, Python workers, state hosts
     assert sink_rows(run["sink"]) == oracle(batches)  # every record counted exactly once
     assert result["state"] == dict(Counter(u for rows in batches for u, _ in rows))
     kinds = restores(result)

@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from streamstate.spark.job import src_path
-from streamstate.spark.local_cluster import _processes
+from streamstate.spark.local_cluster import live_processes
 
 
 def test_demo_runs_on_a_two_node_cluster_and_leaves_nothing_behind(tmp_path: Any) -> None:
@@ -40,4 +40,4 @@ def test_demo_runs_on_a_two_node_cluster_and_leaves_nothing_behind(tmp_path: Any
     assert "2 workers" in out
     # every micro-batch after the first found its state hot on the cluster's two nodes
     assert "state per batch: empty x1, hot x2" in out, out[-2000:]
-    assert not {p for p, (_, cmd) in _processes().items() if "streamstate-demo-cluster-" in cmd}
+    assert not {p for p, (_, cmd) in live_processes().items() if "streamstate-demo-cluster-" in cmd}
