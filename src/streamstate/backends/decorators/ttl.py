@@ -386,26 +386,36 @@ class TtlListState(_TtlState, InternalListState[Any]):
         self._original.merge_namespaces(target, sources)
 
 
+#: no live mapping (a mapping to None is one)
+_ABSENT = object()
+
+
 class TtlMapState(_TtlState, InternalMapState[Any, Any]):
     """A map state whose values expire one by one."""
 
     __slots__ = ()
 
-    def get(self, key: Any) -> Any:
+    def _read(self, key: Any) -> Any:
+        """The value of ``key`` under the TTL rules, or ``_ABSENT``: an expired mapping is
+        removed, and its value still returned with ``ReturnExpiredIfNotCleanedUp``."""
         if self._access is not None:
             self._access()
         original = self._original
         tv = original.get(key)
         if tv is None:
-            return None
+            return _ABSENT
         policy = self._policy
         now = policy.now()
         if tv[0] <= policy.cutoff(now):
             original.remove(key)
-            return tv[1] if policy.return_expired else None
+            return tv[1] if policy.return_expired else _ABSENT
         if policy.update_on_read:
             original.put(key, (now, tv[1]))
         return tv[1]
+
+    def get(self, key: Any) -> Any:
+        value = self._read(key)
+        return None if value is _ABSENT else value
 
     def _check_none(self, key: Any) -> None:
         """A None value is stored as ``(ts, None)``, which only the value type can tell is
@@ -444,20 +454,7 @@ class TtlMapState(_TtlState, InternalMapState[Any, Any]):
 
     def contains(self, key: Any) -> bool:
         # as Flink's TtlMapState: a mapping whose value is None is still contained
-        if self._access is not None:
-            self._access()
-        original = self._original
-        tv = original.get(key)
-        if tv is None:
-            return False
-        policy = self._policy
-        now = policy.now()
-        if tv[0] <= policy.cutoff(now):
-            original.remove(key)
-            return policy.return_expired
-        if policy.update_on_read:
-            original.put(key, (now, tv[1]))
-        return True
+        return self._read(key) is not _ABSENT
 
     def _items(self) -> list[tuple[Any, Any]]:
         if self._access is not None:
