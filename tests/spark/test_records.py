@@ -88,6 +88,8 @@ def test_a_timestamp_column_takes_datetimes_and_no_numbers():
     for bad in (1_700_000_000_000, 1.5):
         with pytest.raises(OutputSchemaError, match=r"output column 'ts' .* declare the column"):
             column(conv, [naive, bad])
+    with pytest.raises(OutputSchemaError, match=r"output column 'ts' .* not date32"):
+        column(conv, [naive, dt.date(2024, 1, 1)])
     # nanoseconds do not fit Spark's microseconds
     ns = np.datetime64("2024-01-01T00:00:00.123456789", "ns")
     with pytest.raises(OutputSchemaError, match=r"output column 'ts' .* output #0"):

@@ -290,7 +290,9 @@ def _timestamp(values: Sequence[Any], type_: Any) -> Any:
     numbers = not _NUMBERS.isdisjoint(map(type, values))
     if got == type_ and not numbers:
         return arr
-    if numbers or not (pa.types.is_timestamp(got) or pa.types.is_null(got)):
+    if not numbers and not (pa.types.is_timestamp(got) or pa.types.is_null(got)):
+        raise pa.ArrowTypeError(f"a timestamp column takes datetime values, not {got}")
+    if numbers:
         raise pa.ArrowTypeError(
             "a timestamp column takes datetime values, not numbers: a number's unit would be a "
             "guess (event times in streamstate are milliseconds: "
