@@ -88,6 +88,8 @@ def test_a_timestamp_column_takes_datetimes_and_no_numbers():
     for bad in (1_700_000_000_000, 1.5):
         with pytest.raises(OutputSchemaError, match=r"output column 'ts' .* declare the column"):
             column(conv, [naive, bad])
+    with pytest.raises(OutputSchemaError, match=r"output column 'ts' .* not date32"):
+        column(conv, [naive, dt.date(2024, 1, 1)])
     # nanoseconds do not fit Spark's microseconds
     ns = np.datetime64("2024-01-01T00:00:00.123456789", "ns")
     with pytest.raises(OutputSchemaError, match=r"output column 'ts' .* output #0"):
@@ -114,3 +116,10 @@ def test_a_dict_with_an_undeclared_field_still_raises():
     conv = OutputConverter(pa.schema([("user", pa.string()), ("n", pa.int64())]))
     with pytest.raises(OutputSchemaError, match=r"fields \['extra'\] that the output schema"):
         conv.to_batch([{"user": "ann", "n": 1, "extra": 2}])
+
+
+def test_a_date_column_takes_dates_and_no_datetimes():
+    conv = converter(("day", pa.date32()))
+    assert column(conv, [dt.date(2024, 1, 2), None]) == [dt.date(2024, 1, 2), None]
+    with pytest.raises(OutputSchemaError, match=r"output column 'day' .* output #1 .*time of day"):
+        column(conv, [dt.date(2024, 1, 2), dt.datetime(2024, 1, 2, 12, 30)])

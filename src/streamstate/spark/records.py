@@ -12,13 +12,15 @@ value that does not fit (Spark's ``mapInArrow`` matches by position and fails wi
 A cast never loses information silently: a dict or Row must give every declared field (``None``
 for a null), an integer column takes integral values only (``1.7`` or ``True`` into ``long``
 raise, ``2.0`` is taken), every integer must fit its column, an integer into a double column
-must be exact (below 2**53), a finite float must not overflow a ``float`` column, and a
-timestamp column takes ``datetime`` values (naive ones are UTC) but no numbers, whose unit would
-be a guess (streamstate's event times are milliseconds, Spark's timestamps microseconds).
+must be exact (below 2**53), a finite float must not overflow a ``float`` column, a date
+column takes dates but no datetimes (whose time of day would be dropped), and a timestamp
+column takes ``datetime`` values (naive ones are UTC) but no numbers, whose unit would be a
+guess (streamstate's event times are milliseconds, Spark's timestamps microseconds).
 """
 
 from __future__ import annotations
 
+import datetime
 import decimal
 import functools
 import operator
@@ -290,7 +292,9 @@ def _timestamp(values: Sequence[Any], type_: Any) -> Any:
     numbers = not _NUMBERS.isdisjoint(map(type, values))
     if got == type_ and not numbers:
         return arr
-    if numbers or not (pa.types.is_timestamp(got) or pa.types.is_null(got)):
+    if not numbers and not (pa.types.is_timestamp(got) or pa.types.is_null(got)):
+        raise pa.ArrowTypeError(f"a timestamp column takes datetime values, not {got}")
+    if numbers:
         raise pa.ArrowTypeError(
             "a timestamp column takes datetime values, not numbers: a number's unit would be a "
             "guess (event times in streamstate are milliseconds: "
@@ -298,6 +302,19 @@ def _timestamp(values: Sequence[Any], type_: Any) -> Any:
         )
     # safe: nanoseconds that do not fit microseconds raise; naive datetimes are taken as UTC
     return arr.cast(type_, safe=True)
+
+
+def _date(values: Sequence[Any], type_: Any) -> Any:
+    import pyarrow as pa
+
+    # Arrow drops a datetime's time of day into a date column (and infers date for dates
+    # mixed with datetimes): a datetime must be made a date explicitly
+    if any(isinstance(v, datetime.datetime) for v in values):
+        raise pa.ArrowTypeError(
+            "a date column takes datetime.date values; a datetime would lose its time of day "
+            "(use .date(), or declare the column timestamp)"
+        )
+    return pa.array(values, type=type_, from_pandas=False)
 
 
 def _float32(values: Sequence[Any], type_: Any) -> Any:
@@ -321,6 +338,8 @@ def _column_builder(type_: Any) -> Any:
         return _timestamp
     if pa.types.is_float32(type_):
         return _float32
+    if pa.types.is_date(type_):
+        return _date
     return _direct
 
 
