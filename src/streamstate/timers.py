@@ -5,33 +5,21 @@ keyed state: each key group has its own set, so timers are snapshotted with thei
 follow it on rescale. Firing pops timers in timestamp order from one heap over all key groups and
 makes the timer's key the backend's current key before calling the target.
 
->>> q = KeyGroupedTimerQueue(num_key_groups=2)
->>> q.add(20, "b", None, 1), q.add(10, "a", None, 0), q.add(10, "a", None, 0)
-(True, True, False)
->>> q.poll(), q.poll(), q.poll()
-((10, 'a', None, 0), (20, 'b', None, 1), None)
-
-Complexity: ``add``/``remove`` O(log n) amortized (removal is lazy: the heap entry is skipped
-when it surfaces), ``peek``/``poll`` amortized O(log n).
+The queues (:class:`KeyGroupedTimerQueue`, ``backends/timer_queues.py``) belong to the keyed
+backend, which creates, snapshots and restores them; a timer service registers, deletes and
+fires the timers of its two queues.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from streamstate.api.functions import TimerService
-from streamstate.backends.snapshot import (
-    TIMER_STATE_KIND,
-    DeltaEntries,
-    SnapshotSource,
-    StateMetaInfo,
-)
-from streamstate.errors import KeyGroupOutOfRangeError, NoCurrentKeyError, StateAccessError
+from streamstate.backends.timer_queues import KeyGroupedTimerQueue
+from streamstate.errors import NoCurrentKeyError, StateAccessError
 from streamstate.namespace import VOID_NAMESPACE
-from streamstate.serializers import Int64Serializer, TypeSerializer, VoidNamespaceSerializer
+from streamstate.serializers import TypeSerializer, VoidNamespaceSerializer
 
 __all__ = [
     "MIN_WATERMARK",
@@ -49,115 +37,6 @@ InternalTimer = tuple[int, Any, Any]
 """``(timestamp, key, namespace)``."""
 
 
-class KeyGroupedTimerQueue:
-    """A priority queue of timers with set semantics, partitioned by key group.
-
-    Timers with equal timestamps come out in the order they were added.
-    """
-
-    __slots__ = ("_by_kg", "_heap", "_seq", "_size", "changed")
-
-    #: compact the heap once it holds this many more entries than twice the live timers
-    COMPACT_SLACK = 64
-
-    def __init__(self, num_key_groups: int) -> None:
-        # per key group: (timestamp, key, namespace) -> sequence number of its live heap entry
-        self._by_kg: list[dict[tuple[int, Any, Any], int]] = [{} for _ in range(num_key_groups)]
-        self._heap: list[tuple[int, int, int, Any, Any]] = []
-        self._seq = itertools.count()
-        self._size = 0
-        #: indices of key groups whose timers changed since the last take_changed()
-        self.changed: set[int] = set()
-
-    def add(self, timestamp: int, key: Any, namespace: Any, kg_index: int) -> bool:
-        """Add a timer; False if it was already there."""
-        timers = self._by_kg[kg_index]
-        ident = (timestamp, key, namespace)
-        if ident in timers:
-            return False
-        seq = next(self._seq)
-        timers[ident] = seq
-        self._size += 1
-        heapq.heappush(self._heap, (timestamp, seq, kg_index, key, namespace))
-        self.changed.add(kg_index)
-        return True
-
-    def remove(self, timestamp: int, key: Any, namespace: Any, kg_index: int) -> bool:
-        """Remove a timer; False if it was not there.
-
-        The heap entry is dropped lazily (when it surfaces, or by a compaction once removed
-        entries outnumber live ones), so removal is O(1) amortized.
-        """
-        if self._by_kg[kg_index].pop((timestamp, key, namespace), None) is None:
-            return False
-        self._size -= 1
-        self.changed.add(kg_index)
-        if len(self._heap) > 2 * self._size + self.COMPACT_SLACK:
-            self.compact()
-        return True
-
-    def contains(self, timestamp: int, key: Any, namespace: Any, kg_index: int) -> bool:
-        return (timestamp, key, namespace) in self._by_kg[kg_index]
-
-    def take_changed(self) -> set[int]:
-        """Indices of key groups whose timers changed since the last call (incremental
-        checkpoints write only those key groups' timers)."""
-        changed = self.changed
-        self.changed = set()
-        return changed
-
-    def _drop_stale(self) -> None:
-        heap = self._heap
-        by_kg = self._by_kg
-        while heap:
-            ts, seq, kgi, key, ns = heap[0]
-            if by_kg[kgi].get((ts, key, ns)) == seq:
-                return
-            heapq.heappop(heap)
-
-    def peek_timestamp(self) -> int | None:
-        """The smallest timestamp of any timer, or None."""
-        self._drop_stale()
-        return self._heap[0][0] if self._heap else None
-
-    def poll(self) -> tuple[int, Any, Any, int] | None:
-        """Remove and return ``(timestamp, key, namespace, kg_index)`` of the earliest timer."""
-        self._drop_stale()
-        if not self._heap:
-            return None
-        ts, _, kgi, key, ns = heapq.heappop(self._heap)
-        del self._by_kg[kgi][(ts, key, ns)]
-        self._size -= 1
-        self.changed.add(kgi)
-        return ts, key, ns, kgi
-
-    def __len__(self) -> int:
-        return self._size
-
-    def heap_size(self) -> int:
-        """Entries in the heap, removed timers not yet dropped included (for tests)."""
-        return len(self._heap)
-
-    def timers_of_key_group(self, kg_index: int) -> list[tuple[int, Any, Any]]:
-        """``(timestamp, key, namespace)`` of one key group, in the order they were added."""
-        return list(self._by_kg[kg_index])
-
-    def __iter__(self) -> Iterator[tuple[int, Any, Any, int]]:
-        for kgi, timers in enumerate(self._by_kg):
-            for ts, key, ns in timers:
-                yield ts, key, ns, kgi
-
-    def compact(self) -> None:
-        """Drop heap entries of removed timers (bounds memory after many deletions)."""
-        live = [
-            (ts, seq, kgi, k, ns)
-            for kgi, t in enumerate(self._by_kg)
-            for (ts, k, ns), seq in t.items()
-        ]
-        heapq.heapify(live)
-        self._heap = live
-
-
 class Triggerable(Protocol):
     """What a timer service calls when a timer fires (the current key is already set)."""
 
@@ -167,38 +46,24 @@ class Triggerable(Protocol):
 
 
 class _KeyContextBackend(Protocol):
+    """What a timer service needs of its keyed backend (``KeyedStateBackend`` is one)."""
+
     ctx: Any
     key_group_range: Any
 
     def set_current_key(self, key: Any, key_group: int | None = None) -> None: ...
 
-
-class _TimerSnapshotSource(SnapshotSource):
-    """Timers of one queue as a keyed-snapshot source: entries ``(key, namespace, timestamp)``."""
-
-    def __init__(self, meta: StateMetaInfo, per_kg: list[Any]) -> None:
-        self.meta = meta
-        #: per key group: [(timestamp, key, namespace)] (full) or DeltaEntries (delta)
-        self._per_kg: list[Any] = list(per_kg)
-
-    def entries(self, key_group_index: int) -> Iterable[tuple[Any, Any, Any]] | DeltaEntries | None:
-        timers = self._per_kg[key_group_index]
-        if not timers or isinstance(timers, DeltaEntries):
-            return timers  # type: ignore[no-any-return]
-        return [(key, ns, ts) for ts, key, ns in timers]
-
-    def release_key_group(self, key_group_index: int) -> None:
-        self._per_kg[key_group_index] = None
-
-    def release(self) -> None:
-        self._per_kg = [None] * len(self._per_kg)
+    def create_timer_queue(
+        self, name: str, namespace_serializer: TypeSerializer[Any]
+    ) -> KeyGroupedTimerQueue: ...
 
 
 class InternalTimerService:
     """Event-time and processing-time timers of one operator, for the backend's current key.
 
-    The service is a participant of the backend's keyed snapshots (``snapshot_source``) and
-    is restored key group by key group (``restore_timer``).
+    Its two queues belong to the backend, which creates them (``create_timer_queue``, named by
+    :meth:`state_name`), snapshots them with the keyed state and restores them, rescaling
+    included: a service created after a restore finds its timers in its queues.
     """
 
     def __init__(
@@ -214,9 +79,12 @@ class InternalTimerService:
         self.backend = backend
         self.triggerable = triggerable
         self.namespace_serializer = namespace_serializer or VoidNamespaceSerializer()
-        n = len(backend.key_group_range)
-        self.event_time_timers = KeyGroupedTimerQueue(n)
-        self.processing_time_timers = KeyGroupedTimerQueue(n)
+        self.event_time_timers = backend.create_timer_queue(
+            self.state_name("event"), self.namespace_serializer
+        )
+        self.processing_time_timers = backend.create_timer_queue(
+            self.state_name("processing"), self.namespace_serializer
+        )
         self.current_watermark = MIN_WATERMARK
         self._processing_time = processing_time
         self._manual_processing_time: int | None = None
@@ -322,80 +190,12 @@ class InternalTimerService:
     def num_processing_time_timers(self) -> int:
         return len(self.processing_time_timers)
 
-    # ---- snapshot / restore --------------------------------------------------------------------
+    # ---- names -------------------------------------------------------------------------------
 
     def state_name(self, domain: str) -> str:
+        """The pseudo-state name of the timers of ``domain`` ("event" or "processing") in the
+        backend's keyed snapshots."""
         return f"_timers.{self.name}.{domain}"
-
-    def snapshot_sources(self) -> list[SnapshotSource]:
-        """Synchronous copy of both queues, as keyed-snapshot sources (one per domain)."""
-        out: list[SnapshotSource] = []
-        for domain, queue in (
-            ("event", self.event_time_timers),
-            ("processing", self.processing_time_timers),
-        ):
-            meta = StateMetaInfo(
-                self.state_name(domain),
-                TIMER_STATE_KIND,
-                self.namespace_serializer,
-                Int64Serializer(),
-            )
-            per_kg = [
-                queue.timers_of_key_group(i) for i in range(len(self.backend.key_group_range))
-            ]
-            out.append(_TimerSnapshotSource(meta, per_kg))
-        return out
-
-    def delta_snapshot_sources(self) -> list[SnapshotSource]:
-        """The timers of the key groups whose timers changed since the last delta, each key
-        group's complete set replacing the previous one (incremental checkpoints)."""
-        out: list[SnapshotSource] = []
-        n = len(self.backend.key_group_range)
-        for domain, queue in (
-            ("event", self.event_time_timers),
-            ("processing", self.processing_time_timers),
-        ):
-            meta = StateMetaInfo(
-                self.state_name(domain),
-                TIMER_STATE_KIND,
-                self.namespace_serializer,
-                Int64Serializer(),
-            )
-            per_kg: list[Any] = [None] * n
-            for kgi in queue.take_changed():
-                timers = queue.timers_of_key_group(kgi)
-                per_kg[kgi] = DeltaEntries([(key, ns, ts) for ts, key, ns in timers], None)
-            out.append(_TimerSnapshotSource(meta, per_kg))
-        return out
-
-    def reset_changes(self) -> None:
-        """Forget which key groups changed (a full snapshot became the new base)."""
-        self.event_time_timers.take_changed()
-        self.processing_time_timers.take_changed()
-
-    def restore_timer(
-        self, domain: str, key: Any, namespace: Any, timestamp: int, key_group: int
-    ) -> None:
-        """Re-register one checkpointed timer (its key group must be in this backend's range).
-
-        ``domain`` is ``"event"`` or ``"processing"`` (the suffix of :meth:`state_name`).
-        """
-        if domain == "event":
-            queue = self.event_time_timers
-        elif domain == "processing":
-            queue = self.processing_time_timers
-        else:
-            raise ValueError(
-                f"timer service {self.name!r}: unknown timer domain {domain!r}; "
-                "expected 'event' or 'processing'"
-            )
-        kg_range = self.backend.key_group_range
-        if not kg_range.contains(key_group):
-            raise KeyGroupOutOfRangeError(
-                f"timer service {self.name!r}: a checkpointed timer of key {key!r} belongs to key "
-                f"group {key_group}, outside this backend's range {kg_range}"
-            )
-        queue.add(int(timestamp), key, namespace, key_group - kg_range.start)
 
 
 class UserTimerService(TimerService):

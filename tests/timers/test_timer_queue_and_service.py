@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import io
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamstate.backends.heap.backend import HeapKeyedStateBackend
+from streamstate.backends.restore import KeyedStateRestore, RestoredBlock
+from streamstate.backends.timer_queues import TimerRestore
+from streamstate.checkpoint.format import KeyedSnapshotReader, write_keyed_snapshot
 from streamstate.errors import KeyGroupOutOfRangeError, NoCurrentKeyError, StateAccessError
 from streamstate.keygroups import KeyGroupRange, assign_to_key_group
 from streamstate.namespace import VOID_NAMESPACE
@@ -231,8 +236,8 @@ def test_timer_errors_name_the_service():
     backend.set_current_key("a")
     with pytest.raises(StateAccessError, match="namespace must not be None"):
         svc.register_event_time_timer(None, 1)
-    with pytest.raises(ValueError, match="unknown timer domain"):
-        svc.restore_timer("wall", "a", 0, 1, 0)
+    # the service's queues are the backend's, named after the service and the time domain
+    assert backend.timer_queues.names() == ["_timers.windows.event", "_timers.windows.processing"]
 
 
 def test_user_timer_service_uses_the_void_namespace():
@@ -262,10 +267,42 @@ def timers_from_snapshot(snapshot) -> dict[str, list]:
     return out
 
 
+class MemoryRestore(KeyedStateRestore):
+    """A keyed snapshot file in memory, as a restoring backend of ``key_groups`` reads it."""
+
+    def __init__(self, data, key_groups):
+        self._data = data
+        self._key_groups = key_groups
+        self.path = "memory"
+        reader = self._reader()
+        self.kind = reader.kind
+        self.key_serializer = reader.key_serializer
+        self.max_parallelism = reader.max_parallelism
+        self.states = reader.states
+
+    def _reader(self):
+        return KeyedSnapshotReader(
+            io.BytesIO(self._data), "memory", len(self._data), self._key_groups
+        )
+
+    @staticmethod
+    def write(snapshot) -> bytes:
+        """The snapshot file of ``snapshot`` (which is released)."""
+        out = io.BytesIO()
+        write_keyed_snapshot(snapshot, out, path="memory")
+        return out.getvalue()
+
+    def blocks(self):
+        reader = self._reader()
+        for kg, records in reader.read(self._key_groups):
+            for r in records:
+                yield RestoredBlock(kg, reader.states[r.state_id], r.count, r.entries, r.removed)
+
+
+@pytest.mark.parametrize("service_first", [True, False], ids=["service-first", "restore-first"])
 @pytest.mark.parametrize("new_parallelism", [1, 2])
-def test_timers_survive_snapshot_and_restore_into_fresh_services(new_parallelism):
+def test_timers_survive_snapshot_and_restore_into_fresh_services(new_parallelism, service_first):
     backend, _, svc = make_service()
-    backend.snapshot_participants.append(svc)
     keys = [f"k{i}" for i in range(40)]
     for i, k in enumerate(keys):
         register(backend, svc, k, i % 3, 100 + i)
@@ -274,6 +311,7 @@ def test_timers_survive_snapshot_and_restore_into_fresh_services(new_parallelism
     backend.set_current_key("k0")
     svc.delete_event_time_timer(0, 100)
 
+    file_snapshot = backend.snapshot(6)  # written after the changes below
     with backend.snapshot(7) as snap:
         timers = timers_from_snapshot(snap)
         metas = {m.name: m for m in snap.states}
@@ -283,17 +321,20 @@ def test_timers_survive_snapshot_and_restore_into_fresh_services(new_parallelism
     # the snapshot is a copy: later changes do not leak into it
     register(backend, svc, "late", 0, 1)
 
-    # restore into `new_parallelism` fresh backends, each reading only its key groups
+    # restore into `new_parallelism` fresh backends, each reading only its key groups; the
+    # backend restores its timer queues itself, whether the service exists already or not
     fired = []
+    data = MemoryRestore.write(file_snapshot)
     for i in range(new_parallelism):
         start = i * MAX_P // new_parallelism
         end = (i + 1) * MAX_P // new_parallelism - 1
-        _, rec2, svc2 = make_service(make_backend(KeyGroupRange(start, end)))
-        for name, entries in timers.items():
-            domain = name.rsplit(".", 1)[1]
-            for kg, key, ns, ts in entries:
-                if start <= kg <= end:
-                    svc2.restore_timer(domain, key, ns, ts, kg)
+        kg_range = KeyGroupRange(start, end)
+        backend2 = make_backend(kg_range)
+        if service_first:
+            _, rec2, svc2 = make_service(backend2)
+        backend2.restore([MemoryRestore(data, kg_range)])
+        if not service_first:
+            _, rec2, svc2 = make_service(backend2)
         svc2.advance_watermark(10_000)
         svc2.advance_processing_time(10_000)
         fired += rec2.fired
@@ -305,15 +346,17 @@ def test_timers_survive_snapshot_and_restore_into_fresh_services(new_parallelism
 
 
 def test_restore_refuses_a_timer_outside_the_range():
-    _, _, svc = make_service(make_backend(KeyGroupRange(0, 7)))
+    backend, _, _ = make_service(make_backend(KeyGroupRange(0, 7)))
+    restore = TimerRestore(backend.timer_queues, backend.key_serializer)
+    meta = backend.timer_queues.get("_timers.t.event").meta()
     with pytest.raises(KeyGroupOutOfRangeError, match="key group 9"):
-        svc.restore_timer("event", "x", 0, 5, 9)
+        restore.add_timers(meta, 9, [("x", 0, 5)])
 
 
 def test_snapshot_sources_release():
     backend, _, svc = make_service()
     register(backend, svc, "a", 0, 1)
-    sources = svc.snapshot_sources()
+    sources = backend.timer_queues.snapshot_sources()
     kgi = assign_to_key_group("a", MAX_P)
     assert list(sources[0].entries(kgi)) == [("a", 0, 1)]
     sources[0].release_key_group(kgi)

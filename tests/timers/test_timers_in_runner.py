@@ -11,6 +11,9 @@ from streamstate import (
     ValueStateDescriptor,
 )
 from streamstate.backends.base import Clock
+from streamstate.backends.snapshot import StateMetaInfo
+from streamstate.backends.timer_queues import TimerRestore
+from streamstate.keygroups import assign_to_key_group
 from streamstate.runtime.operator import KeyedProcessOperator
 from streamstate.serializers import Int64Serializer, StrSerializer
 
@@ -136,8 +139,12 @@ def test_operator_internal_timer_services_share_time_and_snapshots():
 def test_a_late_timer_service_inherits_time_and_pending_timers():
     op = KeyedProcessOperator(Noop(), StrSerializer(), max_parallelism=8)
     op.timer_service.current_watermark = 77  # as a restore sets it before open()
-    handed = []
-    op.keyed_backend.restore_pending_timers = handed.append  # a backend with pending timers
+    # a restore brought back a timer of "late" before the service exists: the backend holds it
+    backend = op.keyed_backend
+    restore = TimerRestore(backend.timer_queues, backend.key_serializer)
+    meta = StateMetaInfo("_timers.late.event", "timer", Int64Serializer(), Int64Serializer())
+    restore.add_timers(meta, assign_to_key_group("k", 8), [("k", 3, 90)])
+    restore.install()
     svc = op.get_internal_timer_service("late", Int64Serializer(), Recorder())
     assert svc.current_watermark == 77
-    assert handed == [svc]
+    assert sorted(svc.event_time_timers) == [(90, "k", 3, assign_to_key_group("k", 8))]

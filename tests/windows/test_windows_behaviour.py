@@ -13,6 +13,7 @@ from streamstate import (
     ValueStateDescriptor,
 )
 from streamstate.backends.base import Clock
+from streamstate.backends.timer_queues import TimerRestore
 from streamstate.errors import StateAccessError
 from streamstate.runtime.operator import KeyedProcessOperator
 from streamstate.serializers import StrSerializer
@@ -363,9 +364,10 @@ def test_session_windows_survive_snapshot_and_restore():
             table.map_for_key_group(kg).put(key, ns, state)
     restored.open()
     restored.advance_watermark(wm)
-    service = restored.timer_services["window-timers"]
+    timers = TimerRestore(backend.timer_queues, backend.key_serializer)
     for kg, key, ns, ts in entries["_timers.window-timers.event"]:
-        service.restore_timer("event", key, ns, ts, kg)
+        timers.add_timers(metas["_timers.window-timers.event"], kg, [(key, ns, ts)])
+    timers.install()
     more, _ = feed(restored, second, delay=25, watermark=wm)
     restored.advance_watermark(10_000)
     out += more + restored.drain_output()

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from streamstate.api.descriptors import StateDescriptor
 from streamstate.api.state import InternalKvState
+from streamstate.backends.timer_queues import KeyGroupedTimerQueue, TimerQueues
 from streamstate.errors import (
     KeyGroupOutOfRangeError,
     NoCurrentKeyError,
@@ -36,7 +37,7 @@ from streamstate.serializers.base import SerializerSnapshot
 if TYPE_CHECKING:
     from streamstate.backends.decorators.ttl_cleanup import TtlCleanupHook
     from streamstate.backends.restore import KeyedStateRestore
-    from streamstate.backends.snapshot import KeyedStateSnapshot, SnapshotSource
+    from streamstate.backends.snapshot import KeyedStateSnapshot
 
 __all__ = [
     "Clock",
@@ -45,9 +46,7 @@ __all__ = [
     "NativeSnapshotSource",
     "RestoreInput",
     "RestoredStateMeta",
-    "SnapshotParticipant",
     "SystemClock",
-    "TimerQueueOwner",
     "check_written_value",
 ]
 
@@ -125,42 +124,6 @@ class RestoredStateMeta:
         )
 
 
-class SnapshotParticipant(Protocol):
-    """Data besides the registered states that a keyed snapshot carries (timer queues, restored
-    state still encoded): the backend asks for its snapshot sources at every snapshot."""
-
-    def snapshot_sources(self) -> list[SnapshotSource]:
-        """Sources of a full snapshot (the synchronous phase)."""
-        ...
-
-    def delta_snapshot_sources(self) -> list[SnapshotSource]:
-        """Sources of an incremental (delta) snapshot: what changed since :meth:`reset_changes`."""
-        ...
-
-    def reset_changes(self) -> None:
-        """The current content is the base of the next delta."""
-        ...
-
-
-class TimerQueueOwner(SnapshotParticipant, Protocol):
-    """A timer service as the keyed backend sees it (Flink's ``InternalTimerService``): its
-    timers are the pseudo-states ``state_name("event")`` / ``state_name("processing")`` of the
-    keyed snapshot, and restored timers go back through :meth:`restore_timer`."""
-
-    @property
-    def namespace_serializer(self) -> TypeSerializer[Any]: ...
-
-    def state_name(self, domain: str) -> str:
-        """The pseudo-state name of the timers of ``domain`` ("event" or "processing")."""
-        ...
-
-    def restore_timer(
-        self, domain: str, key: Any, namespace: Any, timestamp: int, key_group: int
-    ) -> None:
-        """Re-register one checkpointed timer."""
-        ...
-
-
 class NativeSnapshotSource(Protocol):
     """A restore file that is a backend's native snapshot (a RocksDB incremental manifest): a
     backend that understands it restores from ``store`` + ``incremental_handle`` directly."""
@@ -216,7 +179,8 @@ class KeyedStateBackend(ABC):
     * checkpoints: :meth:`snapshot`, :meth:`notify_checkpoint_complete`,
       :meth:`notify_checkpoint_aborted`, :meth:`forget_uploads`;
     * restore: :meth:`restore` (one entry point, a :class:`RestoreInput`);
-    * timers: :meth:`register_timer_service` (shared) and :meth:`restore_pending_timers`;
+    * timers: :meth:`create_timer_queue` (the backend owns its timer queues, snapshots them
+      with its states and restores them itself);
     * TTL: :meth:`register_ttl_cleanup`;
     * lifecycle: :meth:`dispose`.
     """
@@ -262,8 +226,8 @@ class KeyedStateBackend(ABC):
         self._disposed = False
         #: listeners called with the key group before every key change (incremental cleanup, ...)
         self.key_selected_listeners: list[Callable[[Any], None]] = []
-        #: timer services whose timers are snapshotted with the keyed state
-        self.snapshot_participants: list[TimerQueueOwner] = []
+        #: the timer queues this backend created (snapshotted and restored with its states)
+        self.timer_queues = TimerQueues(key_group_range)
 
     # ---- current key -------------------------------------------------------------------------
 
@@ -559,15 +523,19 @@ class KeyedStateBackend(ABC):
 
     # ---- timers ------------------------------------------------------------------------------
 
-    def register_timer_service(self, service: TimerQueueOwner) -> int:
-        """A timer service joins: its timers go into every keyed snapshot from now on, and the
-        timers restored for it (by its name) are handed over. Returns how many."""
-        self.snapshot_participants.append(service)
-        return self.restore_pending_timers(service)
+    def create_timer_queue(
+        self, name: str, namespace_serializer: TypeSerializer[Any]
+    ) -> KeyGroupedTimerQueue:
+        """The timer queue ``name`` (Flink's ``PriorityQueueSetFactory.create``), created on
+        first use: a state of this backend, snapshotted with the others and restored by
+        :meth:`restore` (a queue created after the restore holds its restored timers already).
+        The namespace serializer is checked against the checkpoint's.
 
-    @abstractmethod
-    def restore_pending_timers(self, service: TimerQueueOwner) -> int:
-        """Hand ``service`` the checkpointed timers restored for it; returns how many."""
+        Both backends keep their timers in memory (like Flink's heap timers); a backend with
+        timers in its own storage overrides this and snapshots them itself.
+        """
+        self._check_open()
+        return self.timer_queues.create(name, namespace_serializer)
 
     # ---- TTL -----------------------------------------------------------------------------------
 
@@ -578,6 +546,7 @@ class KeyedStateBackend(ABC):
 
     def dispose(self) -> None:
         """Release every resource; the backend cannot be used afterwards."""
+        self.timer_queues.clear()
         self._states.clear()
         self._descriptors.clear()
         self._last_descriptor = None

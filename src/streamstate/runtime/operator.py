@@ -379,8 +379,8 @@ class KeyedProcessOperator:
         ``getInternalTimerService``).
 
         Each service has its own namespace serializer and callbacks, is advanced with the
-        operator's watermark and processing time, and takes part in keyed snapshots (its timers
-        are written as the pseudo-states ``_timers.<name>.event`` / ``.processing``).
+        operator's watermark and processing time; its timer queues belong to the keyed backend,
+        which snapshots them as the pseudo-states ``_timers.<name>.event`` / ``.processing``.
         """
         service = self.timer_services.get(name)
         if service is not None:
@@ -405,9 +405,9 @@ class KeyedProcessOperator:
         service.current_watermark = watermark
         if self._manual_processing_time is not None:
             service.advance_processing_time(self._manual_processing_time)
+        # its queues are the backend's (created by the service): snapshotted with the keyed
+        # state, and holding already the timers a restore before it existed brought back
         self.timer_services[name] = service
-        # its timers join keyed snapshots; timers restored before it existed are handed over
-        self.keyed_backend.register_timer_service(service)
         return service
 
     def advance_watermark(self, watermark: int) -> int:

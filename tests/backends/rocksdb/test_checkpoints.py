@@ -194,9 +194,7 @@ def test_timers_follow_their_key_groups(make_rocks: Any, store: Any) -> None:
     old = [make_rocks(i, 2) for i in range(2)]
     services = []
     for b in old:
-        ts = InternalTimerService("user", b, Sink())
-        b.snapshot_participants.append(ts)
-        services.append(ts)
+        services.append(InternalTimerService("user", b, Sink()))
     for k in range(100):
         kg = assign_to_key_group(k, MAX_P)
         i = compute_operator_index_for_key_group(MAX_P, 2, kg)
@@ -208,9 +206,8 @@ def test_timers_follow_their_key_groups(make_rocks: Any, store: Any) -> None:
         b = make_rocks(i, 3)
         b.restore_from_incremental(store, handles)
         sink = Sink()
-        service = InternalTimerService("user", b, sink)
-        b.snapshot_participants.append(service)
-        assert b.restore_pending_timers(service) > 0  # what the operator does for a new service
+        service = InternalTimerService("user", b, sink)  # finds the restored timers
+        assert service.num_event_time_timers() > 0
         service.advance_watermark(10_000)
         assert all(b.key_group_range.contains(assign_to_key_group(k, MAX_P)) for _, k in sink.fired)
         fired.extend(sink.fired)

@@ -7,13 +7,7 @@ from typing import Any, Literal
 
 from streamstate.api.descriptors import StateDescriptor
 from streamstate.api.state import InternalKvState
-from streamstate.backends.base import (
-    Clock,
-    KeyedStateBackend,
-    RestoreInput,
-    SnapshotParticipant,
-    TimerQueueOwner,
-)
+from streamstate.backends.base import Clock, KeyedStateBackend, RestoreInput
 from streamstate.backends.decorators.ttl_cleanup import IncrementalCleanup, TtlCleanupHook
 from streamstate.backends.heap.incremental import (
     DeltaSnapshotSource,
@@ -172,8 +166,9 @@ class HeapKeyedStateBackend(KeyedStateBackend):
             StateTableSnapshotSource(t.meta, t.snapshot_maps(), t.snapshot_transformer)
             for t in self._tables.values()
         ]
-        for participant in self._participants():
-            sources.extend(participant.snapshot_sources())
+        if self._pending_restore is not None:
+            sources.extend(self._pending_restore.snapshot_sources())
+        sources.extend(self.timer_queues.snapshot_sources())
         return HeapKeyedStateSnapshot(
             self.key_serializer,
             self.max_parallelism,
@@ -199,8 +194,8 @@ class HeapKeyedStateBackend(KeyedStateBackend):
             copy = None if serializer.immutable else serializer.copy
             per_kg = capture_table_changes(t.key_group_maps(), copy, t.snapshot_transformer)
             sources.append(DeltaSnapshotSource(t.meta, per_kg))
-        for participant in self._participants():
-            sources.extend(participant.delta_snapshot_sources())
+        # restored state still encoded never changes: it is in the delta's base already
+        sources.extend(self.timer_queues.delta_snapshot_sources())
         return HeapKeyedStateSnapshot(
             self.key_serializer,
             self.max_parallelism,
@@ -214,28 +209,19 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         """Forget recorded changes: the current state is the base of the next delta."""
         for t in self._tables.values():
             _take_changes(t)
-        for participant in self._participants():
-            participant.reset_changes()
-
-    def _participants(self) -> list[SnapshotParticipant]:
-        """What a snapshot carries besides the tables: timers, restored state still encoded."""
-        participants: list[SnapshotParticipant] = []
-        if self._pending_restore is not None:
-            participants.append(self._pending_restore)
-        participants.extend(self.snapshot_participants)
-        return participants
+        self.timer_queues.reset_changes()
 
     # ---- restore -------------------------------------------------------------------------------
 
     def restore(self, source: RestoreInput | Sequence[KeyedStateRestore]) -> None:
         """Restore from snapshot files (full then deltas, per old subtask); all or nothing.
 
-        Must run before any state is registered; timers go to the timer services present now,
-        the others get theirs when they join (:meth:`restore_pending_timers`). Native snapshots
-        are read through their canonical view.
+        Must run before any state is registered; timers go into this backend's timer queues
+        (created now if the program has not created them yet). Native snapshots are read through
+        their canonical view.
         """
         self._check_open()
-        HeapRestoreOperation(self).run(RestoreInput.of(source).files)
+        HeapRestoreOperation(self, self.timer_queues).run(RestoreInput.of(source).files)
 
     def install_pending_restore(self, pending: RestoredRawStates) -> None:
         """Restored state still encoded (heap/restore.py): written into every snapshot
@@ -248,12 +234,6 @@ class HeapKeyedStateBackend(KeyedStateBackend):
     def drop_state_table(self, name: str) -> None:
         """Forget the table of ``name`` (a restore that failed midway undoes its tables)."""
         self._tables.pop(name, None)
-
-    def restore_pending_timers(self, service: TimerQueueOwner) -> int:
-        """Hand a timer service created after the restore its checkpointed timers."""
-        if self._pending_restore is None:
-            return 0
-        return self._pending_restore.restore_timers(service, self.key_serializer)
 
     def encoded_restored_state(self, name: str) -> list[EncodedEntries | None] | None:
         """The per-key-group entries of restored state ``name`` still encoded (its serializer
@@ -288,7 +268,6 @@ class HeapKeyedStateBackend(KeyedStateBackend):
     def dispose(self) -> None:
         self._tables.clear()
         self._pending_restore = None
-        self.snapshot_participants.clear()
         super().dispose()
 
 

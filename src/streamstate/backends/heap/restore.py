@@ -5,7 +5,7 @@ each old subtask: its full snapshot, then its deltas), to a fresh heap backend:
 
 * states whose serializers are built-in (:func:`~streamstate.backends.restore.is_builtin_snapshot`)
   are decoded at once into state tables, with serializers rebuilt from the checkpoint;
-* timers go back into the timer service that owns them;
+* timers go into the backend's timer queues (``backends/timer_queues.py``);
 * every other state (records, TTL-wrapped values, pickle) stays encoded in
   :class:`RestoredRawStates` until the program registers it: it is then decoded with the
   program's serializers (after the compatibility check of
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
-from streamstate.backends.base import RestoredStateMeta, TimerQueueOwner
+from streamstate.backends.base import RestoredStateMeta
 from streamstate.backends.restore import KeyedStateRestore, RestoredSerializer, is_builtin_snapshot
 from streamstate.backends.snapshot import (
     TIMER_STATE_KIND,
@@ -32,6 +32,7 @@ from streamstate.backends.snapshot import (
     SnapshotSource,
     StateMetaInfo,
 )
+from streamstate.backends.timer_queues import TimerQueues, TimerRestore
 from streamstate.checkpoint.codec import StateCodec
 from streamstate.errors import (
     CorruptCheckpointError,
@@ -40,7 +41,7 @@ from streamstate.errors import (
     StateMigrationException,
 )
 from streamstate.keygroups import KeyGroupRange
-from streamstate.serializers import Int64Serializer, serializer_from_snapshot
+from streamstate.serializers import serializer_from_snapshot
 from streamstate.serializers.base import TypeSerializer
 
 if TYPE_CHECKING:
@@ -56,7 +57,6 @@ class HeapRestoreTarget(Protocol):
     key_serializer: TypeSerializer[Any]
     max_parallelism: int
     key_group_range: KeyGroupRange
-    snapshot_participants: list[TimerQueueOwner]
 
     def registered_state_names(self) -> list[str]: ...
 
@@ -214,23 +214,6 @@ class RestoredRawStates:
                 _put_section(maps[index], codec, block.data, None, table.meta.name, index)
         return True
 
-    def restore_timers(self, service: TimerQueueOwner, key_serializer: TypeSerializer[Any]) -> int:
-        """Give a timer service created after the restore its timers; returns how many."""
-        restored = 0
-        for domain in ("event", "processing"):
-            pending = self.states.pop(service.state_name(domain), None)
-            if pending is None:
-                continue
-            codec = StateCodec(key_serializer, service.namespace_serializer, Int64Serializer())
-            for index, block in enumerate(pending.blocks):
-                if block is None:
-                    continue
-                keys, nss, stamps = codec.decode(block.data)
-                for key, ns, ts in zip(keys, _expand(nss, len(keys)), stamps, strict=True):
-                    service.restore_timer(domain, key, ns, ts, self._start + index)
-                    restored += 1
-        return restored
-
 
 def _put_section(
     m: Any,
@@ -271,8 +254,9 @@ def _put_section(
 class HeapRestoreOperation:
     """Applies snapshot files to a fresh :class:`HeapKeyedStateBackend`, all or nothing."""
 
-    def __init__(self, backend: HeapRestoreTarget) -> None:
+    def __init__(self, backend: HeapRestoreTarget, timer_queues: TimerQueues) -> None:
         self.backend = backend
+        self.timer_queues = timer_queues
 
     def run(self, files: Iterable[KeyedStateRestore]) -> None:
         backend = self.backend
@@ -287,7 +271,7 @@ class HeapRestoreOperation:
         n = len(backend.key_group_range)
         pending = RestoredRawStates(kg_start, n)
         raw: dict[str, list[_RawKeyGroup | None]] = {}
-        timers: dict[tuple[Any, str], list[dict[tuple[int, Any, Any], None] | None]] = {}
+        timers = TimerRestore(self.timer_queues, backend.key_serializer)
         plans: dict[str, tuple[str, Any]] = {}
         gc_was_enabled = gc.isenabled()
         gc.disable()  # millions of new objects: generation scans would dominate
@@ -321,7 +305,7 @@ class HeapRestoreOperation:
                                 f"{f.path}: state {name!r}, key group {block.key_group}: {exc}"
                             ) from None
                     elif how == "timer":
-                        self._apply_timers(timers, target, block, index, f.path)
+                        timers.add_block(block, str(f.path))
                     else:
                         slots = raw.setdefault(name, [None] * n)
                         slot = slots[index]
@@ -334,6 +318,7 @@ class HeapRestoreOperation:
                                 f"{f.path}: state {name!r}, key group {block.key_group}: {exc}"
                             ) from None
         except BaseException:
+            timers.abort()
             for name in created_tables:
                 backend.drop_state_table(name)
             for name in added_meta:
@@ -348,10 +333,7 @@ class HeapRestoreOperation:
             for i, slot in enumerate(slots):
                 if slot is not None:
                     state.blocks[i] = slot.result()
-        for (service, domain), per_kg in timers.items():
-            for i, kg_timers in enumerate(per_kg):
-                for ts, key, ns in kg_timers or ():
-                    service.restore_timer(domain, key, ns, ts, kg_start + i)
+        timers.install()
         if len(pending):
             backend.install_pending_restore(pending)
         backend.reset_change_tracking()
@@ -383,17 +365,7 @@ class HeapRestoreOperation:
         backend = self.backend
         name = meta["name"]
         if meta["kind"] == TIMER_STATE_KIND:
-            for participant in backend.snapshot_participants:
-                for domain in ("event", "processing"):
-                    if participant.state_name(domain) == name:
-                        codec = StateCodec(
-                            backend.key_serializer,
-                            participant.namespace_serializer,
-                            Int64Serializer(),
-                        )
-                        return "timer", (participant, domain, codec)
-            pending.states[name] = _PendingState(meta, len(backend.key_group_range))
-            return "raw", None
+            return "timer", None
         if backend.add_restored_meta(RestoredStateMeta.from_dict(meta)):
             added_meta.append(name)
         ns_snap, state_snap = meta["namespace_serializer"], meta["state_serializer"]
@@ -408,31 +380,3 @@ class HeapRestoreOperation:
             return "eager", (table, StateCodec(backend.key_serializer, ns_ser, state_ser))
         pending.states[name] = _PendingState(meta, len(backend.key_group_range))
         return "raw", None
-
-    def _apply_timers(
-        self,
-        timers: dict[tuple[Any, str], list[dict[tuple[int, Any, Any], None] | None]],
-        target: tuple[Any, str, StateCodec],
-        block: Any,
-        index: int,
-        path: str,
-    ) -> None:
-        service, domain, codec = target
-        per_kg = timers.setdefault((service, domain), [None] * len(self.backend.key_group_range))
-        try:
-            keys, nss, stamps = codec.decode(block.entries)
-            namespaces = _expand(nss, len(keys))
-        except (msgspec.ValidationError, msgspec.DecodeError, ValueError) as exc:
-            raise CorruptCheckpointError(
-                f"{path}: timers {block.state['name']!r}, key group {block.key_group}: {exc}"
-            ) from None
-        current = per_kg[index]
-        if block.removed is not None and current is not None:
-            gone_keys, gone_nss = codec.decode_removed(block.removed)
-            for k, ns in zip(gone_keys, _expand(gone_nss, len(gone_keys)), strict=True):
-                for ident in [t for t in current if t[1] == k and t[2] == ns]:
-                    del current[ident]
-        else:
-            current = per_kg[index] = {}
-        for k, ns, ts in zip(keys, namespaces, stamps, strict=True):
-            current[(ts, k, ns)] = None

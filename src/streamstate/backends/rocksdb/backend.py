@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from streamstate.api.descriptors import StateDescriptor, StateKind
 from streamstate.api.state import InternalKvState
-from streamstate.backends.base import Clock, KeyedStateBackend, RestoreInput, TimerQueueOwner
+from streamstate.backends.base import Clock, KeyedStateBackend, RestoreInput
 from streamstate.backends.restore import KeyedStateRestore
 from streamstate.backends.rocksdb.cache import MapCache, ValueCache, WriteBackCache
 from streamstate.backends.rocksdb.incremental import UploadTracker
@@ -32,11 +32,7 @@ from streamstate.backends.rocksdb.restore import (
     restore_canonical,
     restore_incremental,
 )
-from streamstate.backends.rocksdb.restore_files import (
-    restore_deferred_state,
-    restore_file_timers,
-    restore_files,
-)
+from streamstate.backends.rocksdb.restore_files import restore_deferred_state, restore_files
 from streamstate.backends.rocksdb.restored import RestoredStates
 from streamstate.backends.rocksdb.snapshot import RocksDBKeyedStateSnapshot, take_snapshot
 from streamstate.backends.rocksdb.states import STATE_FACTORIES, CurrentKeyBytes
@@ -97,7 +93,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         # every key change is a record boundary: the cache may flush and evict there
         self.key_selected_listeners.append(self.cache.at_record_boundary)
         self._registered: dict[str, RegisteredState] = {}
-        #: restored data waiting for its state or timer service (rocksdb/restored.py)
+        #: restored data waiting for its state (rocksdb/restored.py)
         self.restored = RestoredStates()
         #: identifies this backend's lineage of incremental checkpoints
         self.backend_uid = uuid.uuid4().hex
@@ -263,37 +259,6 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                     previous = entry
         return total
 
-    # ---- timers ------------------------------------------------------------------------------
-
-    def restore_pending_timers(self, service: TimerQueueOwner) -> int:
-        """Hand a timer service the checkpointed timers restored for it (by its name); a
-        service present during the restore gets them right away. Returns how many."""
-        n = 0
-        if not self.restored.has_timers():
-            return n
-        n += restore_file_timers(self, service)
-        ns_serializer = service.namespace_serializer
-        for domain in ("event", "processing"):
-            for key, namespace, timestamp, key_group in self.restored.take_timers(
-                service.state_name(domain)
-            ):
-                if isinstance(namespace, bytes):
-                    namespace = ns_serializer.deserialize(namespace)
-                service.restore_timer(domain, key, namespace, timestamp, key_group)
-                n += 1
-        return n
-
-    def add_restored_timers(
-        self, state_name: str, timers: Iterable[tuple[Any, Any, int, int]]
-    ) -> None:
-        """Timers ``(key, namespace, timestamp, key group)`` to hand to a joining timer service.
-
-        A namespace given as bytes is deserialized with the service's namespace serializer.
-        """
-        self.restored.add_timers(state_name, timers)
-        for participant in self.snapshot_participants:
-            self.restore_pending_timers(participant)
-
     # ---- restore -----------------------------------------------------------------------------
 
     def restore(self, source: RestoreInput | Sequence[KeyedStateRestore]) -> None:
@@ -363,7 +328,6 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             return
         self.cache.dispose()
         self._registered.clear()
-        self.snapshot_participants.clear()
         self.instance.close()
         super().dispose()
 

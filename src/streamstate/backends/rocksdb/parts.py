@@ -9,17 +9,17 @@ only. None of them imports ``backend.py``, which imports them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any, Protocol
 
-from streamstate.backends.base import RestoredStateMeta, TimerQueueOwner
+from streamstate.backends.base import RestoredStateMeta
 from streamstate.backends.decorators.ttl_cleanup import TtlCleanupHook
 from streamstate.backends.rocksdb.cache import MapCache, ValueCache, WriteBackCache
 from streamstate.backends.rocksdb.incremental import UploadTracker
 from streamstate.backends.rocksdb.instance import ColumnFamily, RocksDBConfig, RocksDBInstance
 from streamstate.backends.rocksdb.keys import KeyLayout
-from streamstate.backends.rocksdb.restored import RestoredStates, RestoredTimer
+from streamstate.backends.rocksdb.restored import RestoredStates
 from streamstate.backends.snapshot import StateMetaInfo
+from streamstate.backends.timer_queues import TimerQueues
 from streamstate.keygroups import KeyGroupRange
 from streamstate.serializers.base import TypeSerializer
 
@@ -57,7 +57,7 @@ class RocksDBParts(Protocol):
     backend_uid: str
     restored: RestoredStates
     uploads: UploadTracker
-    snapshot_participants: list[TimerQueueOwner]
+    timer_queues: TimerQueues
 
     @property
     def key_layout(self) -> KeyLayout: ...
@@ -69,7 +69,3 @@ class RocksDBParts(Protocol):
     def restored_state_meta(self, name: str) -> RestoredStateMeta | None: ...
 
     def add_restored_meta(self, meta: RestoredStateMeta) -> bool: ...
-
-    def add_restored_timers(self, state_name: str, timers: Iterable[RestoredTimer]) -> None: ...
-
-    def restore_pending_timers(self, service: TimerQueueOwner) -> int: ...

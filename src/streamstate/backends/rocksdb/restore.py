@@ -13,7 +13,8 @@ From **canonical snapshots** (:func:`restore_canonical`, savepoints of any backe
 parallelism): the ``(key, namespace, state)`` entries of the new range are encoded into composite
 keys and written in batches.
 
-Timers are handed to the timer service when it joins the backend.
+Timers go into the backend's timer queues (``backends/timer_queues.py``), key group by key
+group.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from streamstate.backends.rocksdb.keys import KeyLayout, key_group_bound
 from streamstate.backends.rocksdb.parts import RocksDBParts
 from streamstate.backends.rocksdb.storage import SnapshotFileStore, crc32c_of_file
 from streamstate.backends.snapshot import TIMER_STATE_KIND
+from streamstate.backends.timer_queues import TimerRestore
 from streamstate.errors import (
     CorruptCheckpointError,
     MaxParallelismMismatchError,
@@ -173,16 +175,12 @@ def restore_incremental(
             stats["copied_entries"] += _copy_key_groups(instance, directory, overlap, n)
         finally:
             shutil.rmtree(directory, ignore_errors=True)
+    timers = TimerRestore(backend.timer_queues, backend.key_serializer)
     for m, _, _, _ in manifests:
         remember_states(backend, m.states)
         for block in m.timers:
-            timers = [
-                (backend.key_serializer.deserialize(key), ns, ts, kg)
-                for kg, key, ns, ts in block.entries
-                if new_range.contains(kg)
-            ]
-            if timers:
-                backend.add_restored_timers(block.meta["name"], timers)
+            timers.add_native(block.meta, block.entries)
+    timers.install()
     # the base's files are now files of this database: the next checkpoint references them
     backend.uploads.restored(base.shared)
     return stats
@@ -243,16 +241,14 @@ def restore_canonical(backend: RocksDBParts, snapshots: Iterable[Any]) -> int:
             continue
         metas = snap.states
         writers: dict[int, _EntryWriter] = {}
-        timers: dict[str, list[tuple[Any, Any, int, int]]] = {}
+        timers = TimerRestore(backend.timer_queues, backend.key_serializer)
         batch = instance.new_batch()
         size = 0
         for kg in overlap:
             for index, entries in snap.key_group_entries(kg):
                 meta = metas[index]
                 if meta.kind == TIMER_STATE_KIND:
-                    timers.setdefault(meta.name, []).extend(
-                        (key, ns, int(ts), kg) for key, ns, ts in entries
-                    )
+                    timers.add_timers(meta, kg, entries)
                     continue
                 writer = writers.get(index)
                 if writer is None:
@@ -269,8 +265,7 @@ def restore_canonical(backend: RocksDBParts, snapshots: Iterable[Any]) -> int:
                 release(kg)
         instance.write(batch)
         remember_states(backend, (m.to_dict() for m in metas if m.kind != TIMER_STATE_KIND))
-        for name, entries_of in timers.items():
-            backend.add_restored_timers(name, entries_of)
+        timers.install()
     return written
 
 

@@ -12,7 +12,7 @@ the backend's key groups. This module turns those blocks into RocksDB entries:
   program registers them, with the program's serializers, by reading their blocks again from
   the files (the files stay in checkpoint storage: nothing is held in memory). Until then a
   snapshot of the backend is refused with a clear error;
-* timers stay encoded until their timer service asks for them (``restore_pending_timers``).
+* timers go into the backend's timer queues (``backends/timer_queues.py``).
 
 The checkpoint package is imported lazily: this module is only used through it.
 """
@@ -24,7 +24,6 @@ from typing import Any
 
 import msgspec
 
-from streamstate.backends.base import TimerQueueOwner
 from streamstate.backends.restore import KeyedStateRestore
 from streamstate.backends.rocksdb.keys import KeyLayout, key_group_bound, prefix_successor
 from streamstate.backends.rocksdb.parts import RocksDBParts
@@ -34,11 +33,12 @@ from streamstate.backends.rocksdb.restore import (
     remember_states,
 )
 from streamstate.backends.snapshot import TIMER_STATE_KIND
+from streamstate.backends.timer_queues import TimerRestore
 from streamstate.errors import CorruptCheckpointError, StateMigrationException
-from streamstate.serializers import Int64Serializer, serializer_from_snapshot
+from streamstate.serializers import serializer_from_snapshot
 from streamstate.serializers.base import TypeSerializer
 
-__all__ = ["BlockWriter", "restore_deferred_state", "restore_file_timers", "restore_files"]
+__all__ = ["BlockWriter", "restore_deferred_state", "restore_files"]
 
 
 def _expand(namespaces: list[Any], n: int) -> list[Any]:
@@ -139,6 +139,7 @@ def restore_files(backend: RocksDBParts, files: Sequence[KeyedStateRestore]) -> 
     check_fresh(backend)
     instance = backend.instance
     writers: dict[str, BlockWriter | None] = {}
+    timers = TimerRestore(backend.timer_queues, backend.key_serializer)
     written = 0
     batch = instance.new_batch()
     for f in files:
@@ -147,8 +148,7 @@ def restore_files(backend: RocksDBParts, files: Sequence[KeyedStateRestore]) -> 
             meta = block.state
             name = meta["name"]
             if meta["kind"] == TIMER_STATE_KIND:
-                # timers are replaced per key group by every file: keep the last block
-                backend.restored.add_timer_block(name, block)
+                timers.add_block(block, str(f.path))
                 continue
             if name not in writers:
                 writers[name] = None
@@ -175,8 +175,7 @@ def restore_files(backend: RocksDBParts, files: Sequence[KeyedStateRestore]) -> 
             if meta["kind"] != TIMER_STATE_KIND:
                 states.setdefault(meta["name"], meta)
     remember_states(backend, states.values())
-    for participant in backend.snapshot_participants:  # timer services present now
-        backend.restore_pending_timers(participant)
+    timers.install()
     return written
 
 
@@ -202,21 +201,3 @@ def restore_deferred_state(
         raise StateMigrationException(str(exc)) from None
     instance.write(batch)
     return written
-
-
-def restore_file_timers(backend: RocksDBParts, service: TimerQueueOwner) -> int:
-    """Decode the timer blocks of ``service`` (restored from files) into it."""
-    from streamstate.checkpoint.codec import StateCodec
-
-    n = 0
-    for domain in ("event", "processing"):
-        blocks = backend.restored.take_timer_blocks(service.state_name(domain))
-        if not blocks:
-            continue
-        codec = StateCodec(backend.key_serializer, service.namespace_serializer, Int64Serializer())
-        for kg in sorted(blocks):
-            keys, nss, stamps = codec.decode(blocks[kg].entries)
-            for key, ns, ts in zip(keys, _expand(nss, len(keys)), stamps, strict=True):
-                service.restore_timer(domain, key, ns, ts, kg)
-                n += 1
-    return n

@@ -6,9 +6,10 @@ kept here, owned by the backend and handed to the restore modules (``restore.py`
 
 * the meta data of restored states not registered yet (their data is in RocksDB already);
 * states restored from snapshot files whose serializers are not built in: their files, decoded
-  with the program's serializers when it registers the state;
-* timers, until the timer service that owns them joins: decoded ``(key, namespace, timestamp,
-  key group)`` tuples (native restore) or still-encoded blocks (snapshot files).
+  with the program's serializers when it registers the state.
+
+Timers are not kept here: a restore puts them into the backend's timer queues at once
+(``backends/timer_queues.py``).
 """
 
 from __future__ import annotations
@@ -16,25 +17,19 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from streamstate.backends.restore import KeyedStateRestore, RestoredBlock
+from streamstate.backends.restore import KeyedStateRestore
 from streamstate.errors import CorruptCheckpointError
 
-__all__ = ["RestoredStates", "RestoredTimer"]
-
-#: a restored timer: key, namespace (bytes while the service's serializer is unknown),
-#: timestamp, key group
-RestoredTimer = tuple[Any, Any, int, int]
+__all__ = ["RestoredStates"]
 
 
 class RestoredStates:
-    """Restored data of one RocksDB backend waiting for its state or timer service."""
+    """Restored data of one RocksDB backend waiting for its state."""
 
-    __slots__ = ("_deferred_files", "_states", "_timer_blocks", "_timers")
+    __slots__ = ("_deferred_files", "_states")
 
     def __init__(self) -> None:
         self._states: dict[str, dict[str, Any]] = {}
-        self._timers: dict[str, list[RestoredTimer]] = {}
-        self._timer_blocks: dict[str, dict[int, RestoredBlock]] = {}
         self._deferred_files: dict[str, list[KeyedStateRestore]] = {}
 
     # ---- states ------------------------------------------------------------------------------
@@ -81,21 +76,3 @@ class RestoredStates:
 
     def deferred_names(self) -> list[str]:
         return sorted(self._deferred_files)
-
-    # ---- timers ------------------------------------------------------------------------------
-
-    def add_timers(self, state_name: str, timers: Iterable[RestoredTimer]) -> None:
-        self._timers.setdefault(state_name, []).extend(timers)
-
-    def take_timers(self, state_name: str) -> list[RestoredTimer]:
-        return self._timers.pop(state_name, [])
-
-    def add_timer_block(self, state_name: str, block: RestoredBlock) -> None:
-        """Timers are replaced per key group by every file: the last block wins."""
-        self._timer_blocks.setdefault(state_name, {})[block.key_group] = block
-
-    def take_timer_blocks(self, state_name: str) -> dict[int, RestoredBlock]:
-        return self._timer_blocks.pop(state_name, {})
-
-    def has_timers(self) -> bool:
-        return bool(self._timers) or bool(self._timer_blocks)

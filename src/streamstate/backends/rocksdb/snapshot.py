@@ -68,6 +68,13 @@ def take_snapshot(backend: RocksDBParts, checkpoint_id: int) -> RocksDBKeyedStat
             "not registered yet (their serializers are not built in, so they are decoded with the "
             "program's serializers on registration); register them before the next checkpoint"
         )
+    unbound = backend.timer_queues.unbound_names()
+    if unbound:
+        raise CheckpointError(
+            f"timer queues {unbound} were restored with namespace serializers that are not built "
+            "in and their timer services were not created yet (the namespaces are decoded with "
+            "the service's serializer); create the timer services before the next checkpoint"
+        )
     backend.cache.flush()
     for reg in backend.registered_states():
         hook = reg.ttl_hook
@@ -85,9 +92,7 @@ def take_snapshot(backend: RocksDBParts, checkpoint_id: int) -> RocksDBKeyedStat
     states.extend(
         _SnapshotState(d, None, None, None) for d in backend.restored.state_descriptions()
     )
-    timer_sources: list[SnapshotSource] = []
-    for participant in backend.snapshot_participants:
-        timer_sources.extend(participant.snapshot_sources())
+    timer_sources: list[SnapshotSource] = backend.timer_queues.snapshot_sources()
     return RocksDBKeyedStateSnapshot(
         key_serializer=backend.key_serializer,
         max_parallelism=backend.max_parallelism,

@@ -1,0 +1,497 @@
+"""Timer queues owned by a keyed backend (SPEC §9; Flink's ``PriorityQueueSetFactory``).
+
+A keyed backend creates its timer queues (:meth:`KeyedStateBackend.create_timer_queue
+<streamstate.backends.base.KeyedStateBackend.create_timer_queue>`), snapshots them with its
+states and restores them itself: a timer queue is one more registered state, the pseudo-state
+``_timers.<service>.<domain>`` of kind ``"timer"`` whose entries are ``(key, namespace,
+timestamp)``. A timer service (``streamstate/timers.py``) only asks the backend for its queues.
+
+A restore fills the queues at once, key group by key group, so restored timers follow their key
+group on rescale. Their namespaces are decoded with the queue's serializer: the one the program
+gave (a queue created before the restore) or, for a queue not created yet, the checkpoint's if it
+can be rebuilt without running code (built-in and window serializers). Only otherwise does a
+queue keep its restored namespaces encoded, as restored states do, until the program creates it.
+
+>>> q = KeyGroupedTimerQueue(num_key_groups=2)
+>>> q.add(20, "b", None, 1), q.add(10, "a", None, 0), q.add(10, "a", None, 0)
+(True, True, False)
+>>> q.poll(), q.poll(), q.poll()
+((10, 'a', None, 0), (20, 'b', None, 1), None)
+
+Complexity: ``add``/``remove`` O(log n) amortized (removal is lazy: the heap entry is skipped
+when it surfaces), ``peek``/``poll`` amortized O(log n).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Iterable, Iterator
+from typing import Any, Literal
+
+import msgspec
+
+from streamstate.backends.restore import RestoredBlock, RestoredSerializer, is_builtin_snapshot
+from streamstate.backends.snapshot import (
+    TIMER_STATE_KIND,
+    DeltaEntries,
+    SnapshotSource,
+    StateMetaInfo,
+)
+from streamstate.errors import (
+    CorruptCheckpointError,
+    KeyGroupOutOfRangeError,
+    StateMigrationException,
+)
+from streamstate.keygroups import KeyGroupRange
+from streamstate.serializers import Int64Serializer, serializer_from_snapshot
+from streamstate.serializers.base import SerializerSnapshot, TypeSerializer
+
+__all__ = [
+    "KeyGroupedTimerQueue",
+    "TimerQueueState",
+    "TimerQueues",
+    "TimerRestore",
+]
+
+#: namespace serializers a restore rebuilds from the checkpoint without running its code, so that
+#: the timers of a queue not created yet are decoded at once (window namespaces are the usual)
+_REBUILT_NAMESPACE_TYPES = frozenset({"time_window", "global_window"})
+
+#: how the namespaces of a queue that keeps them encoded are encoded: "wire" (msgpack of the wire
+#: value, as in snapshot files) or "bytes" (the serializer's bytes, as in RocksDB manifests)
+EncodedForm = Literal["wire", "bytes"]
+
+
+class KeyGroupedTimerQueue:
+    """A priority queue of timers with set semantics, partitioned by key group.
+
+    Timers with equal timestamps come out in the order they were added.
+    """
+
+    __slots__ = ("_by_kg", "_heap", "_seq", "_size", "changed")
+
+    #: compact the heap once it holds this many more entries than twice the live timers
+    COMPACT_SLACK = 64
+
+    def __init__(self, num_key_groups: int) -> None:
+        # per key group: (timestamp, key, namespace) -> sequence number of its live heap entry
+        self._by_kg: list[dict[tuple[int, Any, Any], int]] = [{} for _ in range(num_key_groups)]
+        self._heap: list[tuple[int, int, int, Any, Any]] = []
+        self._seq = itertools.count()
+        self._size = 0
+        #: indices of key groups whose timers changed since the last take_changed()
+        self.changed: set[int] = set()
+
+    def add(self, timestamp: int, key: Any, namespace: Any, kg_index: int) -> bool:
+        """Add a timer; False if it was already there."""
+        timers = self._by_kg[kg_index]
+        ident = (timestamp, key, namespace)
+        if ident in timers:
+            return False
+        seq = next(self._seq)
+        timers[ident] = seq
+        self._size += 1
+        heapq.heappush(self._heap, (timestamp, seq, kg_index, key, namespace))
+        self.changed.add(kg_index)
+        return True
+
+    def remove(self, timestamp: int, key: Any, namespace: Any, kg_index: int) -> bool:
+        """Remove a timer; False if it was not there.
+
+        The heap entry is dropped lazily (when it surfaces, or by a compaction once removed
+        entries outnumber live ones), so removal is O(1) amortized.
+        """
+        if self._by_kg[kg_index].pop((timestamp, key, namespace), None) is None:
+            return False
+        self._size -= 1
+        self.changed.add(kg_index)
+        if len(self._heap) > 2 * self._size + self.COMPACT_SLACK:
+            self.compact()
+        return True
+
+    def contains(self, timestamp: int, key: Any, namespace: Any, kg_index: int) -> bool:
+        return (timestamp, key, namespace) in self._by_kg[kg_index]
+
+    def take_changed(self) -> set[int]:
+        """Indices of key groups whose timers changed since the last call (incremental
+        checkpoints write only those key groups' timers)."""
+        changed = self.changed
+        self.changed = set()
+        return changed
+
+    def _drop_stale(self) -> None:
+        heap = self._heap
+        by_kg = self._by_kg
+        while heap:
+            ts, seq, kgi, key, ns = heap[0]
+            if by_kg[kgi].get((ts, key, ns)) == seq:
+                return
+            heapq.heappop(heap)
+
+    def peek_timestamp(self) -> int | None:
+        """The smallest timestamp of any timer, or None."""
+        self._drop_stale()
+        return self._heap[0][0] if self._heap else None
+
+    def poll(self) -> tuple[int, Any, Any, int] | None:
+        """Remove and return ``(timestamp, key, namespace, kg_index)`` of the earliest timer."""
+        self._drop_stale()
+        if not self._heap:
+            return None
+        ts, _, kgi, key, ns = heapq.heappop(self._heap)
+        del self._by_kg[kgi][(ts, key, ns)]
+        self._size -= 1
+        self.changed.add(kgi)
+        return ts, key, ns, kgi
+
+    def __len__(self) -> int:
+        return self._size
+
+    def heap_size(self) -> int:
+        """Entries in the heap, removed timers not yet dropped included (for tests)."""
+        return len(self._heap)
+
+    def timers_of_key_group(self, kg_index: int) -> list[tuple[int, Any, Any]]:
+        """``(timestamp, key, namespace)`` of one key group, in the order they were added."""
+        return list(self._by_kg[kg_index])
+
+    def __iter__(self) -> Iterator[tuple[int, Any, Any, int]]:
+        for kgi, timers in enumerate(self._by_kg):
+            for ts, key, ns in timers:
+                yield ts, key, ns, kgi
+
+    def compact(self) -> None:
+        """Drop heap entries of removed timers (bounds memory after many deletions)."""
+        live = [
+            (ts, seq, kgi, k, ns)
+            for kgi, t in enumerate(self._by_kg)
+            for (ts, k, ns), seq in t.items()
+        ]
+        heapq.heapify(live)
+        self._heap = live
+
+    def clear(self) -> None:
+        """Drop every timer (a queue being refilled with decoded namespaces)."""
+        for timers in self._by_kg:
+            timers.clear()
+        self._heap = []
+        self._size = 0
+
+
+class _TimerSnapshotSource(SnapshotSource):
+    """Timers of one queue as a keyed-snapshot source: entries ``(key, namespace, timestamp)``."""
+
+    def __init__(self, meta: StateMetaInfo, per_kg: list[Any]) -> None:
+        self.meta = meta
+        #: per key group: [(timestamp, key, namespace)] (full) or DeltaEntries (delta)
+        self._per_kg: list[Any] = per_kg
+
+    def entries(self, key_group_index: int) -> Iterable[tuple[Any, Any, Any]] | DeltaEntries | None:
+        timers = self._per_kg[key_group_index]
+        if not timers or isinstance(timers, DeltaEntries):
+            return timers  # type: ignore[no-any-return]
+        return [(key, ns, ts) for ts, key, ns in timers]
+
+    def release_key_group(self, key_group_index: int) -> None:
+        self._per_kg[key_group_index] = None
+
+    def release(self) -> None:
+        self._per_kg = [None] * len(self._per_kg)
+
+
+class TimerQueueState:
+    """One timer queue registered in a keyed backend: its name, namespace serializer and queue.
+
+    ``namespace_serializer`` is None while the queue holds restored namespaces still encoded
+    (``encoded_form``), which happens only when the checkpoint's namespace serializer cannot be
+    rebuilt without running code and the program has not created the queue yet.
+    """
+
+    __slots__ = ("encoded_form", "name", "namespace_serializer", "queue", "restored_snapshot")
+
+    def __init__(
+        self,
+        name: str,
+        num_key_groups: int,
+        namespace_serializer: TypeSerializer[Any] | None,
+        restored_snapshot: SerializerSnapshot | None = None,
+        encoded_form: EncodedForm | None = None,
+    ) -> None:
+        self.name = name
+        self.queue = KeyGroupedTimerQueue(num_key_groups)
+        self.namespace_serializer = namespace_serializer
+        #: the namespace serializer snapshot of the checkpoint this queue was restored from
+        self.restored_snapshot = restored_snapshot
+        self.encoded_form = encoded_form
+
+    @property
+    def bound(self) -> bool:
+        """Whether the namespaces are decoded (the queue can be snapshotted by any backend)."""
+        return self.namespace_serializer is not None
+
+    def meta(self) -> StateMetaInfo:
+        """The snapshot meta data (a still-encoded queue writes its namespaces as they are)."""
+        ns = self.namespace_serializer
+        if ns is None:
+            assert self.restored_snapshot is not None
+            ns = RestoredSerializer(self.restored_snapshot)
+        return StateMetaInfo(self.name, TIMER_STATE_KIND, ns, Int64Serializer())
+
+    def check_compatible(self, namespace_serializer: TypeSerializer[Any], snapshot: Any) -> None:
+        """Refuse a namespace serializer that cannot read timers written by ``snapshot``."""
+        if namespace_serializer.resolve_compatibility(snapshot).is_incompatible:
+            raise StateMigrationException(
+                f"timer queue {self.name!r}: the namespace serializer {namespace_serializer!r} "
+                f"cannot read the checkpointed timers written by {snapshot}"
+            )
+
+    def bind(self, namespace_serializer: TypeSerializer[Any]) -> None:
+        """The program created the queue with ``namespace_serializer``: check it against the
+        checkpoint and decode namespaces kept encoded."""
+        if self.restored_snapshot is not None:
+            self.check_compatible(namespace_serializer, self.restored_snapshot)
+        if self.namespace_serializer is None:
+            timers = list(self.queue)
+            self.queue.clear()
+            encoded = [ns for _, _, ns, _ in timers]
+            if self.encoded_form == "wire":
+                decoded = RestoredSerializer({}).decode_with(encoded, namespace_serializer)
+            else:
+                decoded = [namespace_serializer.deserialize(b) for b in encoded]
+            for (ts, key, _, kgi), ns in zip(timers, decoded, strict=True):
+                self.queue.add(ts, key, ns, kgi)
+            self.encoded_form = None
+        self.namespace_serializer = namespace_serializer
+
+    def snapshot_source(self) -> SnapshotSource:
+        """Synchronous copy of the queue, as a keyed-snapshot source."""
+        q = self.queue
+        return _TimerSnapshotSource(
+            self.meta(), [q.timers_of_key_group(i) for i in range(len(q._by_kg))]
+        )
+
+    def delta_snapshot_source(self) -> SnapshotSource:
+        """The timers of the key groups whose timers changed since the last delta, each key
+        group's complete set replacing the previous one (incremental checkpoints)."""
+        q = self.queue
+        per_kg: list[Any] = [None] * len(q._by_kg)
+        for kgi in q.take_changed():
+            timers = q.timers_of_key_group(kgi)
+            per_kg[kgi] = DeltaEntries([(key, ns, ts) for ts, key, ns in timers], None)
+        return _TimerSnapshotSource(self.meta(), per_kg)
+
+
+class TimerQueues:
+    """The timer queues of one keyed backend, by pseudo-state name."""
+
+    __slots__ = ("_queues", "key_group_range")
+
+    def __init__(self, key_group_range: KeyGroupRange) -> None:
+        self.key_group_range = key_group_range
+        self._queues: dict[str, TimerQueueState] = {}
+
+    def create(self, name: str, namespace_serializer: TypeSerializer[Any]) -> KeyGroupedTimerQueue:
+        """The queue ``name``, created if new; a restored one is checked against and bound to
+        the program's namespace serializer."""
+        state = self._queues.get(name)
+        if state is None:
+            state = TimerQueueState(name, len(self.key_group_range), namespace_serializer)
+            self._queues[name] = state
+        else:
+            state.bind(namespace_serializer)
+        return state.queue
+
+    def get(self, name: str) -> TimerQueueState | None:
+        return self._queues.get(name)
+
+    def names(self) -> list[str]:
+        return list(self._queues)
+
+    def unbound_names(self) -> list[str]:
+        """Queues whose restored namespaces are still encoded (not created by the program)."""
+        return [n for n, s in self._queues.items() if not s.bound]
+
+    def snapshot_sources(self) -> list[SnapshotSource]:
+        return [s.snapshot_source() for s in self._queues.values()]
+
+    def delta_snapshot_sources(self) -> list[SnapshotSource]:
+        return [s.delta_snapshot_source() for s in self._queues.values()]
+
+    def reset_changes(self) -> None:
+        """Forget which key groups changed (a full snapshot became the new base)."""
+        for s in self._queues.values():
+            s.queue.take_changed()
+
+    def num_timers(self) -> int:
+        return sum(len(s.queue) for s in self._queues.values())
+
+    def clear(self) -> None:
+        self._queues.clear()
+
+    def discard(self, name: str) -> None:
+        self._queues.pop(name, None)
+
+    def restored_state(
+        self,
+        meta: dict[str, Any],
+        form: EncodedForm,
+        serializer: TypeSerializer[Any] | None = None,
+    ) -> tuple[TimerQueueState, TypeSerializer[Any] | None]:
+        """The queue a restore fills for the checkpointed timer state ``meta`` (created if new)
+        and the serializer decoding its namespaces (None: they stay encoded in ``form``).
+        ``serializer``: the namespace serializer of timers restored as values (in-memory
+        snapshots), which a new queue takes."""
+        name = meta["name"]
+        snap = meta["namespace_serializer"]
+        state = self._queues.get(name)
+        if state is not None:
+            if state.namespace_serializer is not None:
+                state.check_compatible(state.namespace_serializer, snap)
+                return state, state.namespace_serializer
+            if state.restored_snapshot != snap or state.encoded_form != form:
+                raise CorruptCheckpointError(
+                    f"timer queue {name!r} appears with two namespace serializers in the "
+                    "snapshots being restored"
+                )
+            return state, None
+        if serializer is None and (
+            is_builtin_snapshot(snap) or snap.get("type") in _REBUILT_NAMESPACE_TYPES
+        ):
+            serializer = serializer_from_snapshot(snap)
+        if serializer is not None:
+            state = TimerQueueState(name, len(self.key_group_range), serializer, snap)
+            self._queues[name] = state
+            return state, serializer
+        state = TimerQueueState(name, len(self.key_group_range), None, snap, form)
+        self._queues[name] = state
+        return state, None
+
+
+class TimerRestore:
+    """Collects the checkpointed timers of a restore and installs them into the backend's
+    queues once everything was read (a restore is all or nothing).
+
+    Timers are replaced per key group and queue by every full block or delta (the snapshots
+    write each changed key group's complete set).
+    """
+
+    def __init__(self, queues: TimerQueues, key_serializer: TypeSerializer[Any]) -> None:
+        self.queues = queues
+        self.key_serializer = key_serializer
+        self._range = queues.key_group_range
+        #: per queue name: the queue, and per key group index {(ts, key, ns): None}
+        self._timers: dict[str, tuple[TimerQueueState, list[dict[Any, None] | None]]] = {}
+        self._codecs: dict[str, Any] = {}
+        #: queues this restore created (dropped again if it fails)
+        self._created: list[str] = []
+
+    def _slot(
+        self,
+        meta: dict[str, Any],
+        key_group: int,
+        form: EncodedForm,
+        serializer: TypeSerializer[Any] | None = None,
+    ) -> dict[Any, None]:
+        name = meta["name"]
+        entry = self._timers.get(name)
+        if entry is None:
+            if self.queues.get(name) is None:
+                self._created.append(name)
+            state, _ = self.queues.restored_state(meta, form, serializer)
+            entry = self._timers[name] = (state, [None] * len(self._range))
+        if not self._range.contains(key_group):
+            raise KeyGroupOutOfRangeError(
+                f"timer queue {name!r}: a checkpointed timer belongs to key group {key_group}, "
+                f"outside this backend's range {self._range}"
+            )
+        per_kg = entry[1]
+        index = key_group - self._range.start
+        current = per_kg[index]
+        if current is None:
+            current = per_kg[index] = {}
+        return current
+
+    def add_block(self, block: RestoredBlock, where: str) -> None:
+        """A timer block of a snapshot file (entries section, see docs/formats.md)."""
+        from streamstate.checkpoint.codec import StateCodec
+
+        meta = block.state
+        name = meta["name"]
+        current = self._slot(meta, block.key_group, "wire")
+        codec = self._codecs.get(name)
+        if codec is None:
+            state = self._timers[name][0]
+            ns = state.namespace_serializer
+            if ns is None:
+                ns = RestoredSerializer(meta["namespace_serializer"])
+            codec = self._codecs[name] = StateCodec(self.key_serializer, ns, Int64Serializer())
+        try:
+            keys, nss, stamps = codec.decode(block.entries)
+            namespaces = _expand(nss, len(keys))
+            gone: list[tuple[Any, Any]] = []
+            if block.removed is not None:
+                gone_keys, gone_nss = codec.decode_removed(block.removed)
+                gone = list(zip(gone_keys, _expand(gone_nss, len(gone_keys)), strict=True))
+        except (msgspec.ValidationError, msgspec.DecodeError, ValueError) as exc:
+            raise CorruptCheckpointError(
+                f"{where}: timers {name!r}, key group {block.key_group}: {exc}"
+            ) from None
+        if block.removed is None:
+            current.clear()  # a full set replaces the key group's timers
+        for k, ns in gone:
+            for ident in [t for t in current if t[1] == k and t[2] == ns]:
+                del current[ident]
+        for k, ns, ts in zip(keys, namespaces, stamps, strict=True):
+            current[(int(ts), k, ns)] = None
+
+    def add_timers(
+        self, meta: StateMetaInfo, key_group: int, timers: Iterable[tuple[Any, Any, Any]]
+    ) -> None:
+        """Decoded ``(key, namespace, timestamp)`` timers of one key group (in-memory keyed
+        snapshots: their namespaces are values of ``meta.namespace_serializer``)."""
+        current = self._slot(meta.to_dict(), key_group, "wire", meta.namespace_serializer)
+        for key, ns, ts in timers:
+            current[(int(ts), key, ns)] = None
+
+    def add_native(
+        self, meta: dict[str, Any], entries: Iterable[tuple[int, bytes, bytes, int]]
+    ) -> None:
+        """Timers ``(key group, key bytes, namespace bytes, timestamp)`` of a RocksDB manifest
+        (serializer bytes); key groups outside this backend's range are skipped (rescaling)."""
+        name = meta["name"]
+        key = self.key_serializer.deserialize
+        decode_ns = None
+        for kg, raw_key, raw_ns, ts in entries:
+            if not self._range.contains(kg):
+                continue
+            current = self._slot(meta, kg, "bytes")
+            if decode_ns is None:
+                ns_serializer = self._timers[name][0].namespace_serializer
+                decode_ns = bytes if ns_serializer is None else ns_serializer.deserialize
+            current[(int(ts), key(raw_key), decode_ns(raw_ns))] = None
+
+    def install(self) -> int:
+        """Put every collected timer into its queue; returns how many were restored."""
+        n = 0
+        for state, per_kg in self._timers.values():
+            for index, timers in enumerate(per_kg):
+                for ts, key, ns in timers or ():
+                    state.queue.add(ts, key, ns, index)
+                    n += 1
+        self._timers.clear()
+        return n
+
+    def abort(self) -> None:
+        """The restore failed: drop the queues it created (the program's queues stay empty)."""
+        for name in self._created:
+            self.queues.discard(name)
+        self._timers.clear()
+
+
+def _expand(namespaces: list[Any], n: int) -> list[Any]:
+    if len(namespaces) == n:
+        return namespaces
+    if len(namespaces) == 1:
+        return namespaces * n
+    raise ValueError(f"namespace column has {len(namespaces)} values for {n} keys")
