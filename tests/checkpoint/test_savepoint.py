@@ -218,10 +218,24 @@ def _late_service(op: Any) -> Any:
     )
 
 
-def test_timers_of_a_service_created_after_restore_are_kept_and_handed_over() -> None:
-    storage = MemoryCheckpointStorage()
+@pytest.mark.parametrize("backend", ["heap", "rocksdb", "rocksdb-files"])
+def test_timers_of_a_service_created_after_restore_are_kept_and_handed_over(
+    backend: str, tmp_path: Any
+) -> None:
+    # both backends restore the timers into their own queues and carry them through checkpoints
+    # taken before the service exists (RocksDB natively and from snapshot files)
+    from streamstate.backends.factory import RocksDBStateBackend
+
+    def state_backend() -> Any:  # one per runner (a RocksDB backend locks its directory)
+        return RocksDBStateBackend(incremental=False) if backend == "rocksdb-files" else backend
+
+    storage = FileSystemCheckpointStorage(str(tmp_path))
     runner = LocalRunner(
-        ListThenValue(True), key_selector=lambda r: r, key_type=str, checkpoint_storage=storage
+        ListThenValue(True),
+        key_selector=lambda r: r,
+        key_type=str,
+        checkpoint_storage=storage,
+        state_backend=state_backend(),
     )
     runner._start(1)
     op = runner.subtasks[0]
@@ -232,12 +246,20 @@ def test_timers_of_a_service_created_after_restore_are_kept_and_handed_over() ->
     runner.checkpoint()
     # a run restores before its window operator exists, and checkpoints meanwhile
     second = LocalRunner(
-        ListThenValue(True), key_selector=lambda r: r, key_type=str, checkpoint_storage=storage
+        ListThenValue(True),
+        key_selector=lambda r: r,
+        key_type=str,
+        checkpoint_storage=storage,
+        state_backend=state_backend(),
     )
     second.restore()
     second.checkpoint()
     third = LocalRunner(
-        ListThenValue(True), key_selector=lambda r: r, key_type=str, checkpoint_storage=storage
+        ListThenValue(True),
+        key_selector=lambda r: r,
+        key_type=str,
+        checkpoint_storage=storage,
+        state_backend=state_backend(),
     )
     third.restore()
     op3 = third.subtasks[0]

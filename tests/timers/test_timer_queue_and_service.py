@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 
 import pytest
@@ -12,10 +13,15 @@ from streamstate.backends.heap.backend import HeapKeyedStateBackend
 from streamstate.backends.restore import KeyedStateRestore, RestoredBlock
 from streamstate.backends.timer_queues import TimerRestore
 from streamstate.checkpoint.format import KeyedSnapshotReader, write_keyed_snapshot
-from streamstate.errors import KeyGroupOutOfRangeError, NoCurrentKeyError, StateAccessError
+from streamstate.errors import (
+    KeyGroupOutOfRangeError,
+    NoCurrentKeyError,
+    StateAccessError,
+    StateMigrationException,
+)
 from streamstate.keygroups import KeyGroupRange, assign_to_key_group
 from streamstate.namespace import VOID_NAMESPACE
-from streamstate.serializers import Int64Serializer, StrSerializer
+from streamstate.serializers import Int64Serializer, StrSerializer, serializer_for
 from streamstate.timers import (
     MIN_WATERMARK,
     InternalTimerService,
@@ -362,3 +368,63 @@ def test_snapshot_sources_release():
     sources[0].release_key_group(kgi)
     assert sources[0].entries(kgi) is None
     sources[1].release()
+
+
+@dataclasses.dataclass(frozen=True)
+class Pane:
+    """A namespace type whose serializer a restore does not rebuild (it would import it)."""
+
+    start: int
+
+
+def test_timers_with_a_custom_namespace_stay_encoded_until_their_queue_is_created(tmp_path):
+    from streamstate.backends.rocksdb.backend import RocksDBKeyedStateBackend
+    from streamstate.errors import CheckpointError
+
+    panes = serializer_for(Pane)
+    backend = make_backend()
+    rec = Recorder(backend)
+    svc = InternalTimerService("p", backend, rec, namespace_serializer=panes)
+    for key, start in (("a", 1), ("b", 2)):
+        backend.set_current_key(key)
+        svc.register_event_time_timer(Pane(start), 10 + start)
+    data = MemoryRestore.write(backend.snapshot(1))
+
+    # heap: the restored queue keeps its namespaces encoded and goes through checkpoints as is
+    blind = make_backend()
+    blind.restore([MemoryRestore(data, FULL_RANGE)])
+    assert blind.timer_queues.unbound_names() == ["_timers.p.event"]
+    again = MemoryRestore.write(blind.snapshot(2))
+    fresh = make_backend()
+    fresh.restore([MemoryRestore(again, FULL_RANGE)])
+    rec2 = Recorder(fresh)
+    svc2 = InternalTimerService("p", fresh, rec2, namespace_serializer=panes)
+    assert fresh.timer_queues.unbound_names() == []
+    svc2.advance_watermark(100)
+    assert sorted(f[1:4] for f in rec2.fired) == [(11, "a", Pane(1)), (12, "b", Pane(2))]
+
+    # RocksDB: refuses to checkpoint such a queue until its service exists, naming it
+    rocks = RocksDBKeyedStateBackend(
+        StrSerializer(), MAX_P, FULL_RANGE, path=str(tmp_path / "rocks")
+    )
+    try:
+        rocks.restore([MemoryRestore(data, FULL_RANGE)])
+        with pytest.raises(CheckpointError, match=r"_timers\.p\.event"):
+            rocks.snapshot(3)
+        rec3 = Recorder(rocks)
+        svc3 = InternalTimerService("p", rocks, rec3, namespace_serializer=panes)
+        rocks.snapshot(4).release()
+        svc3.advance_watermark(100)
+        assert sorted(f[1:4] for f in rec3.fired) == [(11, "a", Pane(1)), (12, "b", Pane(2))]
+    finally:
+        rocks.dispose()
+
+
+def test_a_timer_queue_refuses_an_incompatible_namespace_serializer():
+    backend, _, svc = make_service()  # Int64 namespaces
+    register(backend, svc, "a", 5, 50)
+    data = MemoryRestore.write(backend.snapshot(1))
+    fresh = make_backend()
+    fresh.restore([MemoryRestore(data, FULL_RANGE)])
+    with pytest.raises(StateMigrationException, match=r"timer queue '_timers\.t\.event'"):
+        InternalTimerService("t", fresh, Recorder(fresh), namespace_serializer=StrSerializer())
