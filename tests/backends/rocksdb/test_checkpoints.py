@@ -192,9 +192,7 @@ def test_timers_follow_their_key_groups(make_rocks: Any, store: Any) -> None:
             pass
 
     old = [make_rocks(i, 2) for i in range(2)]
-    services = []
-    for b in old:
-        services.append(InternalTimerService("user", b, Sink()))
+    services = [InternalTimerService("user", b, Sink()) for b in old]
     for k in range(100):
         kg = assign_to_key_group(k, MAX_P)
         i = compute_operator_index_for_key_group(MAX_P, 2, kg)
