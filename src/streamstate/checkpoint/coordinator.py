@@ -123,7 +123,7 @@ class CheckpointCoordinator:
             properties.setdefault("epoch", self.epoch.number)
         metadata = CheckpointMetadata(
             kind=kind,
-            job_id=getattr(self.storage, "job_id", ""),
+            job_id=self.storage.job_id,
             checkpoint_id=checkpoint_id,
             timestamp=now_ms(),
             operators=operators,

@@ -161,6 +161,8 @@ class CheckpointStorage(ABC):
 
     #: complete checkpoints kept by :meth:`apply_retention`
     retained_checkpoints: int = DEFAULT_RETAINED_CHECKPOINTS
+    #: the job's name, recorded in checkpoint metadata ("" when the storage has none)
+    job_id: str = ""
 
     # ---- file operations (relative paths, "/" separated) -----------------------------------------
 

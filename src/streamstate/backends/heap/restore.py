@@ -149,7 +149,7 @@ def _expand(namespaces: list[Any], n: int) -> list[Any]:
 
 
 class _PendingState:
-    """One restored state (or timer queue) kept encoded until it is registered."""
+    """One restored state kept encoded until it is registered."""
 
     __slots__ = ("blocks", "meta")
 
@@ -180,7 +180,7 @@ class _PendingSource(SnapshotSource):
 
 
 class RestoredRawStates:
-    """Restored states and timers not decoded yet; a snapshot participant of the backend, so that
+    """Restored states not decoded yet; written into every snapshot of the backend, so that
     they reach every later checkpoint unchanged until the program registers them."""
 
     def __init__(self, key_group_start: int, num_key_groups: int) -> None:
