@@ -258,3 +258,28 @@ def test_metrics_are_readable_through_the_runtime_context():
     text = cap.get()
     assert "keyed-process.0.state.n.value_state_get_latency" in text
     assert " ns" in text and " B" in text
+
+
+def test_every_operation_of_every_kind_samples_calls_1_101_201():
+    g = MetricGroup("state")
+    b = backend(latency=True, size=True, group=g)
+    for i in range(205):
+        v = state(b, ValueStateDescriptor("v", int))
+        v.update(i), v.value(), v.clear()
+        lst = state(b, ListStateDescriptor("l", int))
+        lst.add(i), lst.add_all([i]), lst.update([i, i]), lst.get()
+        lst.merge_namespaces("ns", ["other"]), lst.clear()
+        m = state(b, MapStateDescriptor("m", str, int))
+        m.put("a", i), m.put_all({"b": i}), m.get("a"), m.contains("a"), m.remove("b")
+        list(m.items()), list(m.keys()), list(m.values()), m.is_empty(), m.clear()
+        r = state(b, ReducingStateDescriptor("r", lambda x, y: x + y, int))
+        r.add(i), r.get(), r.merge_namespaces("ns", ["o"]), r.clear()
+        a = state(b, AggregatingStateDescriptor("a", Sum(), int))
+        a.add(i), a.get(), a.merge_namespaces("ns", ["o"]), a.clear()
+    metrics = g.metrics()
+    assert len(metrics) == 42  # 29 latencies, 13 sizes
+    for name in metrics:
+        assert hist(g, name).count == 3, name  # calls 1, 101 and 201 of each operation
+    # the sizes are those of the sampled calls' arguments and results (i = 0, 100, 200)
+    assert hist(g, "state.l.list_state_update_value_size").statistics()["max"] == 5
+    assert hist(g, "state.m.map_state_put_all_value_size").statistics()["max"] == 5

@@ -38,14 +38,17 @@ Names (``<kind>_state_<operation>_latency`` in nanoseconds, ``..._key_size`` /
   have no declared serializer).
 
 The unsampled path of every operation is one extra Python call and a countdown; see
-``bench/metrics_overhead.py`` and ``docs/benchmarks.md`` for what that costs.
+``bench/metrics_overhead.py`` and ``docs/benchmarks.md`` for what that costs. To keep it that
+cheap, every operation's method is generated from one template (:data:`_TEMPLATE`) and the
+table of operations (:data:`_OPERATIONS`): the countdown lives in a slot of the decorator
+(``_get_left``, ...), read and written without a call or a dictionary lookup.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from time import perf_counter_ns
-from typing import Any
+from typing import Any, NamedTuple
 
 from streamstate.api.descriptors import StateDescriptor, StateKind
 from streamstate.api.state import (
@@ -75,11 +78,11 @@ DEFAULT_HISTORY_SIZE = 128
 
 
 class TrackedOperation:
-    """Histograms of one operation of one state (and a countdown for the rarely used ones).
+    """Histograms of one operation of one state.
 
     The countdown to the next sampled call starts at 1, so that the first call is sampled, and is
-    reset to ``interval`` after each sample. Hot operations keep it in a slot of the decorator
-    (``_get_left``, ...) instead of ``left`` here: one attribute load less per call.
+    reset to ``interval`` after each sample; it lives in a slot of the decorator (``_get_left``,
+    ...), one attribute load per call. ``left`` is the same countdown for callers without one.
     """
 
     __slots__ = ("interval", "key_size", "latency", "left", "value_size")
@@ -117,13 +120,144 @@ def _size_of(serializer: TypeSerializer[Any] | None, value: Any) -> int | None:
         return None
 
 
-class _MetricsTrackingState:
-    """Shared fields and pass-through methods of the metrics decorators."""
+def _record(hist: Histogram, serializer: TypeSerializer[Any] | None, value: Any) -> None:
+    n = _size_of(serializer, value)
+    if n is not None:
+        hist.update(n)
 
-    __slots__ = ("_clear", "_clear_left", "_descriptor", "_group", "_interval", "_original")
+
+class _Operation(NamedTuple):
+    """One tracked operation of a state kind (a row of :data:`_OPERATIONS`)."""
+
+    #: the state method
+    method: str
+    #: the metric's operation name (``<kind>_state_<name>_latency``); the decorator's slots are
+    #: ``_<name>`` (the :class:`TrackedOperation`) and ``_<name>_left`` (the countdown)
+    name: str
+    #: the method's parameters after ``self``
+    params: str = ""
+    #: run before a sampled call (normalizes the arguments that are measured)
+    prepare: str = ""
+    #: value size: (the decorator's serializer attribute, the expression measured)
+    value_size: tuple[str, str] | None = None
+    #: key size: the expression measured with the decorator's ``_key`` serializer
+    key_size: str | None = None
+    #: whether the method returns the state's result (else None)
+    returns: bool = True
+
+
+_TEMPLATE = """
+def {method}(self{sig}):
+    left = self._{name}_left - 1
+    if left:
+        self._{name}_left = left
+        return self._original.{method}({params})
+    self._{name}_left = self._interval
+    op = self._{name}
+    {prepare}
+    result = op.timed(self._original.{method}{args})
+    {key_size}
+    {value_size}
+    return {result}
+"""
+"""The one sampled method every operation is generated from: count down, and on the sampled
+call time the decorated state's method and record the sizes."""
+
+_MERGE = _Operation("merge_namespaces", "merge_namespaces", "target, sources")
+_CLEAR = _Operation("clear", "clear")
+_LIST_ARG = "values = list(values) if values is not None else []"
+
+_OPERATIONS: dict[str, tuple[_Operation, ...]] = {
+    "value_state": (
+        _Operation("value", "get", value_size=("_serializer", "result")),
+        _Operation("update", "update", "value", value_size=("_serializer", "value"), returns=False),
+        _CLEAR,
+    ),
+    "list_state": (
+        _Operation("get", "get", value_size=("_list", "list(result)")),
+        _Operation("add", "add", "value", value_size=("_element", "value"), returns=False),
+        _Operation("add_all", "add_all", "values", _LIST_ARG, ("_list", "values"), returns=False),
+        _Operation("update", "update", "values", _LIST_ARG, ("_list", "values"), returns=False),
+        _MERGE,
+        _CLEAR,
+    ),
+    "map_state": (
+        _Operation("get", "get", "key", value_size=("_value", "result"), key_size="key"),
+        _Operation(
+            "put",
+            "put",
+            "key, value",
+            value_size=("_value", "value"),
+            key_size="key",
+            returns=False,
+        ),
+        _Operation(
+            "put_all", "put_all", "mapping", value_size=("_dict", "dict(mapping)"), returns=False
+        ),
+        _Operation("remove", "remove", "key", key_size="key", returns=False),
+        _Operation("contains", "contains", "key", key_size="key"),
+        _Operation("items", "entries_init"),
+        _Operation("keys", "keys_init"),
+        _Operation("values", "values_init"),
+        _Operation("is_empty", "is_empty"),
+        _CLEAR,
+    ),
+    "reducing_state": (
+        _Operation("get", "get", value_size=("_serializer", "result")),
+        _Operation("add", "add", "value", value_size=("_serializer", "value"), returns=False),
+        _MERGE,
+        _CLEAR,
+    ),
+    "aggregating_state": (
+        _Operation("get", "get"),
+        _Operation("add", "add", "value", returns=False),
+        _MERGE,
+        _CLEAR,
+    ),
+}
+"""Per state kind (the metric prefix), its tracked operations."""
+
+
+def _generate(op: _Operation) -> Callable[..., Any]:
+    key_size = value_size = ""
+    if op.key_size is not None:
+        key_size = f"if op.key_size is not None: _record(op.key_size, self._key, {op.key_size})"
+    if op.value_size is not None:
+        attr, expr = op.value_size
+        value_size = f"if op.value_size is not None: _record(op.value_size, self.{attr}, {expr})"
+    source = _TEMPLATE.format(
+        method=op.method,
+        name=op.name,
+        sig=f", {op.params}" if op.params else "",
+        params=op.params,
+        args=f", {op.params}" if op.params else "",
+        prepare=op.prepare,
+        key_size=key_size,
+        value_size=value_size,
+        result="result" if op.returns else "None",
+    )
+    namespace: dict[str, Any] = {"_record": _record}
+    exec(compile(source, f"<metrics decorator: {op.method}>", "exec"), namespace)
+    fn: Callable[..., Any] = namespace[op.method]
+    fn.__doc__ = f"``{op.method}`` of the decorated state, sampled (metric ``{op.name}``)."
+    return fn
+
+
+def _methods(prefix: str) -> dict[str, Callable[..., Any]]:
+    return {op.method: _generate(op) for op in _OPERATIONS[prefix]}
+
+
+def _slots(prefix: str) -> tuple[str, ...]:
+    return tuple(s for op in _OPERATIONS[prefix] for s in (f"_{op.name}", f"_{op.name}_left"))
+
+
+class _MetricsTrackingState:
+    """Shared fields and pass-through methods of the metrics decorators; each subclass is one
+    state kind, its sampled methods generated from :data:`_OPERATIONS`."""
+
+    __slots__ = ("_descriptor", "_group", "_interval", "_original")
 
     _prefix = ""
-    _clear_left: int
 
     def __init__(
         self,
@@ -139,16 +273,22 @@ class _MetricsTrackingState:
         self._descriptor = descriptor
         self._group = group
         self._interval = interval
-        self._clear = self._op("clear", interval, history, latency, False)
-        self._create_operations(interval, history, latency, size)
-        # every countdown starts at 1: the first call of each operation is sampled
-        for cls in type(self).__mro__:
-            for slot in getattr(cls, "__slots__", ()):
-                if slot.endswith("_left"):
-                    setattr(self, slot, 1)
+        self._set_serializers(descriptor)
+        for op in _OPERATIONS[self._prefix]:
+            tracked = self._op(
+                op.name,
+                interval,
+                history,
+                latency,
+                size,
+                value_size=op.value_size is not None,
+                key_size=op.key_size is not None,
+            )
+            setattr(self, f"_{op.name}", tracked)
+            setattr(self, f"_{op.name}_left", 1)  # the first call of each operation is sampled
 
-    def _create_operations(self, *cfg: Any) -> None:
-        """Create the :class:`TrackedOperation` of each operation of the state kind."""
+    def _set_serializers(self, descriptor: Any) -> None:
+        """Keep the serializers the size histograms measure with."""
 
     def _op(
         self,
@@ -190,362 +330,93 @@ class _MetricsTrackingState:
     def get_current_namespace(self) -> Any:
         return self._original.get_current_namespace()
 
-    def clear(self) -> None:
-        left = self._clear_left - 1
-        if left:
-            self._clear_left = left
-            return self._original.clear()
-        self._clear_left = self._interval
-        op = self._clear
-        return op.timed(self._original.clear)  # type: ignore[no-any-return]
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self._original!r})"
-
-
-class MetricsTrackingValueState(_MetricsTrackingState, InternalValueState[Any]):
-    __slots__ = ("_get", "_get_left", "_serializer", "_update", "_update_left")
-    _prefix = "value_state"
-    _get_left: int
-    _update_left: int
-
-    def _create_operations(self, *cfg: Any) -> None:
-        descriptor: Any = self._descriptor
-        self._serializer = descriptor.serializer
-        self._get = self._op("get", *cfg, value_size=True)
-        self._update = self._op("update", *cfg, value_size=True)
-
-    def value(self) -> Any:
-        left = self._get_left - 1
-        if left:
-            self._get_left = left
-            return self._original.value()
-        self._get_left = self._interval
-        op = self._get
-        v = op.timed(self._original.value)
-        if op.value_size is not None and (n := _size_of(self._serializer, v)) is not None:
-            op.value_size.update(n)
-        return v
-
-    def update(self, value: Any) -> None:
-        left = self._update_left - 1
-        if left:
-            self._update_left = left
-            return self._original.update(value)
-        self._update_left = self._interval
-        op = self._update
-        op.timed(self._original.update, value)
-        if op.value_size is not None and (n := _size_of(self._serializer, value)) is not None:
-            op.value_size.update(n)
-        return None
-
-
-class _MergingMixin:
-    __slots__ = ()
-
-    _merge: TrackedOperation
-    _merge_left: int
-    _interval: int
-    _original: Any
-
-    def merge_namespaces(self, target: Any, sources: Iterable[Any]) -> None:
-        left = self._merge_left - 1
-        if left:
-            self._merge_left = left  # type: ignore[misc]  # a slot of the concrete classes
-            return self._original.merge_namespaces(target, sources)  # type: ignore[no-any-return]
-        self._merge_left = self._interval  # type: ignore[misc]
-        op = self._merge
-        return op.timed(self._original.merge_namespaces, target, sources)  # type: ignore[no-any-return]
-
     def get_internal(self) -> Any:
         return self._original.get_internal()
 
     def update_internal(self, value: Any) -> None:
         self._original.update_internal(value)
 
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._original!r})"
 
-class MetricsTrackingListState(_MergingMixin, _MetricsTrackingState, InternalListState[Any]):
-    __slots__ = (
-        "_add",
-        "_add_all",
-        "_add_all_left",
-        "_add_left",
-        "_element",
-        "_get",
-        "_get_left",
-        "_list",
-        "_merge",
-        "_merge_left",
-        "_update",
-        "_update_left",
-    )
+
+_VALUE = _methods("value_state")
+_LIST = _methods("list_state")
+_MAP = _methods("map_state")
+_REDUCING = _methods("reducing_state")
+_AGGREGATING = _methods("aggregating_state")
+
+
+class MetricsTrackingValueState(_MetricsTrackingState, InternalValueState[Any]):
+    __slots__ = (*_slots("value_state"), "_serializer")
+    _prefix = "value_state"
+
+    def _set_serializers(self, descriptor: Any) -> None:
+        self._serializer = descriptor.serializer
+
+    value = _VALUE["value"]
+    update = _VALUE["update"]
+    clear = _VALUE["clear"]
+
+
+class MetricsTrackingListState(_MetricsTrackingState, InternalListState[Any]):
+    __slots__ = (*_slots("list_state"), "_element", "_list")
     _prefix = "list_state"
-    _add_all_left: int
-    _add_left: int
-    _get_left: int
-    _merge_left: int
-    _update_left: int
 
-    def _create_operations(self, *cfg: Any) -> None:
-        descriptor: Any = self._descriptor
+    def _set_serializers(self, descriptor: Any) -> None:
         self._element = descriptor.element_serializer
         self._list = ListSerializer(descriptor.element_serializer)
-        self._get = self._op("get", *cfg, value_size=True)
-        self._add = self._op("add", *cfg, value_size=True)
-        self._add_all = self._op("add_all", *cfg, value_size=True)
-        self._update = self._op("update", *cfg, value_size=True)
-        self._merge = self._op("merge_namespaces", *cfg)
 
-    def get(self) -> list[Any]:
-        left = self._get_left - 1
-        if left:
-            self._get_left = left
-            return self._original.get()  # type: ignore[no-any-return]
-        self._get_left = self._interval
-        op = self._get
-        v = op.timed(self._original.get)
-        if op.value_size is not None and (n := _size_of(self._list, list(v))) is not None:
-            op.value_size.update(n)
-        return v  # type: ignore[no-any-return]
-
-    def add(self, value: Any) -> None:
-        left = self._add_left - 1
-        if left:
-            self._add_left = left
-            return self._original.add(value)
-        self._add_left = self._interval
-        op = self._add
-        op.timed(self._original.add, value)
-        if op.value_size is not None and (n := _size_of(self._element, value)) is not None:
-            op.value_size.update(n)
-        return None
-
-    def add_all(self, values: Iterable[Any]) -> None:
-        left = self._add_all_left - 1
-        if left:
-            self._add_all_left = left
-            return self._original.add_all(values)
-        self._add_all_left = self._interval
-        op = self._add_all
-        values = list(values) if values is not None else []
-        op.timed(self._original.add_all, values)
-        if op.value_size is not None and (n := _size_of(self._list, values)) is not None:
-            op.value_size.update(n)
-        return None
-
-    def update(self, values: Iterable[Any] | None) -> None:
-        left = self._update_left - 1
-        if left:
-            self._update_left = left
-            return self._original.update(values)
-        self._update_left = self._interval
-        op = self._update
-        values = list(values) if values is not None else []
-        op.timed(self._original.update, values)
-        if op.value_size is not None and (n := _size_of(self._list, values)) is not None:
-            op.value_size.update(n)
-        return None
+    get = _LIST["get"]
+    add = _LIST["add"]
+    add_all = _LIST["add_all"]
+    update = _LIST["update"]
+    merge_namespaces = _LIST["merge_namespaces"]
+    clear = _LIST["clear"]
 
 
 class MetricsTrackingMapState(_MetricsTrackingState, InternalMapState[Any, Any]):
-    __slots__ = (
-        "_contains",
-        "_contains_left",
-        "_dict",
-        "_entries",
-        "_get",
-        "_get_left",
-        "_is_empty",
-        "_key",
-        "_keys",
-        "_put",
-        "_put_all",
-        "_put_all_left",
-        "_put_left",
-        "_remove",
-        "_remove_left",
-        "_value",
-        "_values",
-    )
+    __slots__ = (*_slots("map_state"), "_dict", "_key", "_value")
     _prefix = "map_state"
-    _contains_left: int
-    _get_left: int
-    _put_all_left: int
-    _put_left: int
-    _remove_left: int
 
-    def _create_operations(self, *cfg: Any) -> None:
-        descriptor: Any = self._descriptor
+    def _set_serializers(self, descriptor: Any) -> None:
         self._key = descriptor.key_serializer
         self._value = descriptor.value_serializer
         self._dict = descriptor.serializer
-        self._get = self._op("get", *cfg, key_size=True, value_size=True)
-        self._put = self._op("put", *cfg, key_size=True, value_size=True)
-        self._put_all = self._op("put_all", *cfg, value_size=True)
-        self._remove = self._op("remove", *cfg, key_size=True)
-        self._contains = self._op("contains", *cfg, key_size=True)
-        self._entries = self._op("entries_init", *cfg)
-        self._keys = self._op("keys_init", *cfg)
-        self._values = self._op("values_init", *cfg)
-        self._is_empty = self._op("is_empty", *cfg)
 
-    def _key_size(self, op: TrackedOperation, key: Any) -> None:
-        if op.key_size is not None and (n := _size_of(self._key, key)) is not None:
-            op.key_size.update(n)
-
-    def get(self, key: Any) -> Any:
-        left = self._get_left - 1
-        if left:
-            self._get_left = left
-            return self._original.get(key)
-        self._get_left = self._interval
-        op = self._get
-        v = op.timed(self._original.get, key)
-        self._key_size(op, key)
-        if op.value_size is not None and (n := _size_of(self._value, v)) is not None:
-            op.value_size.update(n)
-        return v
-
-    def put(self, key: Any, value: Any) -> None:
-        left = self._put_left - 1
-        if left:
-            self._put_left = left
-            return self._original.put(key, value)
-        self._put_left = self._interval
-        op = self._put
-        op.timed(self._original.put, key, value)
-        self._key_size(op, key)
-        if op.value_size is not None and (n := _size_of(self._value, value)) is not None:
-            op.value_size.update(n)
-        return None
-
-    def put_all(self, mapping: dict[Any, Any]) -> None:
-        left = self._put_all_left - 1
-        if left:
-            self._put_all_left = left
-            return self._original.put_all(mapping)
-        self._put_all_left = self._interval
-        op = self._put_all
-        op.timed(self._original.put_all, mapping)
-        if op.value_size is not None and (n := _size_of(self._dict, dict(mapping))) is not None:
-            op.value_size.update(n)
-        return None
-
-    def remove(self, key: Any) -> None:
-        left = self._remove_left - 1
-        if left:
-            self._remove_left = left
-            return self._original.remove(key)
-        self._remove_left = self._interval
-        op = self._remove
-        op.timed(self._original.remove, key)
-        self._key_size(op, key)
-        return None
-
-    def contains(self, key: Any) -> bool:
-        left = self._contains_left - 1
-        if left:
-            self._contains_left = left
-            return self._original.contains(key)  # type: ignore[no-any-return]
-        self._contains_left = self._interval
-        op = self._contains
-        found = op.timed(self._original.contains, key)
-        self._key_size(op, key)
-        return found  # type: ignore[no-any-return]
-
-    def _iter(self, op: TrackedOperation, fn: Callable[[], Iterator[Any]]) -> Iterator[Any]:
-        left = op.left - 1
-        if left:
-            op.left = left
-            return fn()
-        op.left = op.interval
-        return op.timed(fn)  # type: ignore[no-any-return]
-
-    def items(self) -> Iterator[tuple[Any, Any]]:
-        return self._iter(self._entries, self._original.items)
-
-    def keys(self) -> Iterator[Any]:
-        return self._iter(self._keys, self._original.keys)
-
-    def values(self) -> Iterator[Any]:
-        return self._iter(self._values, self._original.values)
-
-    def is_empty(self) -> bool:
-        return self._iter(self._is_empty, self._original.is_empty)  # type: ignore[return-value]
+    get = _MAP["get"]
+    put = _MAP["put"]
+    put_all = _MAP["put_all"]
+    remove = _MAP["remove"]
+    contains = _MAP["contains"]
+    items = _MAP["items"]
+    keys = _MAP["keys"]
+    values = _MAP["values"]
+    is_empty = _MAP["is_empty"]
+    clear = _MAP["clear"]
 
 
-class MetricsTrackingReducingState(
-    _MergingMixin, _MetricsTrackingState, InternalReducingState[Any]
-):
-    __slots__ = ("_add", "_add_left", "_get", "_get_left", "_merge", "_merge_left", "_serializer")
+class MetricsTrackingReducingState(_MetricsTrackingState, InternalReducingState[Any]):
+    __slots__ = (*_slots("reducing_state"), "_serializer")
     _prefix = "reducing_state"
-    _add_left: int
-    _get_left: int
-    _merge_left: int
 
-    def _create_operations(self, *cfg: Any) -> None:
-        descriptor: Any = self._descriptor
+    def _set_serializers(self, descriptor: Any) -> None:
         self._serializer = descriptor.serializer
-        self._get = self._op("get", *cfg, value_size=True)
-        self._add = self._op("add", *cfg, value_size=True)
-        self._merge = self._op("merge_namespaces", *cfg)
 
-    def get(self) -> Any:
-        left = self._get_left - 1
-        if left:
-            self._get_left = left
-            return self._original.get()
-        self._get_left = self._interval
-        op = self._get
-        v = op.timed(self._original.get)
-        if op.value_size is not None and (n := _size_of(self._serializer, v)) is not None:
-            op.value_size.update(n)
-        return v
-
-    def add(self, value: Any) -> None:
-        left = self._add_left - 1
-        if left:
-            self._add_left = left
-            return self._original.add(value)
-        self._add_left = self._interval
-        op = self._add
-        op.timed(self._original.add, value)
-        if op.value_size is not None and (n := _size_of(self._serializer, value)) is not None:
-            op.value_size.update(n)
-        return None
+    get = _REDUCING["get"]
+    add = _REDUCING["add"]
+    merge_namespaces = _REDUCING["merge_namespaces"]
+    clear = _REDUCING["clear"]
 
 
-class MetricsTrackingAggregatingState(
-    _MergingMixin, _MetricsTrackingState, InternalAggregatingState[Any, Any]
-):
-    __slots__ = ("_add", "_add_left", "_get", "_get_left", "_merge", "_merge_left")
+class MetricsTrackingAggregatingState(_MetricsTrackingState, InternalAggregatingState[Any, Any]):
+    __slots__ = _slots("aggregating_state")
     _prefix = "aggregating_state"
-    _add_left: int
-    _get_left: int
-    _merge_left: int
 
-    def _create_operations(self, *cfg: Any) -> None:
-        self._get = self._op("get", *cfg)
-        self._add = self._op("add", *cfg)
-        self._merge = self._op("merge_namespaces", *cfg)
-
-    def get(self) -> Any:
-        left = self._get_left - 1
-        if left:
-            self._get_left = left
-            return self._original.get()
-        self._get_left = self._interval
-        op = self._get
-        return op.timed(self._original.get)
-
-    def add(self, value: Any) -> None:
-        left = self._add_left - 1
-        if left:
-            self._add_left = left
-            return self._original.add(value)
-        self._add_left = self._interval
-        op = self._add
-        return op.timed(self._original.add, value)  # type: ignore[no-any-return]
+    get = _AGGREGATING["get"]
+    add = _AGGREGATING["add"]
+    merge_namespaces = _AGGREGATING["merge_namespaces"]
+    clear = _AGGREGATING["clear"]
 
 
 _DECORATORS: dict[StateKind, type[_MetricsTrackingState]] = {
