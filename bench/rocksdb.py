@@ -46,10 +46,13 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 import numpy as np
 
 from streamstate import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
+from streamstate.backends.base import RestoreInput
 from streamstate.backends.heap.backend import HeapKeyedStateBackend
 from streamstate.backends.rocksdb.backend import RocksDBKeyedStateBackend
 from streamstate.backends.rocksdb.instance import RocksDBConfig
-from streamstate.backends.rocksdb.storage import FsspecFileStore
+from streamstate.backends.rocksdb.restore import NativeRestoreFile
+from streamstate.backends.rocksdb.storage import CheckpointStorageFileStore
+from streamstate.checkpoint.storage import FileSystemCheckpointStorage
 from streamstate.keygroups import (
     KeyGroupRange,
     assign_key_groups,
@@ -497,13 +500,18 @@ def bench_big(args: argparse.Namespace, wd: Workdir) -> dict[str, Any]:
     return out
 
 
+def _store(path: str) -> CheckpointStorageFileStore:
+    """The checkpoint storage at ``path`` as the RocksDB backend uploads to it (the runtimes')."""
+    return CheckpointStorageFileStore(FileSystemCheckpointStorage(path, job_id=""))
+
+
 # ---- 4. incremental checkpoints -------------------------------------------------------------
 
 
 def bench_incremental(args: argparse.Namespace, wd: Workdir) -> dict[str, Any]:
     n = args.keys
     print(f"\n[incremental] {n:,} keys (value + map state), then 1% of them touched")
-    store = FsspecFileStore(wd.path("checkpoints"))
+    store = _store(wd.path("checkpoints"))
     b = rocks(wd)
     keys_np = np.random.default_rng(4).permutation(n).astype(np.int64)
     pairs = list(zip(keys_np.tolist(), assign_key_groups(keys_np, MAX_P).tolist(), strict=True))
@@ -599,7 +607,7 @@ def bench_rescale(args: argparse.Namespace, wd: Workdir) -> dict[str, Any]:
         def ranges(p: int) -> list[KeyGroupRange]:
             return [compute_key_group_range_for_operator_index(MAX_P, p, i) for i in range(p)]
 
-        store = FsspecFileStore(wd.path("checkpoints"))
+        store = _store(wd.path("checkpoints"))
         old_r = [rocks(wd, kgr) for kgr in ranges(p_old)]
         _fill_all(old_r, pairs)
         handles = [
@@ -627,8 +635,9 @@ def bench_rescale(args: argparse.Namespace, wd: Workdir) -> dict[str, Any]:
             new_r = [rocks(wd, kgr) for kgr in ranges(p_new)]
 
             def restore_rocks(new_r: Any = new_r, store: Any = store, hs: Any = handles) -> None:
+                files = tuple(NativeRestoreFile(store, h) for h in hs)
                 for target in new_r:
-                    target.restore_from_incremental(store, hs)
+                    target.restore(RestoreInput(files, reuse_shared_files=True))
 
             samples["rocksdb"].append(_timed(restore_rocks))
             for t in new_r:

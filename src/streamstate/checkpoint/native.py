@@ -122,7 +122,7 @@ class NativeKeyedStateRestore(FileKeyedStateRestore):
 
     @property
     def incremental_handle(self) -> IncrementalStateHandle:
-        """The manifest's handle for ``RocksDBKeyedStateBackend.restore_from_incremental``
+        """The manifest's handle for a RocksDB backend's native restore
         (paths relative to :attr:`store`); size and CRC32C are checked on load."""
         from streamstate.backends.rocksdb import IncrementalStateHandle
 

@@ -26,7 +26,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "sr
 from streamstate import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
 from streamstate.backends.rocksdb.backend import RocksDBKeyedStateBackend
 from streamstate.backends.rocksdb.instance import RocksDBConfig
-from streamstate.backends.rocksdb.storage import FsspecFileStore
+from streamstate.backends.rocksdb.storage import CheckpointStorageFileStore
+from streamstate.checkpoint.storage import FileSystemCheckpointStorage
 from streamstate.keygroups import KeyGroupRange
 from streamstate.namespace import VOID_NAMESPACE
 from streamstate.serializers import Int64Serializer
@@ -72,7 +73,7 @@ def raw_dump(b: RocksDBKeyedStateBackend) -> bytes:
 
 
 def complete_checkpoint(
-    b: RocksDBKeyedStateBackend, store: FsspecFileStore, cid: int, slow: bool = False
+    b: RocksDBKeyedStateBackend, store: CheckpointStorageFileStore, cid: int, slow: bool = False
 ) -> None:
     expected = raw_dump(b)
     snap = b.snapshot(cid)
@@ -90,7 +91,7 @@ def complete_checkpoint(
 class StallingStore:
     """Uploads the first SST file, then announces itself and hangs in the second one."""
 
-    def __init__(self, inner: FsspecFileStore) -> None:
+    def __init__(self, inner: CheckpointStorageFileStore) -> None:
         self.inner = inner
         self.ssts = 0
 
@@ -107,7 +108,8 @@ class StallingStore:
 
 def main() -> None:
     mode, workdir, checkpoints = sys.argv[1:4]
-    store = FsspecFileStore(checkpoints)
+    # the checkpoint storage the runtimes upload to
+    store = CheckpointStorageFileStore(FileSystemCheckpointStorage(checkpoints, job_id=""))
     if mode == "process":
         b = backend(workdir)
         process(b, 0, 20_000, 1)

@@ -6,18 +6,24 @@ would clash with ``tests/conftest.py`` under ``--doctest-modules``.
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import pytest
 
+from streamstate.backends.base import RestoreInput
+from streamstate.backends.restore import KeyedStateRestore, RestoredBlock
 from streamstate.backends.rocksdb.backend import RocksDBKeyedStateBackend
 from streamstate.backends.rocksdb.incremental import (  # noqa: F401 - SharedFile: doctest
     IncrementalStateHandle,
     SharedFile,
 )
 from streamstate.backends.rocksdb.instance import RocksDBConfig
-from streamstate.backends.rocksdb.storage import FsspecFileStore, SnapshotFileStore
+from streamstate.backends.rocksdb.restore import NativeRestoreFile
+from streamstate.backends.rocksdb.storage import CheckpointStorageFileStore, SnapshotFileStore
+from streamstate.checkpoint.format import KeyedSnapshotReader, write_keyed_snapshot
+from streamstate.checkpoint.storage import FileSystemCheckpointStorage
 from streamstate.keygroups import KeyGroupRange, compute_key_group_range_for_operator_index
 from streamstate.serializers import serializer_for
 
@@ -114,14 +120,77 @@ def make_rocks_fixture(tmp_path: Any) -> Iterator[RocksFactory]:
         b.dispose()
 
 
+def file_store(directory: str) -> CheckpointStorageFileStore:
+    """The file store of the checkpoint storage at ``directory`` (what the runtimes use)."""
+    return CheckpointStorageFileStore(FileSystemCheckpointStorage(directory, job_id=""))
+
+
+def stored_files(store: CheckpointStorageFileStore, prefix: str) -> list[str]:
+    """Relative paths of the files under ``prefix``."""
+    return sorted(store.storage.walk_files(prefix))
+
+
+def restore_native(
+    backend: RocksDBKeyedStateBackend,
+    store: SnapshotFileStore,
+    handles: Iterable[IncrementalStateHandle | str],
+) -> dict[str, int]:
+    """Restore ``backend`` through its one entry point from native snapshots of ``store``
+    (reusing their files, as a restore from the checkpoint storage it writes to); returns the
+    restore's statistics."""
+    files = tuple(NativeRestoreFile(store, h) for h in handles)
+    backend.restore(RestoreInput(files, reuse_shared_files=True))
+    return backend.restore_statistics
+
+
+class MemoryRestore(KeyedStateRestore):
+    """A keyed snapshot file held in memory, as a restoring backend of ``key_groups`` reads it."""
+
+    def __init__(self, data: bytes, key_groups: KeyGroupRange) -> None:
+        self._data = data
+        self._key_groups = key_groups
+        self.path = "memory"
+        reader = self._reader()
+        self.kind = reader.kind
+        self.key_serializer = reader.key_serializer
+        self.max_parallelism = reader.max_parallelism
+        self.states = reader.states
+
+    def _reader(self) -> KeyedSnapshotReader:
+        return KeyedSnapshotReader(
+            io.BytesIO(self._data), "memory", len(self._data), self._key_groups
+        )
+
+    def blocks(self) -> Iterator[RestoredBlock]:
+        reader = self._reader()
+        for kg, records in reader.read(self._key_groups):
+            for r in records:
+                yield RestoredBlock(kg, reader.states[r.state_id], r.count, r.entries, r.removed)
+
+
+def snapshot_files(snapshots: Iterable[Any]) -> list[bytes]:
+    """The snapshot file of each keyed snapshot (savepoints; the snapshots are released)."""
+    files = []
+    for snapshot in snapshots:
+        out = io.BytesIO()
+        write_keyed_snapshot(snapshot, out, path="memory")
+        files.append(out.getvalue())
+    return files
+
+
+def restore_files(backend: Any, files: Iterable[bytes]) -> None:
+    """Restore ``backend`` through its one entry point from snapshot files (its key groups)."""
+    backend.restore([MemoryRestore(data, backend.key_group_range) for data in files])
+
+
 @pytest.fixture(name="store")
-def store_fixture(tmp_path: Any) -> FsspecFileStore:
-    return FsspecFileStore(str(tmp_path / "checkpoints" / "job"))
+def store_fixture(tmp_path: Any) -> CheckpointStorageFileStore:
+    return file_store(str(tmp_path / "checkpoints" / "job"))
 
 
 def checkpoint(
     backends: list[RocksDBKeyedStateBackend],
-    store: FsspecFileStore,
+    store: SnapshotFileStore,
     checkpoint_id: int,
     registry: SharedStateRegistry | None = None,
     operator: str = "op",

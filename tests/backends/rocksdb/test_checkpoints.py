@@ -13,7 +13,9 @@ from rocks_helpers import (  # noqa: F401 - fixtures
     checkpoint,
     make_rocks_fixture,
     raw_content,
+    restore_native,
     store_fixture,
+    stored_files,
 )
 
 from streamstate import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
@@ -83,7 +85,7 @@ def test_restore_same_parallelism_is_byte_identical(make_rocks: Any, store: Any)
     _fill(old, range(3000, 3100), p=2)
     new = [make_rocks(i, 2) for i in range(2)]
     for b, h in zip(new, handles, strict=True):
-        stats = b.restore_from_incremental(store, [h])
+        stats = restore_native(b, store, [h])
         assert stats["copied_entries"] == 0 and stats["deleted_ranges"] == 0
     assert [raw_content(b) for b in new] == before
     _check(new, range(3000))
@@ -96,13 +98,13 @@ def test_rescale(make_rocks: Any, store: Any, p_old: int, p_new: int) -> None:
     handles = checkpoint(old, store, 7)
     new = [make_rocks(i, p_new) for i in range(p_new)]
     for b in new:
-        b.restore_from_incremental(store, handles)
+        restore_native(b, store, handles)
     _check(new, range(2000))
     # and the rescaled backends checkpoint and restore again
     handles2 = checkpoint(new, store, 8)
     again = [make_rocks(i, p_old) for i in range(p_old)]
     for b in again:
-        b.restore_from_incremental(store, handles2)
+        restore_native(b, store, handles2)
     _check(again, range(2000))
 
 
@@ -111,7 +113,7 @@ def test_rescale_deletes_foreign_key_groups_with_delete_range(make_rocks: Any, s
     _fill(old, range(500), p=1)
     handles = checkpoint(old, store, 1)
     half = make_rocks(1, 2)
-    stats = half.restore_from_incremental(store, handles)
+    stats = restore_native(half, store, handles)
     assert stats == {
         "base_files": len(load_manifest(store, handles[0]).shared),
         "copied_entries": 0,
@@ -159,12 +161,12 @@ def test_shared_files_deleted_only_when_unreferenced(make_rocks: Any, store: Any
         retained.append(cid)
         while len(retained) > 3:  # keep the last 3 checkpoints
             registry.release(retained.pop(0))
-        on_storage = set(store.list("shared"))
+        on_storage = set(stored_files(store, "shared"))
         assert on_storage == registry.referenced()
     # every retained checkpoint restores
     for cid in retained:
         r = make_rocks(name=f"restore-{cid}")
-        r.restore_from_incremental(store, [f"chk-{cid}/op/0-0.state"])
+        restore_native(r, store, [f"chk-{cid}/op/0-0.state"])
         assert r.num_entries("v") == cid * 300
 
 
@@ -173,7 +175,7 @@ def test_restore_after_rescale_reuses_base_files(make_rocks: Any, store: Any) ->
     _fill(old, range(2000), p=2)
     handles = checkpoint(old, store, 1)
     b = make_rocks(0, 1)
-    b.restore_from_incremental(store, handles)
+    restore_native(b, store, handles)
     (h,) = checkpoint([b], store, 2)
     assert h.reused_bytes > 0
 
@@ -202,7 +204,7 @@ def test_timers_follow_their_key_groups(make_rocks: Any, store: Any) -> None:
     fired: list[tuple[int, Any]] = []
     for i in range(3):
         b = make_rocks(i, 3)
-        b.restore_from_incremental(store, handles)
+        restore_native(b, store, handles)
         sink = Sink()
         service = InternalTimerService("user", b, sink)  # finds the restored timers
         assert service.num_event_time_timers() > 0
@@ -225,7 +227,7 @@ def test_corrupt_shared_file_is_detected(make_rocks: Any, store: Any) -> None:
     store.put_bytes(bytes(data), victim)
     r = make_rocks(name="restore")
     with pytest.raises(CorruptCheckpointError, match=victim):
-        r.restore_from_incremental(store, [h])
+        restore_native(r, store, [h])
 
 
 def test_corrupt_or_foreign_manifest_is_detected(make_rocks: Any, store: Any) -> None:
@@ -238,7 +240,7 @@ def test_corrupt_or_foreign_manifest_is_detected(make_rocks: Any, store: Any) ->
         IncrementalManifest.decode(bytes(data), h.path)
     store.put_bytes(bytes(data), h.path)
     with pytest.raises(CorruptCheckpointError, match="does not match its checkpoint metadata"):
-        make_rocks(name="r").restore_from_incremental(store, [h])
+        restore_native(make_rocks(name="r"), store, [h])
     with pytest.raises(CorruptCheckpointError, match="not a RocksDB incremental manifest"):
         IncrementalManifest.decode(b"SSKS\x00\x01" + b"\x00" * 20, "x.state")
 
@@ -249,7 +251,7 @@ def test_missing_shared_file_is_reported(make_rocks: Any, store: Any) -> None:
     (h,) = checkpoint([b], store, 1)
     store.delete(h.shared_paths[0])
     with pytest.raises(Exception, match="missing"):
-        make_rocks(name="r").restore_from_incremental(store, [h])
+        restore_native(make_rocks(name="r"), store, [h])
 
 
 def test_max_parallelism_cannot_change(make_rocks: Any, store: Any) -> None:
@@ -257,7 +259,7 @@ def test_max_parallelism_cannot_change(make_rocks: Any, store: Any) -> None:
     _fill([b], range(10), p=1)
     handles = checkpoint([b], store, 1)
     with pytest.raises(MaxParallelismMismatchError, match="max_parallelism=128.*256"):
-        make_rocks(max_parallelism=256, name="r").restore_from_incremental(store, handles)
+        restore_native(make_rocks(max_parallelism=256, name="r"), store, handles)
 
 
 def test_key_serializer_must_stay_compatible(make_rocks: Any, store: Any) -> None:
@@ -265,7 +267,7 @@ def test_key_serializer_must_stay_compatible(make_rocks: Any, store: Any) -> Non
     _fill([b], range(10), p=1)
     handles = checkpoint([b], store, 1)
     with pytest.raises(StateMigrationException, match="key serializer"):
-        make_rocks(key_type=str, name="r").restore_from_incremental(store, handles)
+        restore_native(make_rocks(key_type=str, name="r"), store, handles)
 
 
 def test_restore_needs_a_fresh_backend(make_rocks: Any, store: Any) -> None:
@@ -273,7 +275,7 @@ def test_restore_needs_a_fresh_backend(make_rocks: Any, store: Any) -> None:
     _fill([b], range(10), p=1)
     handles = checkpoint([b], store, 1)
     with pytest.raises(StateBackendError, match="before any state is registered"):
-        b.restore_from_incremental(store, handles)
+        restore_native(b, store, handles)
 
 
 def test_restored_state_kind_and_serializer_are_checked(make_rocks: Any, store: Any) -> None:
@@ -281,7 +283,7 @@ def test_restored_state_kind_and_serializer_are_checked(make_rocks: Any, store: 
     _fill([b], range(10), p=1)
     handles = checkpoint([b], store, 1)
     r = make_rocks(name="r")
-    r.restore_from_incremental(store, handles)
+    restore_native(r, store, handles)
     with pytest.raises(StateMigrationException, match="'v'.*value.*list"):
         r.get_partitioned_state(VOID_NAMESPACE, None, ListStateDescriptor("v", int))
     with pytest.raises(StateMigrationException, match="'l'"):
@@ -296,7 +298,7 @@ def test_compatible_serializer_change_migrates(make_rocks: Any, store: Any) -> N
         s.update(k)
     handles = checkpoint([b], store, 1)
     r = make_rocks(name="r")
-    r.restore_from_incremental(store, handles)
+    restore_native(r, store, handles)
     # int -> int | None: compatible after migration (OptionalSerializer reads plain ints)
     s2 = r.get_partitioned_state(VOID_NAMESPACE, None, ValueStateDescriptor("o", int | None))
     for k in range(20):
@@ -342,7 +344,7 @@ def test_checkpoint_storage_adapter(make_rocks: Any) -> None:
     assert all(p.startswith("shared/op/") for h in handles for p in h.shared_paths)
     new = [make_rocks(i, 3) for i in range(3)]
     for b in new:
-        b.restore_from_incremental(store, handles)
+        restore_native(b, store, handles)
     _check(new, range(500))
 
 

@@ -12,11 +12,13 @@ from typing import Any
 
 import msgspec
 import pytest
+from rocks_helpers import file_store, restore_native, stored_files
 from rocksdict import Options, Rdict
 
 from streamstate.backends.rocksdb.backend import RocksDBKeyedStateBackend
 from streamstate.backends.rocksdb.incremental import IncrementalStateHandle
-from streamstate.backends.rocksdb.storage import FsspecFileStore
+from streamstate.backends.rocksdb.restore import load_manifest
+from streamstate.backends.rocksdb.storage import CheckpointStorageFileStore
 from streamstate.keygroups import KeyGroupRange
 from streamstate.serializers import Int64Serializer
 
@@ -46,18 +48,24 @@ def _run_until(mode: str, workdir: str, checkpoints: str, line: str) -> list[str
     return seen
 
 
-def _latest_complete(store: FsspecFileStore) -> tuple[int, list[IncrementalStateHandle]]:
-    done = sorted(int(p.split("/")[0][4:]) for p in store.list("") if p.endswith("/_metadata"))
+def _latest_complete(
+    store: CheckpointStorageFileStore,
+) -> tuple[int, list[IncrementalStateHandle]]:
+    done = sorted(
+        int(p.split("/")[0][4:]) for p in stored_files(store, "") if p.endswith("/_metadata")
+    )
     assert done, "no complete checkpoint"
     meta = json.loads(store.get_bytes(f"chk-{done[-1]}/_metadata"))
     handles = [msgspec.convert(h, IncrementalStateHandle) for h in meta["handles"]]
     return done[-1], handles
 
 
-def _restore(workdir: str, store: FsspecFileStore, handles: list[Any]) -> dict[str, list[Any]]:
+def _restore(
+    workdir: str, store: CheckpointStorageFileStore, handles: list[Any]
+) -> dict[str, list[Any]]:
     b = RocksDBKeyedStateBackend(Int64Serializer(), 128, KeyGroupRange(0, 127), path=workdir)
     try:
-        b.restore_from_incremental(store, handles)
+        restore_native(b, store, handles)
         inst = b.instance
         return {
             name: [list(kv) for kv in inst.column_family(name).scan(b"", None)]
@@ -67,7 +75,7 @@ def _restore(workdir: str, store: FsspecFileStore, handles: list[Any]) -> dict[s
         b.dispose()
 
 
-def _expected(store: FsspecFileStore, cid: int) -> dict[str, list[Any]]:
+def _expected(store: CheckpointStorageFileStore, cid: int) -> dict[str, list[Any]]:
     content = msgspec.msgpack.decode(store.get_bytes(f"chk-{cid}/expected.msgpack"))
     return {name: [list(kv) for kv in entries] for name, entries in content.items()}
 
@@ -76,7 +84,7 @@ def test_kill_during_processing_restores_last_checkpoint(tmp_path: Any) -> None:
     workdir, checkpoints = str(tmp_path / "work" / "op-0"), str(tmp_path / "checkpoints")
     seen = _run_until("process", workdir, checkpoints, "processed 4")
     assert "complete 2" in seen
-    store = FsspecFileStore(checkpoints)
+    store = file_store(checkpoints)
     cid, handles = _latest_complete(store)
     assert cid == 2
     # the same working directory is reused: the dead process's lock is gone, stale files wiped
@@ -89,11 +97,14 @@ def test_kill_during_upload_restores_previous_checkpoint(tmp_path: Any) -> None:
     workdir, checkpoints = str(tmp_path / "work" / "op-0"), str(tmp_path / "checkpoints")
     seen = _run_until("upload", workdir, checkpoints, "uploading")
     assert seen[0] == "complete 1"
-    store = FsspecFileStore(checkpoints)
+    store = file_store(checkpoints)
     cid, handles = _latest_complete(store)
     assert cid == 1  # checkpoint 2 has no manifest and no metadata
     assert not store.exists("chk-2/op/0-0.state")
-    assert not any(".inprogress-" in p for p in store.list("shared"))
+    # shared: checkpoint 1's files and the one file of checkpoint 2 uploaded before the stall,
+    # nothing of the upload that was killed
+    shared = stored_files(store, "shared")
+    assert len(shared) == len(load_manifest(store, handles[0]).shared) + 1, shared
     restored = _restore(workdir, store, handles)
     assert restored == _expected(store, 1)
 

@@ -8,6 +8,8 @@ import pytest
 from rocks_helpers import (
     canonical_content,
     make_rocks_fixture,  # noqa: F401 - fixtures
+    restore_files,
+    snapshot_files,
 )
 
 from streamstate import (
@@ -116,10 +118,10 @@ def load_into_heap(heap: HeapKeyedStateBackend, snapshots: list[Any]) -> None:
 def test_heap_savepoint_restores_into_rocksdb(make_rocks: Any, p_heap: int, p_rocks: int) -> None:
     heaps = [_heap(i, p_heap) for i in range(p_heap)]
     _fill(heaps, 600)
-    snaps = [h.snapshot(1) for h in heaps]
+    files = snapshot_files(h.snapshot(1) for h in heaps)
     rocks = [make_rocks(i, p_rocks) for i in range(p_rocks)]
     for r in rocks:
-        r.restore_from_snapshots(snaps)
+        restore_files(r, files)
     _check(rocks, 600)
 
 
@@ -139,12 +141,10 @@ def test_rocksdb_savepoint_restores_into_heap(make_rocks: Any, p_rocks: int, p_h
 def test_rocksdb_savepoint_restores_into_rocksdb_at_another_parallelism(make_rocks: Any) -> None:
     rocks = [make_rocks(i, 2) for i in range(2)]
     _fill(rocks, 400)
-    snaps = [r.snapshot(1) for r in rocks]
+    files = snapshot_files(r.snapshot(1) for r in rocks)
     again = [make_rocks(i, 3, name=f"again-{i}") for i in range(3)]
     for r in again:
-        r.restore_from_snapshots(snaps)
-    for s in snaps:
-        s.release()
+        restore_files(r, files)
     _check(again, 400)
 
 
@@ -183,10 +183,9 @@ def test_savepoint_scan_is_isolated_from_later_writes_and_compaction(make_rocks:
 def test_unregistered_restored_state_is_kept_in_savepoints(make_rocks: Any) -> None:
     rocks = make_rocks()
     _fill([rocks], 50)
-    snaps = [rocks.snapshot(1)]
+    files = snapshot_files([rocks.snapshot(1)])
     again = make_rocks(name="again")
-    again.restore_from_snapshots(snaps)
-    snaps[0].release()
+    restore_files(again, files)
     # only "v" is registered in the new program; the others must survive the next savepoint
     _state(again, "v")
     with again.snapshot(2) as snap:

@@ -20,13 +20,11 @@ from streamstate.backends.rocksdb.native_view import (
 from streamstate.backends.rocksdb.snapshot import RocksDBKeyedStateSnapshot
 from streamstate.backends.rocksdb.storage import (
     CheckpointStorageFileStore,
-    FsspecFileStore,
     SnapshotFileStore,
 )
 
 __all__ = [
     "CheckpointStorageFileStore",
-    "FsspecFileStore",
     "IncrementalManifest",
     "IncrementalStateHandle",
     "RocksDBConfig",

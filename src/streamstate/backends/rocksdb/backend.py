@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import tempfile
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from streamstate.api.descriptors import StateDescriptor, StateKind
@@ -27,16 +27,12 @@ from streamstate.backends.rocksdb.instance import (
 )
 from streamstate.backends.rocksdb.keys import KeyLayout
 from streamstate.backends.rocksdb.parts import RegisteredState
-from streamstate.backends.rocksdb.restore import (
-    migrate_column_family,
-    restore_canonical,
-    restore_incremental,
-)
+from streamstate.backends.rocksdb.restore import migrate_column_family, restore_incremental
 from streamstate.backends.rocksdb.restore_files import restore_deferred_state, restore_files
 from streamstate.backends.rocksdb.restored import RestoredStates
 from streamstate.backends.rocksdb.snapshot import RocksDBKeyedStateSnapshot, take_snapshot
 from streamstate.backends.rocksdb.states import STATE_FACTORIES, CurrentKeyBytes
-from streamstate.backends.snapshot import KeyedStateSnapshot, StateMetaInfo
+from streamstate.backends.snapshot import StateMetaInfo
 from streamstate.errors import InvalidStateNameError, StateBackendError, StateMigrationException
 from streamstate.keygroups import KeyGroupRange
 from streamstate.serializers import serializer_from_snapshot
@@ -99,6 +95,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         self.backend_uid = uuid.uuid4().hex
         #: shared files the next incremental checkpoint may reference instead of uploading
         self.uploads = UploadTracker()
+        #: counters of the last native restore: base_files, copied_entries, deleted_ranges
+        self.restore_statistics: dict[str, int] = {}
 
     # ---- states ------------------------------------------------------------------------------
 
@@ -275,21 +273,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             return
         restore_files(self, restore_input.files)
 
-    def restore_from_incremental(self, store: Any, handles: Sequence[Any]) -> dict[str, int]:
-        """Restore (before any state is registered) from the incremental snapshots of the old
-        subtasks: handles or manifest paths in ``store``; returns the restore's statistics.
-        (What :meth:`restore` does for native files, with handles of a bare file store.)"""
-        self._check_open()
-        return self._restore_native(store, handles)
-
-    def _restore_native(self, store: Any, handles: Sequence[Any]) -> dict[str, int]:
-        return restore_incremental(self, store, handles)
-
-    def restore_from_snapshots(self, snapshots: Iterable[KeyedStateSnapshot]) -> int:
-        """Restore (before any state is registered) from canonical in-memory keyed snapshots
-        (savepoints of any backend, any parallelism)."""
-        self._check_open()
-        return restore_canonical(self, snapshots)
+    def _restore_native(self, store: Any, handles: Sequence[Any]) -> None:
+        self.restore_statistics = restore_incremental(self, store, handles)
 
     # ---- snapshots ---------------------------------------------------------------------------
 

@@ -9,9 +9,11 @@ temporary directory, opened read-only, and the key groups of the new range are c
 order, in WriteBatches of ``restore_batch_bytes``. Without rescaling the base is the whole
 answer, and its uploaded files are reused by the next incremental checkpoint.
 
-From **canonical snapshots** (:func:`restore_canonical`, savepoints of any backend at any
-parallelism): the ``(key, namespace, state)`` entries of the new range are encoded into composite
-keys and written in batches.
+From **snapshot files** (savepoints and canonical checkpoints of any backend at any parallelism):
+``restore_files.py``.
+
+:class:`NativeRestoreFile` hands a manifest of a bare file store (no checkpoint metadata: tools,
+benchmarks, tests) to ``RocksDBKeyedStateBackend.restore``, the one restore entry point.
 
 Timers go into the backend's timer queues (``backends/timer_queues.py``), key group by key
 group.
@@ -21,20 +23,21 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import google_crc32c
 
 from streamstate.backends.base import RestoredStateMeta
+from streamstate.backends.restore import KeyedStateRestore, RestoredBlock
 from streamstate.backends.rocksdb.incremental import IncrementalManifest, IncrementalStateHandle
 from streamstate.backends.rocksdb.instance import ColumnFamily, RocksDBInstance, open_read_only
 from streamstate.backends.rocksdb.keys import KeyLayout, key_group_bound
 from streamstate.backends.rocksdb.parts import RocksDBParts
 from streamstate.backends.rocksdb.storage import SnapshotFileStore, crc32c_of_file
-from streamstate.backends.snapshot import TIMER_STATE_KIND
 from streamstate.backends.timer_queues import TimerRestore
 from streamstate.errors import (
+    CheckpointError,
     CorruptCheckpointError,
     MaxParallelismMismatchError,
     StateBackendError,
@@ -44,12 +47,45 @@ from streamstate.keygroups import KeyGroupRange
 from streamstate.serializers.base import TypeSerializer
 
 __all__ = [
+    "NativeRestoreFile",
     "download_snapshot",
     "load_manifest",
     "migrate_column_family",
-    "restore_canonical",
     "restore_incremental",
 ]
+
+
+class NativeRestoreFile(KeyedStateRestore):
+    """One old subtask's native snapshot (a manifest handle or path in ``store``) as a restore
+    file: ``RestoreInput([NativeRestoreFile(store, h) for h in handles])``. Native only (it has
+    no canonical view): a RocksDB backend restores it natively, any other backend refuses it."""
+
+    kind = "full"
+
+    def __init__(self, store: SnapshotFileStore, handle: IncrementalStateHandle | str) -> None:
+        self._store = store
+        self._handle = handle
+        self.path = handle if isinstance(handle, str) else handle.path
+        self.key_serializer = {}
+        self.max_parallelism = 0
+        self.states = []
+
+    @property
+    def store(self) -> SnapshotFileStore:
+        return self._store
+
+    @property
+    def incremental_handle(self) -> IncrementalStateHandle | str:
+        return self._handle
+
+    def blocks(self) -> Iterator[RestoredBlock]:
+        raise CheckpointError(
+            f"{self.path} is a native RocksDB snapshot without a canonical view; only a RocksDB "
+            "backend restores it (from checkpoint storage, every backend reads it)"
+        )
+
+    def native_snapshot(self) -> NativeRestoreFile:
+        return self
 
 
 def load_manifest(
@@ -216,94 +252,6 @@ def _copy_key_groups(
         db.close()
         del db
     return copied
-
-
-# ---- canonical --------------------------------------------------------------------------------
-
-
-def restore_canonical(backend: RocksDBParts, snapshots: Iterable[Any]) -> int:
-    """Restore ``backend`` (fresh) from canonical keyed snapshots of any backend and parallelism.
-
-    Each snapshot offers ``key_serializer``, ``max_parallelism``, ``key_group_range``, ``states``
-    (:class:`~streamstate.backends.snapshot.StateMetaInfo`) and ``key_group_entries(kg)``, like
-    :class:`~streamstate.backends.snapshot.KeyedStateSnapshot`. Returns the entries written.
-    """
-    check_fresh(backend)
-    instance = backend.instance
-    new_range = backend.key_group_range
-    limit = instance.config.restore_batch_bytes
-    written = 0
-    for snap in snapshots:
-        where = f"keyed snapshot of key groups {snap.key_group_range}"
-        check_compatible(backend, snap.max_parallelism, snap.key_serializer.snapshot(), where)
-        overlap = snap.key_group_range.intersection(new_range)
-        if not overlap:
-            continue
-        metas = snap.states
-        writers: dict[int, _EntryWriter] = {}
-        timers = TimerRestore(backend.timer_queues, backend.key_serializer)
-        batch = instance.new_batch()
-        size = 0
-        for kg in overlap:
-            for index, entries in snap.key_group_entries(kg):
-                meta = metas[index]
-                if meta.kind == TIMER_STATE_KIND:
-                    timers.add_timers(meta, kg, entries)
-                    continue
-                writer = writers.get(index)
-                if writer is None:
-                    writer = writers[index] = _EntryWriter(backend, meta)
-                for key, ns, state in entries:
-                    size += writer.write(batch, kg, key, ns, state)
-                    written += 1
-                    if size >= limit:
-                        instance.write(batch)
-                        batch = instance.new_batch()
-                        size = 0
-            release = getattr(snap, "release_key_group", None)
-            if release is not None:
-                release(kg)
-        instance.write(batch)
-        remember_states(backend, (m.to_dict() for m in metas if m.kind != TIMER_STATE_KIND))
-        timers.install()
-    return written
-
-
-class _EntryWriter:
-    """Encodes canonical ``(key, namespace, state)`` entries of one state into a WriteBatch."""
-
-    __slots__ = ("handle", "is_map", "layout", "serialize", "serialize_key", "serialize_value")
-
-    def __init__(self, backend: RocksDBParts, meta: Any) -> None:
-        cf = backend.instance.column_family(meta.name)
-        self.handle = cf.handle
-        self.is_map = meta.kind == "map"
-        self.layout = KeyLayout(
-            backend.max_parallelism,
-            backend.key_serializer,
-            meta.namespace_serializer,
-            has_user_key=self.is_map,
-        )
-        serializer = meta.state_serializer
-        self.serialize = serializer.serialize
-        if self.is_map:
-            self.serialize_key = serializer.key.serialize
-            self.serialize_value = serializer.value.serialize
-
-    def write(self, batch: Any, kg: int, key: Any, ns: Any, state: Any) -> int:
-        ck = self.layout.composite(kg, key, ns)
-        if not self.is_map:
-            raw = self.serialize(state)
-            batch.put(ck, raw, self.handle)
-            return len(ck) + len(raw)
-        size = 0
-        sk, sv = self.serialize_key, self.serialize_value
-        for uk, v in state.items():
-            k = ck + sk(uk)
-            raw = sv(v)
-            batch.put(k, raw, self.handle)
-            size += len(k) + len(raw)
-        return size
 
 
 # ---- migration --------------------------------------------------------------------------------

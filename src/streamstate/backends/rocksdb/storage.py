@@ -5,27 +5,20 @@ files go to ``shared/``, the per-subtask manifest to
 ``chk-<id>/<operator>/<subtask>-<attempt>.state``.
 
 :class:`SnapshotFileStore` is the minimal interface this backend writes against;
-:class:`FsspecFileStore` implements it for any fsspec URL (a local path, ``file://``, ``memory://``,
-``s3://``...) and :class:`CheckpointStorageFileStore` adapts the checkpoint package's
-``CheckpointStorage`` (``open_write``, ``open_read``, ``put_atomic``, ``size``, ``delete``).
+:class:`CheckpointStorageFileStore` implements it over the checkpoint package's
+``CheckpointStorage`` (``open_write``, ``open_read``, ``put_atomic``, ``size``, ``delete``), for
+any filesystem the storage reaches (a local path, ``memory://``, ``s3://``...).
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import shutil
-import uuid
 from typing import Any, Protocol, runtime_checkable
 
-import fsspec
 import google_crc32c
-
-from streamstate.errors import CheckpointError
 
 __all__ = [
     "CheckpointStorageFileStore",
-    "FsspecFileStore",
     "SnapshotFileStore",
     "crc32c_of_file",
 ]
@@ -63,81 +56,6 @@ class SnapshotFileStore(Protocol):
 
     def delete(self, path: str) -> None:
         """Delete ``path`` (no error if it is already gone)."""
-
-
-class FsspecFileStore:
-    """A :class:`SnapshotFileStore` over an fsspec filesystem rooted at ``url``.
-
-    Writes go to a temporary name first and are renamed into place.
-    """
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.fs, root = fsspec.core.url_to_fs(url)
-        self.root = root.rstrip("/")
-        try:
-            self.fs.makedirs(self.root, exist_ok=True)
-        except OSError as exc:
-            raise CheckpointError(
-                f"checkpoint directory {url!r} is not writable: {exc.strerror or exc}"
-            ) from exc
-
-    def _path(self, path: str) -> str:
-        return f"{self.root}/{path.lstrip('/')}"
-
-    def _tmp(self, full: str) -> str:
-        return f"{full}.inprogress-{uuid.uuid4().hex[:12]}"
-
-    def put_file(self, local_path: str, path: str) -> None:
-        full = self._path(path)
-        tmp = self._tmp(full)
-        self.fs.makedirs(os.path.dirname(full) or "/", exist_ok=True)
-        try:
-            self.fs.put_file(local_path, tmp)
-            self.fs.mv(tmp, full)
-        except BaseException:
-            _quiet_rm(self.fs, tmp)
-            raise
-
-    def put_bytes(self, data: bytes, path: str) -> None:
-        full = self._path(path)
-        tmp = self._tmp(full)
-        self.fs.makedirs(os.path.dirname(full) or "/", exist_ok=True)
-        try:
-            self.fs.pipe_file(tmp, data)
-            self.fs.mv(tmp, full)
-        except BaseException:
-            _quiet_rm(self.fs, tmp)
-            raise
-
-    def get_file(self, path: str, local_path: str) -> None:
-        try:
-            self.fs.get_file(self._path(path), local_path)
-        except FileNotFoundError as exc:
-            raise CheckpointError(f"checkpoint file {self._path(path)!r} is missing") from exc
-
-    def get_bytes(self, path: str) -> bytes:
-        try:
-            return bytes(self.fs.cat_file(self._path(path)))
-        except FileNotFoundError as exc:
-            raise CheckpointError(f"checkpoint file {self._path(path)!r} is missing") from exc
-
-    def exists(self, path: str) -> bool:
-        return bool(self.fs.exists(self._path(path)))
-
-    def delete(self, path: str) -> None:
-        _quiet_rm(self.fs, self._path(path))
-
-    def list(self, prefix: str) -> list[str]:
-        """Relative paths of the files under ``prefix`` (for tests and garbage collection)."""
-        base = self._path(prefix)
-        if not self.fs.exists(base):
-            return []
-        n = len(self.root) + 1
-        return sorted(p[n:] if p.startswith(self.root) else p for p in self.fs.find(base))
-
-    def __repr__(self) -> str:
-        return f"FsspecFileStore({self.url!r})"
 
 
 class CheckpointStorageFileStore:
@@ -179,8 +97,3 @@ class CheckpointStorageFileStore:
     def __repr__(self) -> str:
         suffix = f", prefix={self.prefix!r}" if self.prefix else ""
         return f"CheckpointStorageFileStore({self.storage!r}{suffix})"
-
-
-def _quiet_rm(fs: fsspec.AbstractFileSystem, path: str) -> None:
-    with contextlib.suppress(FileNotFoundError, OSError):
-        fs.rm_file(path)
