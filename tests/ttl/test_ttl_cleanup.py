@@ -12,7 +12,6 @@ from streamstate import (
     ValueStateDescriptor,
 )
 from streamstate.api.descriptors import StateKind
-from streamstate.backends.base import RestoredStateMeta
 from streamstate.backends.decorators.ttl import (
     IncrementalCleanup,
     TtlCleanupHook,
@@ -22,6 +21,7 @@ from streamstate.backends.decorators.ttl import (
     sweep,
     ttl_state_serializer,
 )
+from streamstate.backends.snapshot import StateMetaSnapshot
 from streamstate.errors import StateMigrationException
 from streamstate.namespace import VOID_NAMESPACE
 from streamstate.serializers import VoidNamespaceSerializer
@@ -297,7 +297,7 @@ def test_backends_without_heap_tables_get_a_cleanup_hook(heap_backend, clock):
 
 
 def _restored(name, kind, state_serializer, ttl):
-    return RestoredStateMeta(name, kind, NS.snapshot(), state_serializer.snapshot(), ttl)
+    return StateMetaSnapshot(name, kind, NS.snapshot(), state_serializer.snapshot(), ttl)
 
 
 def test_restore_accepts_the_ttl_wrapped_serializer(backend):

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from streamstate.api.descriptors import StateDescriptor
 from streamstate.api.state import InternalKvState
+from streamstate.backends.snapshot import StateMetaSnapshot
 from streamstate.backends.timer_queues import KeyGroupedTimerQueue, TimerQueues
 from streamstate.errors import (
     KeyGroupOutOfRangeError,
@@ -32,7 +33,6 @@ from streamstate.serializers import (
     VoidNamespaceSerializer,
     serializer_for,
 )
-from streamstate.serializers.base import SerializerSnapshot
 
 if TYPE_CHECKING:
     from streamstate.backends.decorators.ttl_cleanup import TtlCleanupHook
@@ -45,7 +45,6 @@ __all__ = [
     "KeyedStateBackend",
     "NativeSnapshotSource",
     "RestoreInput",
-    "RestoredStateMeta",
     "SystemClock",
     "check_written_value",
 ]
@@ -96,32 +95,6 @@ class KeyContext:
     def key_group(self) -> int:
         """The current key group (meaningless while no key is set)."""
         return self.kg_index + self._start
-
-
-class RestoredStateMeta:
-    """What a checkpoint says about a state, kept until the program registers that state."""
-
-    __slots__ = ("kind", "name", "namespace_serializer", "state_serializer", "ttl")
-
-    def __init__(
-        self,
-        name: str,
-        kind: str,
-        namespace_serializer: SerializerSnapshot,
-        state_serializer: SerializerSnapshot,
-        ttl: dict[str, Any] | None = None,
-    ) -> None:
-        self.name = name
-        self.kind = kind
-        self.namespace_serializer = namespace_serializer
-        self.state_serializer = state_serializer
-        self.ttl = ttl
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> RestoredStateMeta:
-        return cls(
-            d["name"], d["kind"], d["namespace_serializer"], d["state_serializer"], d.get("ttl")
-        )
 
 
 class NativeSnapshotSource(Protocol):
@@ -219,7 +192,7 @@ class KeyedStateBackend(ABC):
         self._num_key_groups = len(key_group_range)
         self._states: dict[str, InternalKvState] = {}
         self._descriptors: dict[str, StateDescriptor] = {}
-        self._restored_meta: dict[str, RestoredStateMeta] = {}
+        self._restored_meta: dict[str, StateMetaSnapshot] = {}
         self._last_descriptor: StateDescriptor | None = None
         self._last_state: InternalKvState | None = None
         self._kg_cache: dict[Any, int] = {}
@@ -418,12 +391,13 @@ class KeyedStateBackend(ABC):
             )
         return compat
 
-    def restored_state_meta(self, name: str) -> RestoredStateMeta | None:
-        """What the restored checkpoint says about state ``name`` (None if it had no such state):
-        lets a program rebuild a serializer it would otherwise infer from data not seen yet."""
+    def restored_state_meta(self, name: str) -> StateMetaSnapshot | None:
+        """What the restored checkpoint says about state ``name`` (the snapshot form of its meta
+        data; None if it had no such state): lets a program rebuild a serializer it would
+        otherwise infer from data not seen yet."""
         return self._restored_meta.get(name)
 
-    def add_restored_meta(self, meta: RestoredStateMeta) -> bool:
+    def add_restored_meta(self, meta: StateMetaSnapshot) -> bool:
         """Record what the checkpoint being restored says about a state (checked when the
         program registers it); returns whether the state was new."""
         new = meta.name not in self._restored_meta

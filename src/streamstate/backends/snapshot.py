@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from streamstate.keygroups import KeyGroupRange
-from streamstate.serializers.base import TypeSerializer
+from streamstate.serializers.base import SerializerSnapshot, TypeSerializer
 
 __all__ = [
     "DELTA_SNAPSHOT",
@@ -27,6 +27,7 @@ __all__ = [
     "SnapshotSource",
     "SourcesKeyedStateSnapshot",
     "StateMetaInfo",
+    "StateMetaSnapshot",
 ]
 
 TIMER_STATE_KIND = "timer"
@@ -96,9 +97,55 @@ class DeltaEntries:
         self.removed = removed
 
 
+class StateMetaSnapshot:
+    """Meta data of one state as a checkpoint holds it (the snapshot form): name, kind, the
+    serializer snapshots and the TTL configuration. A restore reads it from the file headers
+    (``from_dict``); a registered state's live form, :class:`StateMetaInfo`, writes it
+    (``StateMetaInfo.snapshot``)."""
+
+    __slots__ = ("kind", "name", "namespace_serializer", "state_serializer", "ttl")
+
+    def __init__(
+        self,
+        name: str,
+        kind: str,
+        namespace_serializer: SerializerSnapshot,
+        state_serializer: SerializerSnapshot,
+        ttl: dict[str, Any] | None = None,
+    ) -> None:
+        self.name = name
+        self.kind = kind
+        self.namespace_serializer = namespace_serializer
+        self.state_serializer = state_serializer
+        self.ttl = ttl
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> StateMetaSnapshot:
+        """The meta data of a file header's state description."""
+        return cls(
+            d["name"], d["kind"], d["namespace_serializer"], d["state_serializer"], d.get("ttl")
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The state description written into file headers and manifests."""
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "namespace_serializer": self.namespace_serializer,
+            "state_serializer": self.state_serializer,
+            "ttl": self.ttl,
+        }
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, StateMetaSnapshot) and self.to_dict() == other.to_dict()
+
+    def __repr__(self) -> str:
+        return f"StateMetaSnapshot({self.to_dict()!r})"
+
+
 @dataclasses.dataclass
 class StateMetaInfo:
-    """Name, kind and serializers of one state as written into a snapshot."""
+    """Name, kind and serializers of one registered state (the live form of its meta data)."""
 
     name: str
     #: a StateKind value ("value", "list", "map", "reducing", "aggregating") or "timer"
@@ -109,14 +156,18 @@ class StateMetaInfo:
     #: StateTtlConfig.to_dict() when the state has TTL (stored values are then TTL-wrapped)
     ttl: dict[str, Any] | None = None
 
+    def snapshot(self) -> StateMetaSnapshot:
+        """The snapshot form written into checkpoints."""
+        return StateMetaSnapshot(
+            self.name,
+            self.kind,
+            self.namespace_serializer.snapshot(),
+            self.state_serializer.snapshot(),
+            self.ttl,
+        )
+
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "kind": self.kind,
-            "namespace_serializer": self.namespace_serializer.snapshot(),
-            "state_serializer": self.state_serializer.snapshot(),
-            "ttl": self.ttl,
-        }
+        return self.snapshot().to_dict()
 
 
 class KeyedStateSnapshot(ABC):

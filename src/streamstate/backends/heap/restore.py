@@ -24,13 +24,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
-from streamstate.backends.base import RestoredStateMeta
 from streamstate.backends.restore import KeyedStateRestore, RestoredSerializer, is_builtin_snapshot
 from streamstate.backends.snapshot import (
     TIMER_STATE_KIND,
     EncodedEntries,
     SnapshotSource,
     StateMetaInfo,
+    StateMetaSnapshot,
 )
 from streamstate.backends.timer_queues import TimerQueues, TimerRestore
 from streamstate.checkpoint.codec import StateCodec
@@ -73,7 +73,7 @@ class HeapRestoreTarget(Protocol):
 
     def drop_state_table(self, name: str) -> None: ...
 
-    def add_restored_meta(self, meta: RestoredStateMeta) -> bool: ...
+    def add_restored_meta(self, meta: StateMetaSnapshot) -> bool: ...
 
     def discard_restored_meta(self, name: str) -> None: ...
 
@@ -153,18 +153,19 @@ class _PendingState:
 
     __slots__ = ("blocks", "meta")
 
-    def __init__(self, meta: dict[str, Any], num_key_groups: int) -> None:
+    def __init__(self, meta: StateMetaSnapshot, num_key_groups: int) -> None:
         self.meta = meta
         self.blocks: list[EncodedEntries | None] = [None] * num_key_groups
 
     def snapshot_meta(self) -> StateMetaInfo:
+        """The live form, with serializers that write the encoded entries as they are."""
         m = self.meta
         return StateMetaInfo(
-            m["name"],
-            m["kind"],
-            RestoredSerializer(m["namespace_serializer"]),
-            RestoredSerializer(m["state_serializer"]),
-            m.get("ttl"),
+            m.name,
+            m.kind,
+            RestoredSerializer(m.namespace_serializer),
+            RestoredSerializer(m.state_serializer),
+            m.ttl,
         )
 
 
@@ -357,26 +358,25 @@ class HeapRestoreOperation:
 
     def _plan(
         self,
-        meta: dict[str, Any],
+        description: dict[str, Any],
         created_tables: list[str],
         added_meta: list[str],
         pending: RestoredRawStates,
     ) -> tuple[str, Any]:
         backend = self.backend
-        name = meta["name"]
-        if meta["kind"] == TIMER_STATE_KIND:
+        if description["kind"] == TIMER_STATE_KIND:
             return "timer", None
-        if backend.add_restored_meta(RestoredStateMeta.from_dict(meta)):
+        meta = StateMetaSnapshot.from_dict(description)
+        name = meta.name
+        if backend.add_restored_meta(meta):
             added_meta.append(name)
-        ns_snap, state_snap = meta["namespace_serializer"], meta["state_serializer"]
+        ns_snap, state_snap = meta.namespace_serializer, meta.state_serializer
         if is_builtin_snapshot(ns_snap) and is_builtin_snapshot(state_snap):
             ns_ser = serializer_from_snapshot(ns_snap)
             state_ser = serializer_from_snapshot(state_snap)
             if not backend.has_state_table(name):
                 created_tables.append(name)
-            table = backend.register_state_table(
-                name, meta["kind"], ns_ser, state_ser, meta.get("ttl")
-            )
+            table = backend.register_state_table(name, meta.kind, ns_ser, state_ser, meta.ttl)
             return "eager", (table, StateCodec(backend.key_serializer, ns_ser, state_ser))
         pending.states[name] = _PendingState(meta, len(backend.key_group_range))
         return "raw", None

@@ -32,7 +32,7 @@ from streamstate.backends.rocksdb.restore_files import restore_deferred_state, r
 from streamstate.backends.rocksdb.restored import RestoredStates
 from streamstate.backends.rocksdb.snapshot import RocksDBKeyedStateSnapshot, take_snapshot
 from streamstate.backends.rocksdb.states import STATE_FACTORIES, CurrentKeyBytes
-from streamstate.backends.snapshot import StateMetaInfo
+from streamstate.backends.snapshot import StateMetaInfo, StateMetaSnapshot
 from streamstate.errors import InvalidStateNameError, StateBackendError, StateMigrationException
 from streamstate.keygroups import KeyGroupRange
 from streamstate.serializers import serializer_from_snapshot
@@ -153,20 +153,20 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
     def _migrate_if_needed(
         self,
         name: str,
-        restored: dict[str, Any],
+        restored: StateMetaSnapshot,
         meta: StateMetaInfo,
         cf: ColumnFamily,
         layout: KeyLayout,
     ) -> None:
         """Rewrite a restored state whose serializer changed compatibly (Flink's migration)."""
         new = meta.state_serializer
-        compat = new.resolve_compatibility(restored["state_serializer"])
+        compat = new.resolve_compatibility(restored.state_serializer)
         if compat.is_compatible_as_is:
             return
         if compat.is_incompatible:  # _check_restored already refused; keep the guard
             raise StateMigrationException(f"state {name!r}: incompatible serializer")
         try:
-            old = serializer_from_snapshot(restored["state_serializer"])
+            old = serializer_from_snapshot(restored.state_serializer)
         except Exception as exc:
             raise StateMigrationException(
                 f"state {name!r} needs migration but its checkpointed serializer cannot be "
@@ -205,13 +205,13 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         if restored is None:
             return None
         try:
-            ns_serializer = serializer_from_snapshot(restored["namespace_serializer"])
+            ns_serializer = serializer_from_snapshot(restored.namespace_serializer)
         except Exception as exc:
             raise StateBackendError(
                 f"state {name!r} was restored but is not registered yet, and its namespace "
                 f"serializer cannot be rebuilt from the checkpoint: {exc}"
             ) from exc
-        layout = self._layout_for(ns_serializer, has_user_key=restored["kind"] == "map")
+        layout = self._layout_for(ns_serializer, has_user_key=restored.kind == "map")
         return self.instance.column_family(name), layout
 
     def get_keys(self, state_name: str, namespace: Any) -> Iterator[Any]:

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from streamstate.backends.base import RestoredStateMeta
 from streamstate.backends.decorators.ttl_cleanup import TtlCleanupHook
 from streamstate.backends.rocksdb.cache import MapCache, ValueCache, WriteBackCache
 from streamstate.backends.rocksdb.incremental import UploadTracker
 from streamstate.backends.rocksdb.instance import ColumnFamily, RocksDBConfig, RocksDBInstance
 from streamstate.backends.rocksdb.keys import KeyLayout
 from streamstate.backends.rocksdb.restored import RestoredStates
-from streamstate.backends.snapshot import StateMetaInfo
+from streamstate.backends.snapshot import StateMetaInfo, StateMetaSnapshot
 from streamstate.backends.timer_queues import TimerQueues
 from streamstate.keygroups import KeyGroupRange
 from streamstate.serializers.base import TypeSerializer
@@ -66,6 +65,6 @@ class RocksDBParts(Protocol):
 
     def registered_states(self) -> list[RegisteredState]: ...
 
-    def restored_state_meta(self, name: str) -> RestoredStateMeta | None: ...
+    def restored_state_meta(self, name: str) -> StateMetaSnapshot | None: ...
 
-    def add_restored_meta(self, meta: RestoredStateMeta) -> bool: ...
+    def add_restored_meta(self, meta: StateMetaSnapshot) -> bool: ...

@@ -28,13 +28,13 @@ from typing import Any
 
 import google_crc32c
 
-from streamstate.backends.base import RestoredStateMeta
 from streamstate.backends.restore import KeyedStateRestore, RestoredBlock
 from streamstate.backends.rocksdb.incremental import IncrementalManifest, IncrementalStateHandle
 from streamstate.backends.rocksdb.instance import ColumnFamily, RocksDBInstance, open_read_only
 from streamstate.backends.rocksdb.keys import KeyLayout, key_group_bound
 from streamstate.backends.rocksdb.parts import RocksDBParts
 from streamstate.backends.rocksdb.storage import SnapshotFileStore, crc32c_of_file
+from streamstate.backends.snapshot import StateMetaSnapshot
 from streamstate.backends.timer_queues import TimerRestore
 from streamstate.errors import (
     CheckpointError,
@@ -131,11 +131,12 @@ def check_fresh(backend: RocksDBParts) -> None:
 
 
 def remember_states(backend: RocksDBParts, states: Iterable[dict[str, Any]]) -> None:
-    states = list(states)
-    backend.restored.remember(states)
-    for d in states:
-        if backend.restored_state_meta(d["name"]) is None:
-            backend.add_restored_meta(RestoredStateMeta.from_dict(d))
+    """Record the state descriptions of file headers or manifests (their snapshot form)."""
+    metas = [StateMetaSnapshot.from_dict(d) for d in states]
+    backend.restored.remember(metas)
+    for meta in metas:
+        if backend.restored_state_meta(meta.name) is None:
+            backend.add_restored_meta(meta)
 
 
 # ---- incremental ------------------------------------------------------------------------------

@@ -15,9 +15,9 @@ Timers are not kept here: a restore puts them into the backend's timer queues at
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 from streamstate.backends.restore import KeyedStateRestore
+from streamstate.backends.snapshot import StateMetaSnapshot
 from streamstate.errors import CorruptCheckpointError
 
 __all__ = ["RestoredStates"]
@@ -29,35 +29,35 @@ class RestoredStates:
     __slots__ = ("_deferred_files", "_states")
 
     def __init__(self) -> None:
-        self._states: dict[str, dict[str, Any]] = {}
+        self._states: dict[str, StateMetaSnapshot] = {}
         self._deferred_files: dict[str, list[KeyedStateRestore]] = {}
 
     # ---- states ------------------------------------------------------------------------------
 
-    def remember(self, states: Iterable[dict[str, Any]]) -> None:
-        """The state descriptions (name, kind, serializer snapshots, ttl) of a restore; the
-        first description of a name wins, a name seen with two kinds is corrupt."""
-        for d in states:
-            name = d["name"]
+    def remember(self, states: Iterable[StateMetaSnapshot]) -> None:
+        """The state meta data of a restore; the first of a name wins, a name seen with two
+        kinds is corrupt."""
+        for meta in states:
+            name = meta.name
             known = self._states.get(name)
-            if known is not None and known["kind"] != d["kind"]:
+            if known is not None and known.kind != meta.kind:
                 raise CorruptCheckpointError(
-                    f"state {name!r} appears as {known['kind']} and {d['kind']} state in the "
+                    f"state {name!r} appears as {known.kind} and {meta.kind} state in the "
                     "snapshots being restored"
                 )
-            self._states.setdefault(name, d)
+            self._states.setdefault(name, meta)
 
-    def state(self, name: str) -> dict[str, Any] | None:
+    def state(self, name: str) -> StateMetaSnapshot | None:
         return self._states.get(name)
 
-    def take_state(self, name: str) -> dict[str, Any] | None:
+    def take_state(self, name: str) -> StateMetaSnapshot | None:
         """The description of restored state ``name``, which is being registered now."""
         return self._states.pop(name, None)
 
     def state_names(self) -> list[str]:
         return list(self._states)
 
-    def state_descriptions(self) -> list[dict[str, Any]]:
+    def state_metas(self) -> list[StateMetaSnapshot]:
         return list(self._states.values())
 
     # ---- deferred states ---------------------------------------------------------------------

@@ -90,7 +90,7 @@ def take_snapshot(backend: RocksDBParts, checkpoint_id: int) -> RocksDBKeyedStat
         for reg in backend.registered_states()
     ]
     states.extend(
-        _SnapshotState(d, None, None, None) for d in backend.restored.state_descriptions()
+        _SnapshotState(m.to_dict(), None, None, None) for m in backend.restored.state_metas()
     )
     timer_sources: list[SnapshotSource] = backend.timer_queues.snapshot_sources()
     return RocksDBKeyedStateSnapshot(
