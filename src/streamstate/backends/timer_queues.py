@@ -148,6 +148,10 @@ class KeyGroupedTimerQueue:
     def __len__(self) -> int:
         return self._size
 
+    @property
+    def num_key_groups(self) -> int:
+        return len(self._by_kg)
+
     def heap_size(self) -> int:
         """Entries in the heap, removed timers not yet dropped included (for tests)."""
         return len(self._heap)
@@ -268,14 +272,14 @@ class TimerQueueState:
         """Synchronous copy of the queue, as a keyed-snapshot source."""
         q = self.queue
         return _TimerSnapshotSource(
-            self.meta(), [q.timers_of_key_group(i) for i in range(len(q._by_kg))]
+            self.meta(), [q.timers_of_key_group(i) for i in range(q.num_key_groups)]
         )
 
     def delta_snapshot_source(self) -> SnapshotSource:
         """The timers of the key groups whose timers changed since the last delta, each key
         group's complete set replacing the previous one (incremental checkpoints)."""
         q = self.queue
-        per_kg: list[Any] = [None] * len(q._by_kg)
+        per_kg: list[Any] = [None] * q.num_key_groups
         for kgi in q.take_changed():
             timers = q.timers_of_key_group(kgi)
             per_kg[kgi] = DeltaEntries([(key, ns, ts) for ts, key, ns in timers], None)
