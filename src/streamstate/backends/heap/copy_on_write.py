@@ -128,6 +128,8 @@ _NONE_CHUNK: list[None] = [None] * _ALLOC_CHUNK
 _NEVER = sys.maxsize
 
 _new = object.__new__
+#: no key is this object: the last-hit cache of an empty map, or after an invalidation
+_NO_HIT: Any = object()
 
 
 class StateMapEntry:
@@ -197,6 +199,9 @@ class CopyOnWriteStateMap(StateMap):
 
     __slots__ = (
         "_copy",
+        "_hit",
+        "_hit_key",
+        "_hit_namespace",
         "_last_namespace",
         "_lock",
         "_mask",
@@ -249,6 +254,12 @@ class CopyOnWriteStateMap(StateMap):
         # the tables are referenced by an open snapshot: copy them before writing a bucket slot
         self._shared = False
         self._last_namespace: Any = None
+        # the entry the last get found, with the very key and namespace objects it was asked
+        # for: a put with the same objects (a value state's read-modify-write) writes to it
+        # without a second lookup. Whatever can unlink or supersede an entry clears it.
+        self._hit: StateMapEntry | None = None
+        self._hit_key: Any = _NO_HIT
+        self._hit_namespace: Any = _NO_HIT
         self._lock = threading.Lock()
 
     # -- introspection ---------------------------------------------------------------------------
@@ -342,6 +353,9 @@ class CopyOnWriteStateMap(StateMap):
             if e.key == key and (e.namespace is namespace or e.namespace == namespace):
                 if e.state_version < self._required:
                     return self._get_shared(tab, index, e)
+                self._hit = e
+                self._hit_key = key
+                self._hit_namespace = namespace
                 return e.state
             e = e.next
         if key is None or namespace is None:
@@ -377,6 +391,12 @@ class CopyOnWriteStateMap(StateMap):
         >>> m = CopyOnWriteStateMap(); m.put("k", "ns", 1); m.put("k", "ns", 2); m.get("k", "ns")
         2
         """
+        if key is self._hit_key and namespace is self._hit_namespace:
+            hit = self._hit
+            if hit.entry_version >= self._required:  # type: ignore[union-attr]
+                hit.state = state  # type: ignore[union-attr]
+                hit.state_version = self._state_map_version  # type: ignore[union-attr]
+                return
         h = hash((key, namespace))
         if self._rehash_table is _EMPTY_TABLE:
             tab = self._primary
@@ -695,6 +715,8 @@ class CopyOnWriteStateMap(StateMap):
         return e
 
     def _remove_entry(self, key: Any, namespace: Any) -> StateMapEntry | None:
+        self._hit_key = _NO_HIT
+        self._hit = None
         h = hash((key, namespace))
         if self._rehash_table is _EMPTY_TABLE:
             tab = self._primary
@@ -732,6 +754,8 @@ class CopyOnWriteStateMap(StateMap):
 
         Returns ``until``'s private counterpart; the entries after it stay shared.
         """
+        self._hit_key = _NO_HIT
+        self._hit = None
         if self._shared:
             tab = self._unshare(tab)
         required = self._required
@@ -822,6 +846,8 @@ class CopyOnWriteStateMap(StateMap):
 
     def _incremental_rehash(self) -> None:
         """Move at least ``MIN_TRANSFERRED_PER_INCREMENTAL_REHASH`` entries, whole buckets only."""
+        self._hit_key = _NO_HIT
+        self._hit = None
         if self._shared:
             self._unshare(self._primary)
         old = self._primary
