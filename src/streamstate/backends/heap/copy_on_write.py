@@ -21,10 +21,11 @@ A chained hash table ``(key, namespace) -> state`` for one key group, with two p
 Python adaptation, and the stalls it designs around
 ----------------------------------------------------
 * Entries are ``__slots__`` objects created without ``__init__`` on the hot path (a Python-level
-  ``__init__`` frame costs more than the seven slot stores). Methods bind attributes to locals;
+  ``__init__`` frame costs more than the six slot stores). Methods bind attributes to locals;
   the lookup prologue is written out in each operation (a helper call costs more than a lookup).
-  Lookups compare keys without comparing the cached hashes first: two 64-bit ints compare no
-  faster than typical keys; the cached hash serves the rehash, as in Flink.
+  Lookups compare keys without comparing hashes first: two 64-bit ints compare no faster than
+  typical keys. Entries do not cache their hash (Flink's do, for the rehash): in CPython the
+  cached hash is a 32-byte int object per entry, and the rehash recomputes it cheaply.
 * The bucket array is copied on write, not in ``snapshot``. Flink's synchronous phase copies
   each array with ``System.arraycopy``, which never touches the entries. CPython cannot copy a
   reference without writing to the referenced object (its reference count), so ``primary[:]``
@@ -133,21 +134,25 @@ _NO_HIT: Any = object()
 
 
 class StateMapEntry:
-    """One mapping: key, namespace, state, cached hash, chain link and two versions.
+    """One mapping: key, namespace, state, chain link and two versions.
 
     ``entry_version`` protects the entry's structure (its ``next`` link), ``state_version`` the
     state object. Both are map versions; an entry or state older than the newest open snapshot is
     shared with it and must be copied before it is changed.
+
+    Unlike Flink's entry it does not cache the hash: a stored hash is a separate 32-byte int
+    object (hashes are 64-bit, beyond CPython's small-int cache) plus a slot, 40 of the 140
+    bytes an entry cost, and only the rehash reads it, which recomputes ``hash((key,
+    namespace))`` instead (C-speed: a ``str`` caches its own hash).
     """
 
-    __slots__ = ("entry_version", "hash", "key", "namespace", "next", "state", "state_version")
+    __slots__ = ("entry_version", "key", "namespace", "next", "state", "state_version")
 
     def __init__(
         self,
         key: Any,
         namespace: Any,
         state: Any,
-        hash_: int,
         next_: StateMapEntry | None,
         entry_version: int,
         state_version: int,
@@ -155,10 +160,14 @@ class StateMapEntry:
         self.key = key
         self.namespace = namespace
         self.state = state
-        self.hash = hash_
         self.next = next_
         self.entry_version = entry_version
         self.state_version = state_version
+
+    @property
+    def hash(self) -> int:
+        """The hash that places the entry in its bucket (``hash((key, namespace))``)."""
+        return hash((self.key, self.namespace))
 
     def __repr__(self) -> str:
         return (
@@ -327,7 +336,7 @@ class CopyOnWriteStateMap(StateMap):
     #
     # The hot paths share one prologue, written out in each method because a helper call costs
     # more than the lookup itself in CPython: hash, then the active table and bucket. Lookups
-    # compare keys without first comparing the cached hashes (two 64-bit ints compare no faster
+    # compare keys without first comparing hashes (two 64-bit ints compare no faster
     # than typical keys), and try namespace identity first (inserts share equal namespaces).
     # None keys and namespaces are rejected on the miss and insert paths only: no entry can hold
     # one, so a hit proves the arguments valid and costs nothing.
@@ -413,7 +422,7 @@ class CopyOnWriteStateMap(StateMap):
                 e.state_version = self._state_map_version
                 return
             e = e.next
-        self._add_entry(tab, index, key, namespace, h, state)
+        self._add_entry(tab, index, key, namespace, state)
 
     def put_and_get_old(self, key: Any, namespace: Any, state: Any) -> Any:
         """Map ``(key, namespace)`` to ``state``; return the previous state or None. O(1) expected.
@@ -648,7 +657,6 @@ class CopyOnWriteStateMap(StateMap):
             e.key = key
             e.namespace = namespace
             e.state = state
-            e.hash = h
             e.next = tab[index]
             e.entry_version = version
             e.state_version = version
@@ -674,10 +682,10 @@ class CopyOnWriteStateMap(StateMap):
                     e = self._copy_chain_until(tab, index, e)
                 return e
             e = e.next
-        return self._add_entry(tab, index, key, namespace, h, None)
+        return self._add_entry(tab, index, key, namespace, None)
 
     def _add_entry(
-        self, tab: Table, index: int, key: Any, namespace: Any, h: int, state: Any
+        self, tab: Table, index: int, key: Any, namespace: Any, state: Any
     ) -> StateMapEntry:
         """Insert a new entry at the head of ``tab[index]`` (head insertion never copies)."""
         if key is None or namespace is None:
@@ -703,7 +711,6 @@ class CopyOnWriteStateMap(StateMap):
         e.key = key
         e.namespace = namespace
         e.state = state
-        e.hash = h
         e.next = tab[index]
         e.entry_version = version
         e.state_version = version
@@ -864,7 +871,7 @@ class CopyOnWriteStateMap(StateMap):
                 if e.entry_version < required:
                     e = _copy_entry(e, version)  # never relink an entry a snapshot can see
                 n = e.next
-                pos = e.hash & mask
+                pos = hash((e.key, e.namespace)) & mask
                 e.next = new[pos]
                 new[pos] = e  # type: ignore[index]
                 e = n
@@ -896,7 +903,6 @@ def _copy_entry(e: StateMapEntry, entry_version: int) -> StateMapEntry:
     c.key = e.key
     c.namespace = e.namespace
     c.state = e.state
-    c.hash = e.hash
     c.next = e.next
     c.entry_version = entry_version
     c.state_version = e.state_version
