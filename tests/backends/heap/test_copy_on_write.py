@@ -1021,3 +1021,16 @@ def test_put_after_get_of_a_removed_entry_inserts_again() -> None:
     m.remove(key, ns)
     m.put(key, ns, 2)
     assert len(m) == 1 and m.get(key, ns) == 2
+
+
+def test_put_after_get_still_advances_the_rehash() -> None:
+    """The put of a read-modify-write (same key and namespace objects as the get before it)
+    owes its own rehash step, like every operation."""
+    m = start_rehash()
+    key = 2
+    assert m.get(key, NS) is not None
+    after_get = m.rehash_index
+    m.put(key, NS, 7)
+    assert m.rehash_index > after_get
+    assert m.get(key, NS) == 7
+    check_structure(m)

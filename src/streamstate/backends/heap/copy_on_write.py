@@ -25,7 +25,13 @@ Python adaptation, and the stalls it designs around
   the lookup prologue is written out in each operation (a helper call costs more than a lookup).
   Lookups compare keys without comparing hashes first: two 64-bit ints compare no faster than
   typical keys. Entries do not cache their hash (Flink's do, for the rehash): in CPython the
-  cached hash is a 32-byte int object per entry, and the rehash recomputes it cheaply.
+  cached hash is a 32-byte int object per entry, and the rehash recomputes it cheaply;
+  ``StateMapEntry.hash`` is a property computing the same value.
+* A read-modify-write (a value state's ``value()`` then ``update()``) looks the entry up once:
+  ``get`` remembers the entry it found together with the very key and namespace objects it was
+  given, and a ``put`` with the same objects, while no rehash is in progress (a put owes its
+  rehash step), writes to that entry if it is not shared with a snapshot. Everything that can
+  unlink or supersede an entry (removal, chain copy, rehash step) forgets it first.
 * The bucket array is copied on write, not in ``snapshot``. Flink's synchronous phase copies
   each array with ``System.arraycopy``, which never touches the entries. CPython cannot copy a
   reference without writing to the referenced object (its reference count), so ``primary[:]``
@@ -400,7 +406,11 @@ class CopyOnWriteStateMap(StateMap):
         >>> m = CopyOnWriteStateMap(); m.put("k", "ns", 1); m.put("k", "ns", 2); m.get("k", "ns")
         2
         """
-        if key is self._hit_key and namespace is self._hit_namespace:
+        if (
+            key is self._hit_key
+            and namespace is self._hit_namespace
+            and self._rehash_table is _EMPTY_TABLE  # else this put owes a rehash step
+        ):
             hit = self._hit
             if hit.entry_version >= self._required:  # type: ignore[union-attr]
                 hit.state = state  # type: ignore[union-attr]
