@@ -292,6 +292,8 @@ class LocalRunner:
         selector = self.key_selector
         cached_types = _CACHED_KEY_TYPES
         key_group_of = self.key_group_of
+        key_groups = self._key_groups
+        max_parallelism = self.max_parallelism
         extend = out.extend
         generator = _GENERATOR
         for op in ops:
@@ -306,7 +308,11 @@ class LocalRunner:
                     if route is None:
                         if len(routes) >= KEY_GROUP_CACHE_LIMIT:
                             routes.clear()
-                        route = routes[key] = route_of_kg[key_group_of(key)]
+                        # the route holds the key group: not cached twice (memory per key)
+                        kg = key_groups.get(key)
+                        if kg is None:
+                            kg = assign_to_key_group(key, max_parallelism)
+                        route = routes[key] = route_of_kg[kg]
                 else:
                     route = route_of_kg[key_group_of(key)]
                 process_element, ctx, key_ctx, index, backend, listeners, kg = route
