@@ -290,3 +290,45 @@ def test_key_group_cache_distinguishes_equal_keys_of_other_types() -> None:
     assert runner.key_group_of(1) == assign_to_key_group(1, runner.max_parallelism)
     assert runner.key_group_of(True) == assign_to_key_group(True, runner.max_parallelism)
     assert runner.key_group_of(1.0) == assign_to_key_group(1.0, runner.max_parallelism)
+
+
+class EmitsAndYields(KeyedProcessFunction):
+    """Main outputs through the operator context (as windows do) interleaved with yields, and a
+    side output per record."""
+
+    def bind_operator(self, context: Any) -> None:
+        self.internal = context
+
+    def process_element(self, value: Any, ctx: Any) -> Any:
+        yield ("before", value)
+        self.internal.emit(("emitted", value))
+        ctx.output(LATE, value)
+        yield ("after", value)
+
+
+def test_run_keeps_the_order_of_yields_emits_and_side_outputs_across_subtasks() -> None:
+    records = [f"k{i % 11}" for i in range(60)]
+    runner = LocalRunner(EmitsAndYields(), key_selector=lambda r: r, parallelism=3)
+    out = runner.run(records)
+    assert out == [o for r in records for o in (("before", r), ("emitted", r), ("after", r))]
+    # side outputs in record order, not grouped by subtask
+    assert runner.side_output(LATE) == records
+    assert all(op.output == [] and op.side_outputs == {} for op in runner.subtasks)
+    assert runner.process("k1") == [("before", "k1"), ("emitted", "k1"), ("after", "k1")]
+    assert runner.side_output(LATE) == ["k1"]
+
+
+def test_run_after_a_rescale_routes_keys_to_the_new_subtasks() -> None:
+    records = [f"k{i % 23}" for i in range(100)]
+    runner = LocalRunner(CountPerKey(), key_selector=lambda r: r, parallelism=2)
+    runner.run(records)
+    runner.rescale(5)
+    out = runner.run(records)
+    assert out == [
+        (r, 100 // 23 + (i % 23 < 100 % 23) + 1 + i // 23) for i, r in enumerate(records)
+    ]
+    for i, op in enumerate(runner.subtasks):
+        rng = compute_key_group_range_for_operator_index(runner.max_parallelism, 5, i)
+        keys = set(op.keyed_backend.get_keys("count", VOID_NAMESPACE))
+        assert all(rng.contains(assign_to_key_group(k, runner.max_parallelism)) for k in keys)
+    runner.close()

@@ -30,12 +30,12 @@ from __future__ import annotations
 
 import copy as _copy
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import wait
 from typing import Any
 
 from streamstate.api.functions import KeyedProcessFunction, OutputTag
-from streamstate.backends.base import Clock
+from streamstate.backends.base import Clock, KeyedStateBackend
 from streamstate.backends.factory import HeapStateBackend, StateBackend, state_backend_from
 from streamstate.errors import CheckpointError, MaxParallelismMismatchError
 from streamstate.keygroups import (
@@ -43,7 +43,13 @@ from streamstate.keygroups import (
     compute_default_max_parallelism,
     compute_operator_index_for_key_group,
 )
-from streamstate.runtime.operator import KeyedProcessOperator
+from streamstate.runtime.operator import (
+    _GENERATOR,
+    KeyedProcessOperator,
+    _collect,
+    _note,
+    _short,
+)
 from streamstate.serializers import TypeSerializer, serializer_for
 from streamstate.timers import MIN_WATERMARK
 
@@ -133,6 +139,9 @@ class LocalRunner:
         self._key_groups: dict[Any, int] = {}
         self._key_groups_of: int = self.max_parallelism
         self._subtask_of_kg: list[KeyedProcessOperator] = []
+        # run()'s routes: per key group (built on first use), and per distinct key
+        self._route_of_kg: list[tuple[Any, ...]] = []
+        self._routes: dict[Any, tuple[Any, ...]] = {}
 
     # ---- set-up --------------------------------------------------------------------------------
 
@@ -170,6 +179,8 @@ class LocalRunner:
             self.subtasks[compute_operator_index_for_key_group(mp, parallelism, kg)]
             for kg in range(mp)
         ]
+        self._route_of_kg = []
+        self._routes = {}
         if self._key_groups_of != mp:
             self._key_groups = {}
             self._key_groups_of = mp
@@ -231,30 +242,98 @@ class LocalRunner:
         if self.timestamp_assigner is not None:
             for record in it:
                 self._process_into(record, out)
-        else:
-            # the common path with the per-record work of _process_into bound to locals
-            selector = self.key_selector
-            cache = self._key_groups
-            cached_types = _CACHED_KEY_TYPES
-            subtask_of_kg = self._subtask_of_kg
-            key_group_of = self.key_group_of
-            extend = out.extend
-            for record in it:
-                key = selector(record)
-                kg = cache.get(key) if type(key) in cached_types else None
-                if kg is None:
-                    kg = key_group_of(key)
-                op = subtask_of_kg[kg]
-                op.process_element(key, record, None, kg)
-                result = op.output
-                if result:
-                    extend(result)
-                    result.clear()
-                if op.side_outputs:
-                    self._collect_side_outputs(op)
+        elif self.subtasks:
+            self._run_fast(it, out)
         if final_watermark and self.subtasks and self.timestamp_assigner is not None:
             out.extend(self.advance_watermark(MAX_WATERMARK))
         return out
+
+    def _routes_of_key_groups(self) -> list[tuple[Any, ...]]:
+        """Per key group, what :meth:`_run_fast` needs to hand a record of it to its subtask."""
+        routes = []
+        for kg, op in enumerate(self._subtask_of_kg):
+            backend = op.keyed_backend
+            direct = type(backend).set_current_key is KeyedStateBackend.set_current_key
+            routes.append(
+                (
+                    op.function.process_element,
+                    op._ctx,
+                    backend.ctx if direct else None,
+                    kg - op.key_group_range.start,
+                    backend,
+                    backend.key_selected_listeners,
+                    kg,
+                )
+            )
+        return routes
+
+    def _run_fast(self, it: Iterator[Any], out: list[Any]) -> None:
+        """The common path of :meth:`run` (no event time): the per-record work of
+        :meth:`_process_into` and ``KeyedProcessOperator.process_element`` written out in one
+        loop, with everything it touches bound to locals.
+
+        Per record it skips what cannot apply or is done once instead: the key group and the
+        subtask are one dict lookup per record (a route cached per distinct key), the key-group
+        range check of ``set_current_key`` is skipped (the routes are built from the same ranges
+        as the backends), operators' outputs are not drained per record (while the loop runs,
+        every operator appends to ``out`` and to the runner's side outputs directly, so the
+        order is the one records and emits happened in), and two Python frames
+        (``process_element`` and ``_collect``) are not entered.
+        """
+        ops = self.subtasks
+        for op in ops:
+            if op.output:  # left over from a failed record: it comes first, as before
+                out.extend(op.output)
+            self._collect_side_outputs(op)
+        if not self._route_of_kg:
+            self._route_of_kg = self._routes_of_key_groups()
+        route_of_kg = self._route_of_kg
+        routes = self._routes
+        selector = self.key_selector
+        cached_types = _CACHED_KEY_TYPES
+        key_group_of = self.key_group_of
+        key_groups = self._key_groups
+        max_parallelism = self.max_parallelism
+        extend = out.extend
+        generator = _GENERATOR
+        for op in ops:
+            op.output = out
+            op.side_outputs = self._side_outputs
+            op._ctx._ts = None  # no record has a timestamp on this path
+        try:
+            for record in it:
+                key = selector(record)
+                if type(key) in cached_types:
+                    route = routes.get(key)
+                    if route is None:
+                        if len(routes) >= KEY_GROUP_CACHE_LIMIT:
+                            routes.clear()
+                        # the route holds the key group: not cached twice (memory per key)
+                        kg = key_groups.get(key)
+                        if kg is None:
+                            kg = assign_to_key_group(key, max_parallelism)
+                        route = routes[key] = route_of_kg[kg]
+                else:
+                    route = route_of_kg[key_group_of(key)]
+                process_element, ctx, key_ctx, index, backend, listeners, kg = route
+                if key_ctx is None or listeners:
+                    backend.set_current_key(key, kg)
+                else:
+                    key_ctx.key = key
+                    key_ctx.kg_index = index
+                try:  # free in CPython 3.11 unless something is raised
+                    result = process_element(record, ctx)
+                    if result.__class__ is generator:
+                        extend(result)
+                    else:
+                        _collect(out, result, "process_element")
+                except Exception as exc:
+                    _note(exc, f"process_element of key {_short(key)}, record {_short(record)}")
+                    raise
+        finally:
+            for op in ops:
+                op.output = []
+                op.side_outputs = {}
 
     def advance_watermark(self, watermark: int) -> list[Any]:
         """Advance event time on every subtask, firing due timers; returns their outputs."""

@@ -975,3 +975,62 @@ def test_bulk_load_equals_repeated_puts_and_keeps_working() -> None:
     assert bulk.get(keys[0], "x") == 99
     with pytest.raises(ValueError):
         CopyOnWriteStateMap().put_all(list(range(100)), [None], list(range(100)))
+
+
+# -- the last-hit cache (a get followed by a put of the same key and namespace objects) -----------
+
+
+def test_put_after_get_writes_the_live_entry_after_a_rehash_copied_it() -> None:
+    """A get remembers its entry for the next put; a rehash step that copies that entry (it is
+    shared with a snapshot) must make the put look it up again, even once the snapshot is
+    released and the old entry's version would pass the check."""
+    m = CopyOnWriteStateMap(capacity=128)
+    key, ns = "key-0", "ns"
+    m.put(key, ns, [0])
+    for k in range(1, 96):
+        m.put(f"key-{k}", ns, [k])
+    assert m.get(key, ns) == [0]  # the hit
+    snap = m.snapshot()
+    while not m.is_rehashing:
+        m.put(f"more-{len(m)}", ns, [])
+    while m.is_rehashing:  # every operation moves buckets: each shared entry is copied
+        m.contains(key, ns)
+    snap.release()
+    m.put(key, ns, [1])
+    assert m.get(key, ns) == [1]
+    assert dict(((k, n), s) for k, n, s in m)[(key, ns)] == [1]
+
+
+def test_put_after_get_writes_the_live_entry_after_a_chain_copy() -> None:
+    m = CopyOnWriteStateMap(capacity=4)
+    key, ns = 7, "ns"
+    m.put(key, ns, [0])
+    assert m.get(key, ns) == [0]
+    snap = m.snapshot()
+    m.get(key, ns).append(1)  # copy-on-read: the entry is replaced by a private copy
+    snap.release()
+    m.put(key, ns, [2])
+    assert m.get(key, ns) == [2]
+
+
+def test_put_after_get_of_a_removed_entry_inserts_again() -> None:
+    m = CopyOnWriteStateMap(capacity=4)
+    key, ns = "k", "ns"
+    m.put(key, ns, 1)
+    assert m.get(key, ns) == 1
+    m.remove(key, ns)
+    m.put(key, ns, 2)
+    assert len(m) == 1 and m.get(key, ns) == 2
+
+
+def test_put_after_get_still_advances_the_rehash() -> None:
+    """The put of a read-modify-write (same key and namespace objects as the get before it)
+    owes its own rehash step, like every operation."""
+    m = start_rehash()
+    key = 2
+    assert m.get(key, NS) is not None
+    after_get = m.rehash_index
+    m.put(key, NS, 7)
+    assert m.rehash_index > after_get
+    assert m.get(key, NS) == 7
+    check_structure(m)

@@ -284,3 +284,37 @@ def test_values_are_copied_in_and_out(make_rocks: Any) -> None:
     items.append(2)
     m.get("k").append(3)
     assert m.get("k") == [1]
+
+
+@pytest.mark.parametrize("key_type", [int, str])
+def test_flushed_keys_and_int64_values_are_the_layouts_encoding(
+    make_rocks: Any, key_type: Any
+) -> None:
+    """The flush builds void-namespace keys inline and encodes int64 values with the struct
+    directly: the bytes must be exactly what the key layout and the serializer write, and read
+    back through misses."""
+    from streamstate.keygroups import assign_to_key_group
+    from streamstate.namespace import VOID_NAMESPACE
+    from streamstate.serializers import VoidNamespaceSerializer
+
+    # the second half of the key groups: the inline key must add the range start
+    b = make_rocks(cache_entries=4, key_type=key_type, subtask=1, parallelism=2)
+    v = b.get_partitioned_state(VOID_NAMESPACE, VoidNamespaceSerializer(), V)
+    ints = [-(2**63), -1, 0, 1, 2**63 - 1, *range(2, 200)]
+    keys = [k if key_type is int else f"k{k}" for k in ints]
+    values = {k: i * 7 - 2**62 for i, k in enumerate(keys) if assign_to_key_group(k, 128) >= 64}
+    assert len(values) > 20
+    for k, x in values.items():
+        b.set_current_key(k)
+        v.update(x)
+    layout = b._registered["v"].layout
+    ser = Int64Serializer()
+    expected = {
+        layout.key_prefix(assign_to_key_group(k, 128), k): ser.serialize(x)
+        for k, x in values.items()
+    }
+    assert raw_content(b)["v"] == expected
+    b.cache.evict()
+    for k, x in values.items():  # misses: read and decode from RocksDB
+        b.set_current_key(k)
+        assert v.value() == x

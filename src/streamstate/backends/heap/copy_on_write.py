@@ -21,10 +21,17 @@ A chained hash table ``(key, namespace) -> state`` for one key group, with two p
 Python adaptation, and the stalls it designs around
 ----------------------------------------------------
 * Entries are ``__slots__`` objects created without ``__init__`` on the hot path (a Python-level
-  ``__init__`` frame costs more than the seven slot stores). Methods bind attributes to locals;
+  ``__init__`` frame costs more than the six slot stores). Methods bind attributes to locals;
   the lookup prologue is written out in each operation (a helper call costs more than a lookup).
-  Lookups compare keys without comparing the cached hashes first: two 64-bit ints compare no
-  faster than typical keys; the cached hash serves the rehash, as in Flink.
+  Lookups compare keys without comparing hashes first: two 64-bit ints compare no faster than
+  typical keys. Entries do not cache their hash (Flink's do, for the rehash): in CPython the
+  cached hash is a 32-byte int object per entry, and the rehash recomputes it cheaply;
+  ``StateMapEntry.hash`` is a property computing the same value.
+* A read-modify-write (a value state's ``value()`` then ``update()``) looks the entry up once:
+  ``get`` remembers the entry it found together with the very key and namespace objects it was
+  given, and a ``put`` with the same objects, while no rehash is in progress (a put owes its
+  rehash step), writes to that entry if it is not shared with a snapshot. Everything that can
+  unlink or supersede an entry (removal, chain copy, rehash step) forgets it first.
 * The bucket array is copied on write, not in ``snapshot``. Flink's synchronous phase copies
   each array with ``System.arraycopy``, which never touches the entries. CPython cannot copy a
   reference without writing to the referenced object (its reference count), so ``primary[:]``
@@ -128,24 +135,30 @@ _NONE_CHUNK: list[None] = [None] * _ALLOC_CHUNK
 _NEVER = sys.maxsize
 
 _new = object.__new__
+#: no key is this object: the last-hit cache of an empty map, or after an invalidation
+_NO_HIT: Any = object()
 
 
 class StateMapEntry:
-    """One mapping: key, namespace, state, cached hash, chain link and two versions.
+    """One mapping: key, namespace, state, chain link and two versions.
 
     ``entry_version`` protects the entry's structure (its ``next`` link), ``state_version`` the
     state object. Both are map versions; an entry or state older than the newest open snapshot is
     shared with it and must be copied before it is changed.
+
+    Unlike Flink's entry it does not cache the hash: a stored hash is a separate 32-byte int
+    object (hashes are 64-bit, beyond CPython's small-int cache) plus a slot, 40 of the 140
+    bytes an entry cost, and only the rehash reads it, which recomputes ``hash((key,
+    namespace))`` instead (C-speed: a ``str`` caches its own hash).
     """
 
-    __slots__ = ("entry_version", "hash", "key", "namespace", "next", "state", "state_version")
+    __slots__ = ("entry_version", "key", "namespace", "next", "state", "state_version")
 
     def __init__(
         self,
         key: Any,
         namespace: Any,
         state: Any,
-        hash_: int,
         next_: StateMapEntry | None,
         entry_version: int,
         state_version: int,
@@ -153,10 +166,14 @@ class StateMapEntry:
         self.key = key
         self.namespace = namespace
         self.state = state
-        self.hash = hash_
         self.next = next_
         self.entry_version = entry_version
         self.state_version = state_version
+
+    @property
+    def hash(self) -> int:
+        """The hash that places the entry in its bucket (``hash((key, namespace))``)."""
+        return hash((self.key, self.namespace))
 
     def __repr__(self) -> str:
         return (
@@ -197,6 +214,9 @@ class CopyOnWriteStateMap(StateMap):
 
     __slots__ = (
         "_copy",
+        "_hit",
+        "_hit_key",
+        "_hit_namespace",
         "_last_namespace",
         "_lock",
         "_mask",
@@ -249,6 +269,12 @@ class CopyOnWriteStateMap(StateMap):
         # the tables are referenced by an open snapshot: copy them before writing a bucket slot
         self._shared = False
         self._last_namespace: Any = None
+        # the entry the last get found, with the very key and namespace objects it was asked
+        # for: a put with the same objects (a value state's read-modify-write) writes to it
+        # without a second lookup. Whatever can unlink or supersede an entry clears it.
+        self._hit: StateMapEntry | None = None
+        self._hit_key: Any = _NO_HIT
+        self._hit_namespace: Any = _NO_HIT
         self._lock = threading.Lock()
 
     # -- introspection ---------------------------------------------------------------------------
@@ -316,7 +342,7 @@ class CopyOnWriteStateMap(StateMap):
     #
     # The hot paths share one prologue, written out in each method because a helper call costs
     # more than the lookup itself in CPython: hash, then the active table and bucket. Lookups
-    # compare keys without first comparing the cached hashes (two 64-bit ints compare no faster
+    # compare keys without first comparing hashes (two 64-bit ints compare no faster
     # than typical keys), and try namespace identity first (inserts share equal namespaces).
     # None keys and namespaces are rejected on the miss and insert paths only: no entry can hold
     # one, so a hit proves the arguments valid and costs nothing.
@@ -342,6 +368,9 @@ class CopyOnWriteStateMap(StateMap):
             if e.key == key and (e.namespace is namespace or e.namespace == namespace):
                 if e.state_version < self._required:
                     return self._get_shared(tab, index, e)
+                self._hit = e
+                self._hit_key = key
+                self._hit_namespace = namespace
                 return e.state
             e = e.next
         if key is None or namespace is None:
@@ -377,6 +406,16 @@ class CopyOnWriteStateMap(StateMap):
         >>> m = CopyOnWriteStateMap(); m.put("k", "ns", 1); m.put("k", "ns", 2); m.get("k", "ns")
         2
         """
+        if (
+            key is self._hit_key
+            and namespace is self._hit_namespace
+            and self._rehash_table is _EMPTY_TABLE  # else this put owes a rehash step
+        ):
+            hit = self._hit
+            if hit.entry_version >= self._required:  # type: ignore[union-attr]
+                hit.state = state  # type: ignore[union-attr]
+                hit.state_version = self._state_map_version  # type: ignore[union-attr]
+                return
         h = hash((key, namespace))
         if self._rehash_table is _EMPTY_TABLE:
             tab = self._primary
@@ -393,7 +432,7 @@ class CopyOnWriteStateMap(StateMap):
                 e.state_version = self._state_map_version
                 return
             e = e.next
-        self._add_entry(tab, index, key, namespace, h, state)
+        self._add_entry(tab, index, key, namespace, state)
 
     def put_and_get_old(self, key: Any, namespace: Any, state: Any) -> Any:
         """Map ``(key, namespace)`` to ``state``; return the previous state or None. O(1) expected.
@@ -628,7 +667,6 @@ class CopyOnWriteStateMap(StateMap):
             e.key = key
             e.namespace = namespace
             e.state = state
-            e.hash = h
             e.next = tab[index]
             e.entry_version = version
             e.state_version = version
@@ -654,10 +692,10 @@ class CopyOnWriteStateMap(StateMap):
                     e = self._copy_chain_until(tab, index, e)
                 return e
             e = e.next
-        return self._add_entry(tab, index, key, namespace, h, None)
+        return self._add_entry(tab, index, key, namespace, None)
 
     def _add_entry(
-        self, tab: Table, index: int, key: Any, namespace: Any, h: int, state: Any
+        self, tab: Table, index: int, key: Any, namespace: Any, state: Any
     ) -> StateMapEntry:
         """Insert a new entry at the head of ``tab[index]`` (head insertion never copies)."""
         if key is None or namespace is None:
@@ -683,7 +721,6 @@ class CopyOnWriteStateMap(StateMap):
         e.key = key
         e.namespace = namespace
         e.state = state
-        e.hash = h
         e.next = tab[index]
         e.entry_version = version
         e.state_version = version
@@ -695,6 +732,8 @@ class CopyOnWriteStateMap(StateMap):
         return e
 
     def _remove_entry(self, key: Any, namespace: Any) -> StateMapEntry | None:
+        self._hit_key = _NO_HIT
+        self._hit = None
         h = hash((key, namespace))
         if self._rehash_table is _EMPTY_TABLE:
             tab = self._primary
@@ -732,6 +771,8 @@ class CopyOnWriteStateMap(StateMap):
 
         Returns ``until``'s private counterpart; the entries after it stay shared.
         """
+        self._hit_key = _NO_HIT
+        self._hit = None
         if self._shared:
             tab = self._unshare(tab)
         required = self._required
@@ -822,6 +863,8 @@ class CopyOnWriteStateMap(StateMap):
 
     def _incremental_rehash(self) -> None:
         """Move at least ``MIN_TRANSFERRED_PER_INCREMENTAL_REHASH`` entries, whole buckets only."""
+        self._hit_key = _NO_HIT
+        self._hit = None
         if self._shared:
             self._unshare(self._primary)
         old = self._primary
@@ -838,7 +881,7 @@ class CopyOnWriteStateMap(StateMap):
                 if e.entry_version < required:
                     e = _copy_entry(e, version)  # never relink an entry a snapshot can see
                 n = e.next
-                pos = e.hash & mask
+                pos = hash((e.key, e.namespace)) & mask
                 e.next = new[pos]
                 new[pos] = e  # type: ignore[index]
                 e = n
@@ -870,7 +913,6 @@ def _copy_entry(e: StateMapEntry, entry_version: int) -> StateMapEntry:
     c.key = e.key
     c.namespace = e.namespace
     c.state = e.state
-    c.hash = e.hash
     c.next = e.next
     c.entry_version = entry_version
     c.state_version = e.state_version

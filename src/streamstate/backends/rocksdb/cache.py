@@ -30,6 +30,8 @@ stored as they are and serialized only when flushed.
 
 from __future__ import annotations
 
+import struct
+from functools import partial
 from itertools import islice
 from typing import Any
 
@@ -38,6 +40,11 @@ from rocksdict import WriteBatch
 from streamstate.backends.rocksdb.instance import ColumnFamily, RocksDBInstance
 from streamstate.backends.rocksdb.keys import KeyLayout
 from streamstate.errors import NoCurrentKeyError, StateBackendError
+from streamstate.serializers.builtins import Int64Serializer
+
+_INT64 = struct.Struct(">q")
+#: Int64Serializer.deserialize without its Python frame (8 bytes big-endian, signed)
+_int64_from_bytes = partial(int.from_bytes, byteorder="big", signed=True)
 
 __all__ = ["ABSENT", "MISS", "MapCache", "MapView", "ValueCache", "WriteBackCache"]
 
@@ -187,6 +194,12 @@ class ValueCache(_StateCache):
         deserialize: Any,
     ) -> None:
         super().__init__(cf, layout, start, num_key_groups)
+        # int64 values (counters, sums) skip the serializer's method frame on every miss and
+        # flush: the struct's own C methods are the same encoding
+        owner = getattr(serialize, "__self__", None)
+        if type(owner) is Int64Serializer and getattr(deserialize, "__self__", None) is owner:
+            serialize = _INT64.pack
+            deserialize = _int64_from_bytes
         self.serialize = serialize
         self.deserialize = deserialize
 
@@ -203,9 +216,21 @@ class ValueCache(_StateCache):
         handle = self.cf.handle
         serialize = self.serialize
         composite = self.composite
+        layout = self.layout
+        # the common layout (void namespace, fixed-length key) builds each key inline: two
+        # Python frames less per dirty entry than composite() -> key_prefix()
+        fast = self.void and layout.key_fixed >= 0
+        kg_prefixes = layout.kg_prefixes[self._start :]
+        key_bytes = layout._key_bytes
         for kgi, ck in self.dirty:
             v = entries[kgi][ck]
-            raw_key = composite(kgi, ck)
+            if fast:
+                try:
+                    raw_key = kg_prefixes[kgi] + key_bytes(ck)
+                except Exception:  # let key_prefix name the key and the serializer
+                    raw_key = composite(kgi, ck)
+            else:
+                raw_key = composite(kgi, ck)
             if v is ABSENT:
                 batch.delete(raw_key, handle)
                 continue
