@@ -34,7 +34,11 @@ extra), ``docs/img/spark_pipeline.png``.
 
     python bench/spark_pipeline.py [--events 1000000] [--keys 10000,1000000] [--batches 10]
         [--repeat 1] [--contenders ...] [--slow-batches 1] [--only pipeline,hot]
-        [--hot-sizes 100000,1000000,10000000] [--hot-backends heap,rocksdb]
+        [--hot-sizes 100000,1000000,10000000] [--hot-backends heap,rocksdb] [--connect]
+
+``--connect`` (with ``--only connect`` alone): the streamstate contenders from a Spark Connect
+client session against a local Connect server, alternating with classic runs; the overhead is
+Connect / classic of the median steady batch (``results['connect']``, goal <= 1.2x).
 """
 
 from __future__ import annotations
@@ -404,6 +408,84 @@ def bench_hot(spark: Any, args: argparse.Namespace, tmp: str) -> dict[str, Any]:
     return out
 
 
+# ---- Spark Connect against classic --------------------------------------------------------------
+
+
+def run_streamstate_connect(
+    connect_spark: Any, data: str, backend: str, work: str
+) -> dict[str, Any]:
+    """``run_streamstate`` from a Spark Connect client session: the same query, its micro-batches
+    run by the server's foreachBatch Python process (``batch_ms`` is measured there)."""
+    return run_streamstate(connect_spark, source(connect_spark, data), backend, work)
+
+
+def bench_connect(spark: Any, args: argparse.Namespace, tmp: str) -> dict[str, Any]:
+    """The streamstate contenders from a classic session and from a Connect client session of a
+    local Connect server (``LocalConnectServer``, the pyspark wheel's jars, the same settings as
+    the classic session), alternating; the overhead is the ratio of the medians of the steady
+    batches' ``batch_ms`` (after batch 0) and of the wall times (goal: steady <= 1.2x)."""
+    from streamstate.spark.local_connect import LocalConnectServer
+
+    out: dict[str, Any] = {}
+    server = LocalConnectServer(
+        master="local[2]",
+        conf={
+            "spark.sql.shuffle.partitions": "2",
+            "spark.default.parallelism": "2",
+            "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
+            "spark.driver.memory": "4g",
+        },
+        log=os.path.join(tmp, "connect-server.log"),
+    ).start()
+    try:
+        connect_spark = server.session()
+        for n_keys in (int(k) for k in args.keys.split(",")):
+            data = os.path.join(tmp, f"connect-in-{n_keys}")
+            keys = write_input(data, args.events, n_keys, args.batches, seed=n_keys)
+            print(f"\n[connect] {args.events:,} events, {n_keys:,} keys, {args.batches} batches")
+            out[str(n_keys)] = {}
+            for backend in ("heap", "rocksdb"):
+                runs: dict[str, list[dict[str, Any]]] = {"classic": [], "connect": []}
+                for r in range(args.repeat):
+                    order = ["classic", "connect"] if r % 2 == 0 else ["connect", "classic"]
+                    for kind in order:
+                        work = tempfile.mkdtemp(dir=tmp)
+                        if kind == "classic":
+                            res = run_streamstate(spark, source(spark, data), backend, work)
+                        else:
+                            res = run_streamstate_connect(connect_spark, data, backend, work)
+                        check(f"streamstate-{backend}", res, keys)
+                        res["steady_batch_ms"] = statistics.median(res["batch_ms"][1:])
+                        runs[kind].append(res)
+                        shutil.rmtree(work, ignore_errors=True)
+                        print(
+                            f"  {backend:<8}{kind:<8} wall {res['wall_s']:6.1f} s, first batch "
+                            f"{res['batch_ms'][0]:7.0f} ms, median steady batch "
+                            f"{res['steady_batch_ms']:6.0f} ms"
+                        )
+                med = {
+                    kind: {
+                        "wall_s": statistics.median(r["wall_s"] for r in rs),
+                        "steady_batch_ms": statistics.median(r["steady_batch_ms"] for r in rs),
+                        "runs": [
+                            {k: r[k] for k in ("wall_s", "batch_ms", "steady_batch_ms")} for r in rs
+                        ],
+                    }
+                    for kind, rs in runs.items()
+                }
+                steady = med["connect"]["steady_batch_ms"] / med["classic"]["steady_batch_ms"]
+                wall = med["connect"]["wall_s"] / med["classic"]["wall_s"]
+                out[str(n_keys)][backend] = {**med, "steady_ratio": steady, "wall_ratio": wall}
+                print(
+                    f"  {backend:<8}Connect / classic: steady batches {steady:.2f}x "
+                    f"(goal <= 1.2), wall {wall:.2f}x"
+                )
+        connect_spark.stop()
+    finally:
+        server.stop()
+    return out
+
+
 # ---- output -------------------------------------------------------------------------------------
 
 
@@ -454,6 +536,12 @@ def main() -> None:
     parser.add_argument("--hot-backends", default="heap,rocksdb")
     parser.add_argument("--hot-batches", type=int, default=6)
     parser.add_argument("--hot-changed", type=int, default=10_000)
+    parser.add_argument(
+        "--connect",
+        action="store_true",
+        help="also run the streamstate contenders from a Spark Connect client of a local "
+        "Connect server, alternating with classic ones (results['connect'])",
+    )
     parser.add_argument("--out", default=os.path.join(HERE, "results", "spark_pipeline.json"))
     parser.add_argument(
         "--plot", default=os.path.join(HERE, "..", "docs", "img", "spark_pipeline.png")
@@ -496,6 +584,8 @@ def main() -> None:
         if "hot" in args.only:
             # per backend: a run of one backend keeps the other's figures
             results["hot"] = {**results.get("hot", {}), **bench_hot(spark, args, tmp)}
+        if args.connect:
+            results["connect"] = bench_connect(spark, args, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         spark.stop()
