@@ -248,7 +248,7 @@ class KeyedStreamingQuery:
         #: Spark Connect: runs the batches in a Python process on the server, which reports
         #: each batch's figures (and memory sinks their outputs) under this directory of the
         #: checkpoint for the client (:meth:`_sync_from_server`); None for a classic session
-        self._report_dir = None
+        self._report_dir: str | None = None
         if is_connect(self.spark):
             self._report_dir = f"{CONNECT_DIR}/{time.time_ns() // 1_000_000:013d}-{self.run_id}"
             self._prune_reports()
