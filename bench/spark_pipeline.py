@@ -38,7 +38,8 @@ extra), ``docs/img/spark_pipeline.png``.
 
 ``--connect`` (with ``--only connect`` alone): the streamstate contenders from a Spark Connect
 client session against a local Connect server, alternating with classic runs; the overhead is
-Connect / classic of the median steady batch (``results['connect']``, goal <= 1.2x).
+Connect / classic of the median steady batch (after batch 0), by streamstate's ``batch_ms``
+and by Spark's ``triggerExecution`` (``results['connect']``, goal <= 1.2x).
 """
 
 from __future__ import annotations
