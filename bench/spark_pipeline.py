@@ -433,12 +433,13 @@ def run_streamstate_session(spark: Any, data: str, backend: str, work: str) -> d
     ).write_stream("parquet", path=out, trigger={"availableNow": True})
     query.await_termination()
     wall = time.perf_counter() - t0
-    progress = [p for p in query.recent_progress if p["numInputRows"] > 0]
+    # the property: a Connect client's progress (read from JSON) may lack the top-level field
+    progress = [p for p in query.recent_progress if p.numInputRows > 0]
     query.stop()
     return {
         "wall_s": wall,
         "batch_ms": [b["batch_ms"] for b in query.batches],
-        "trigger_ms": [p["durationMs"]["triggerExecution"] for p in progress],
+        "trigger_ms": [p.durationMs["triggerExecution"] for p in progress],
         "final": FileSink(out).read_arrow(),
     }
 

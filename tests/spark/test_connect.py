@@ -98,16 +98,16 @@ class _Writer:
         return "query"
 
 
-def test_a_slow_foreach_batch_process_start_is_retried_once() -> None:
+def test_a_slow_foreach_batch_process_start_is_retried() -> None:
     """The Connect server waits a fixed 10 s for the foreachBatch Python process to connect
-    back; that timeout (raised before any query exists) is retried once, nothing else is."""
+    back; that timeout (raised before any query exists) is retried twice, nothing else is."""
     slow = RuntimeError("(org.apache.spark.SparkException) Python worker failed to connect back.")
-    writer = _Writer(slow)
-    assert _start(writer, connect=True) == "query" and writer.starts == 2
     writer = _Writer(slow, slow)
+    assert _start(writer, connect=True) == "query" and writer.starts == 3
+    writer = _Writer(slow, slow, slow, slow)
     with pytest.raises(RuntimeError, match="failed to connect back"):
         _start(writer, connect=True)
-    assert writer.starts == 2
+    assert writer.starts == 3
     writer = _Writer(slow)
     with pytest.raises(RuntimeError):
         _start(writer, connect=False)  # a classic session starts no such process

@@ -745,19 +745,33 @@ _SLOW_FOREACH_BATCH_START = (
 )
 
 
+#: starts of a Connect query before a slow foreachBatch process start is raised
+_START_ATTEMPTS = 3
+
+
 def _start(writer: Any, connect: bool, where: str = "") -> Any:
     """``writer.start()``. Through Spark Connect, the server first starts the foreachBatch
     Python process and waits a fixed 10 s for it to connect back; on a busy server that can time
-    out before anything ran, so that one failure is retried once. A Spark checkpoint location
-    (``where``) on a scheme the server's Hadoop has no filesystem for is reported as a
-    ValueError, as a classic session reports it before starting (locations.py)."""
-    try:
-        return _start_once(writer, where) if connect else writer.start()
-    except Exception as exc:
-        if not connect or not any(m in str(exc) for m in _SLOW_FOREACH_BATCH_START):
-            raise
-        log.warning("the Spark Connect server's foreachBatch process was slow to start: retrying")
-        return _start_once(writer, where)
+    out before anything ran, so that failure is retried (``_START_ATTEMPTS`` starts in all). A
+    Spark checkpoint location (``where``) on a scheme the server's Hadoop has no filesystem for
+    is reported as a ValueError, as a classic session reports it before starting
+    (locations.py)."""
+    if not connect:
+        return writer.start()
+    for attempt in range(1, _START_ATTEMPTS + 1):
+        try:
+            return _start_once(writer, where)
+        except Exception as exc:
+            slow = any(m in str(exc) for m in _SLOW_FOREACH_BATCH_START)
+            if not slow or attempt == _START_ATTEMPTS:
+                raise
+            log.warning(
+                "the Spark Connect server's foreachBatch process was slow to start "
+                "(attempt %d of %d): starting again",
+                attempt,
+                _START_ATTEMPTS,
+            )
+    raise AssertionError("unreachable")
 
 
 def _start_once(writer: Any, where: str) -> Any:
