@@ -34,7 +34,12 @@ extra), ``docs/img/spark_pipeline.png``.
 
     python bench/spark_pipeline.py [--events 1000000] [--keys 10000,1000000] [--batches 10]
         [--repeat 1] [--contenders ...] [--slow-batches 1] [--only pipeline,hot]
-        [--hot-sizes 100000,1000000,10000000] [--hot-backends heap,rocksdb]
+        [--hot-sizes 100000,1000000,10000000] [--hot-backends heap,rocksdb] [--connect]
+
+``--connect`` (with ``--only connect`` alone): the streamstate contenders from a Spark Connect
+client session against a local Connect server, alternating with classic runs; the overhead is
+Connect / classic of the median steady batch (after batch 0), by streamstate's ``batch_ms``
+and by Spark's ``triggerExecution`` (``results['connect']``, goal <= 1.2x).
 """
 
 from __future__ import annotations
@@ -404,6 +409,116 @@ def bench_hot(spark: Any, args: argparse.Namespace, tmp: str) -> dict[str, Any]:
     return out
 
 
+# ---- Spark Connect against classic --------------------------------------------------------------
+
+
+def run_streamstate_session(spark: Any, data: str, backend: str, work: str) -> dict[str, Any]:
+    """``run_streamstate`` from a classic or a Spark Connect client session, with Spark's own
+    time per micro-batch besides streamstate's: ``batch_ms`` is measured inside foreachBatch
+    (through Connect, by the server's foreachBatch Python process), ``trigger_ms`` is Spark's
+    ``durationMs.triggerExecution`` of each batch, which also holds what Connect adds around
+    the foreachBatch call (the JVM handing the batch to that Python process)."""
+    from streamstate.spark import FileSink, keyed_process
+
+    out = os.path.join(work, "out")
+    t0 = time.perf_counter()
+    query = keyed_process(
+        source(spark, data),
+        key="k",
+        function=CountPerKey(),
+        output_schema="k long, n long",
+        checkpoint=os.path.join(work, "ck"),
+        parallelism=2,
+        state_backend=backend,
+    ).write_stream("parquet", path=out, trigger={"availableNow": True})
+    query.await_termination()
+    wall = time.perf_counter() - t0
+    # the property: a Connect client's progress (read from JSON) may lack the top-level field
+    progress = [p for p in query.recent_progress if p.numInputRows > 0]
+    query.stop()
+    return {
+        "wall_s": wall,
+        "batch_ms": [b["batch_ms"] for b in query.batches],
+        "trigger_ms": [p.durationMs["triggerExecution"] for p in progress],
+        "final": FileSink(out).read_arrow(),
+    }
+
+
+RUN_FIGURES = ("wall_s", "batch_ms", "trigger_ms", "steady_batch_ms", "steady_trigger_ms")
+
+
+def bench_connect(spark: Any, args: argparse.Namespace, tmp: str) -> dict[str, Any]:
+    """The streamstate contenders from a classic session and from a Connect client session of a
+    local Connect server (``LocalConnectServer``, the pyspark wheel's jars, the same settings as
+    the classic session), alternating; the overhead is the ratio of the medians of the steady
+    batches' ``batch_ms`` (after batch 0) and of the wall times (goal: steady <= 1.2x)."""
+    from streamstate.spark.local_connect import LocalConnectServer
+
+    out: dict[str, Any] = {}
+    server = LocalConnectServer(
+        master="local[2]",
+        conf={
+            "spark.sql.shuffle.partitions": "2",
+            "spark.default.parallelism": "2",
+            "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
+            "spark.driver.memory": "4g",
+        },
+        log=os.path.join(tmp, "connect-server.log"),
+    ).start()
+    try:
+        connect_spark = server.session()
+        for n_keys in (int(k) for k in args.keys.split(",")):
+            data = os.path.join(tmp, f"connect-in-{n_keys}")
+            keys = write_input(data, args.events, n_keys, args.batches, seed=n_keys)
+            print(f"\n[connect] {args.events:,} events, {n_keys:,} keys, {args.batches} batches")
+            out[str(n_keys)] = {}
+            for backend in ("heap", "rocksdb"):
+                runs: dict[str, list[dict[str, Any]]] = {"classic": [], "connect": []}
+                for r in range(args.repeat):
+                    order = ["classic", "connect"] if r % 2 == 0 else ["connect", "classic"]
+                    for kind in order:
+                        work = tempfile.mkdtemp(dir=tmp)
+                        session = spark if kind == "classic" else connect_spark
+                        res = run_streamstate_session(session, data, backend, work)
+                        check(f"streamstate-{backend}", res, keys)
+                        res["steady_batch_ms"] = statistics.median(res["batch_ms"][1:])
+                        res["steady_trigger_ms"] = statistics.median(res["trigger_ms"][1:])
+                        runs[kind].append(res)
+                        shutil.rmtree(work, ignore_errors=True)
+                        print(
+                            f"  {backend:<8}{kind:<8} wall {res['wall_s']:6.1f} s, first batch "
+                            f"{res['batch_ms'][0]:7.0f} ms, median steady batch "
+                            f"{res['steady_batch_ms']:6.0f} ms (Spark's trigger "
+                            f"{res['steady_trigger_ms']:6.0f} ms)"
+                        )
+                med = {
+                    kind: {
+                        "wall_s": statistics.median(r["wall_s"] for r in rs),
+                        "steady_batch_ms": statistics.median(r["steady_batch_ms"] for r in rs),
+                        "steady_trigger_ms": statistics.median(r["steady_trigger_ms"] for r in rs),
+                        "runs": [{k: r[k] for k in RUN_FIGURES} for r in rs],
+                    }
+                    for kind, rs in runs.items()
+                }
+                steady = med["connect"]["steady_batch_ms"] / med["classic"]["steady_batch_ms"]
+                trig = med["connect"]["steady_trigger_ms"] / med["classic"]["steady_trigger_ms"]
+                wall = med["connect"]["wall_s"] / med["classic"]["wall_s"]
+                out[str(n_keys)][backend] = {
+                    **med,
+                    "steady_ratio": steady,
+                    "steady_trigger_ratio": trig,
+                    "wall_ratio": wall,
+                }
+                print(
+                    f"  {backend:<8}Connect / classic: steady batches {steady:.2f}x, Spark's "
+                    f"trigger {trig:.2f}x (goal <= 1.2), wall {wall:.2f}x"
+                )
+        connect_spark.stop()
+    finally:
+        server.stop()
+    return out
+
+
 # ---- output -------------------------------------------------------------------------------------
 
 
@@ -454,6 +569,12 @@ def main() -> None:
     parser.add_argument("--hot-backends", default="heap,rocksdb")
     parser.add_argument("--hot-batches", type=int, default=6)
     parser.add_argument("--hot-changed", type=int, default=10_000)
+    parser.add_argument(
+        "--connect",
+        action="store_true",
+        help="also run the streamstate contenders from a Spark Connect client of a local "
+        "Connect server, alternating with classic ones (results['connect'])",
+    )
     parser.add_argument("--out", default=os.path.join(HERE, "results", "spark_pipeline.json"))
     parser.add_argument(
         "--plot", default=os.path.join(HERE, "..", "docs", "img", "spark_pipeline.png")
@@ -496,6 +617,8 @@ def main() -> None:
         if "hot" in args.only:
             # per backend: a run of one backend keeps the other's figures
             results["hot"] = {**results.get("hot", {}), **bench_hot(spark, args, tmp)}
+        if args.connect:
+            results["connect"] = bench_connect(spark, args, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         spark.stop()

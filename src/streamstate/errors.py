@@ -17,6 +17,7 @@ __all__ = [
     "NoCurrentKeyError",
     "OutputSchemaError",
     "PickleNotAllowedError",
+    "RemoteError",
     "StateAccessError",
     "StateBackendError",
     "StateHostError",
@@ -90,3 +91,12 @@ class OutputSchemaError(StreamStateError, ValueError):
 
 class StateHostError(StreamStateError, RuntimeError):
     """A Spark task could not start or reach its subtask's state host, or the host failed."""
+
+
+class RemoteError(StreamStateError, RuntimeError):
+    """An error raised in another process (a Spark Connect server's micro-batch) whose class
+    this process cannot rebuild; ``remote_type`` names it, the message carries its message."""
+
+    def __init__(self, message: str, remote_type: str = "") -> None:
+        super().__init__(message)
+        self.remote_type = remote_type

@@ -124,3 +124,19 @@ class SlowCount(Count):
                 time.sleep(0.05)
         time.sleep(self.delay)
         yield from super().process_element(value, ctx)
+
+
+class Boom(Exception):
+    """A user's own exception class (of a module a Spark Connect server never imports)."""
+
+
+class FailOnKey(Count):
+    """A count that raises :class:`Boom` on the records of ``key``."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+    def process_element(self, value: Any, ctx: Any) -> Any:
+        if ctx.get_current_key() == self.key:
+            raise Boom(f"cannot count {value.v}")
+        yield from super().process_element(value, ctx)

@@ -18,6 +18,7 @@ from functions import Count
 from streamstate.spark import FileSink, keyed_process, read_state
 from streamstate.spark.job import src_path
 from streamstate.spark.session import default_parallelism, is_connect, master
+from streamstate.spark.streaming import CONNECT_DIR, CONNECT_REPORTS_KEPT, _start
 
 pytestmark = pytest.mark.spark
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -57,6 +58,10 @@ def test_foreach_batch_gets_a_connect_dataframe(connect_spark: Any, tmp_path: An
     batches = make_batches(2, 100, users=10, seed=2)
     write_batches(str(tmp_path / "in"), batches)
     seen = str(tmp_path / "seen.jsonl")
+    # reports of earlier Connect runs on this checkpoint: the query keeps the newest ones
+    old_runs = [f"{1_700_000_000_000 + i:013d}-run{i}" for i in range(4)]
+    for name in old_runs:
+        os.makedirs(tmp_path / "ck" / CONNECT_DIR / name / "batches")
     query = keyed_process(
         _source(connect_spark, str(tmp_path / "in")),
         key="user",
@@ -73,6 +78,61 @@ def test_foreach_batch_gets_a_connect_dataframe(connect_spark: Any, tmp_path: An
     # the figures of the server's batches reach the client
     assert [b["batch"] for b in query.batches] == [0, 1]
     assert [b["rows"] for b in query.batches] == [100, 100]
+    runs = sorted(os.listdir(tmp_path / "ck" / CONNECT_DIR))
+    assert len(runs) == CONNECT_REPORTS_KEPT == 3
+    assert runs[:2] == old_runs[-2:] and runs[2].endswith(query.run_id)
+    assert len(os.listdir(tmp_path / "ck" / CONNECT_DIR / runs[2] / "batches")) == 2
+
+
+class _Writer:
+    """A DataStreamWriter whose start() fails with the given errors first."""
+
+    def __init__(self, *errors: Exception) -> None:
+        self.errors = list(errors)
+        self.starts = 0
+
+    def start(self) -> str:
+        self.starts += 1
+        if self.errors:
+            raise self.errors.pop(0)
+        return "query"
+
+
+def test_a_slow_foreach_batch_process_start_is_retried() -> None:
+    """The Connect server waits a fixed 10 s for the foreachBatch Python process to connect
+    back; that timeout (raised before any query exists) is retried twice, nothing else is."""
+    slow = RuntimeError("(org.apache.spark.SparkException) Python worker failed to connect back.")
+    writer = _Writer(slow, slow)
+    assert _start(writer, connect=True) == "query" and writer.starts == 3
+    writer = _Writer(slow, slow, slow, slow)
+    with pytest.raises(RuntimeError, match="failed to connect back"):
+        _start(writer, connect=True)
+    assert writer.starts == 3
+    writer = _Writer(slow)
+    with pytest.raises(RuntimeError):
+        _start(writer, connect=False)  # a classic session starts no such process
+    writer = _Writer(ValueError("something else"))
+    with pytest.raises(ValueError, match="something else"):
+        _start(writer, connect=True)
+    assert writer.starts == 1
+
+
+def test_a_spark_checkpoint_the_server_cannot_write_fails_clearly(
+    connect_spark: Any, tmp_path: Any
+) -> None:
+    """A Connect client cannot ask Hadoop up front (no py4j): the server's refusal at start
+    becomes the same ValueError a classic session raises, naming the location."""
+    write_batches(str(tmp_path / "in"), make_batches(1, 10, users=3, seed=1))
+    with pytest.raises(ValueError, match=r"nosuchfs://bucket/spark.*no filesystem") as e:
+        keyed_process(
+            _source(connect_spark, str(tmp_path / "in")),
+            key="user",
+            function=Count(),
+            output_schema="user string, n long",
+            checkpoint=str(tmp_path / "ck"),
+            parallelism=2,
+        ).write_stream("memory", spark_checkpoint="nosuchfs://bucket/spark")
+    assert "spark_checkpoint=" in str(e.value)
 
 
 def test_a_connect_client_killed_mid_batch(

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from streamstate.checkpoint.storage import FileSystemCheckpointStorage
 from streamstate.cli import app
+from streamstate.errors import CheckpointError
 from streamstate.spark import FileSink, keyed_process, read_state
 
 pytestmark = pytest.mark.spark
@@ -33,17 +34,21 @@ def _query(spark: Any, tmp_path: Any, state_backend: str) -> Any:
     ).write_stream("parquet", path=str(tmp_path / "out"), trigger={"availableNow": True})
 
 
-@pytest.mark.parametrize(("state_backend", "with_sink"), [("heap", True), ("rocksdb", False)])
+@pytest.mark.parametrize(
+    ("session", "state_backend", "with_sink"),
+    [("spark", "heap", True), ("spark", "rocksdb", False), ("connect_spark", "heap", True)],
+)
 def test_rollback_after_a_corrupt_latest_metadata_reruns_later_batches_once(
-    spark: Any, tmp_path: Any, state_backend: str, with_sink: bool
+    request: Any, tmp_path: Any, session: str, state_backend: str, with_sink: bool
 ) -> None:
+    spark = request.getfixturevalue(session)  # a classic session or a Spark Connect client
     batches = make_batches(6, 150, users=20, seed=21)
     write_batches(str(tmp_path / "in"), batches[:4])
     _query(spark, tmp_path, state_backend).await_termination()
     ck = tmp_path / "ck"
     (ck / "chk-3" / "_metadata").write_bytes(b"{ not json")  # the latest commit is corrupt
     write_batches(str(tmp_path / "in"), batches[4:], start=4)
-    with pytest.raises(Exception, match=r"is chk-2.*checkpoints rollback .* --to 2"):
+    with pytest.raises(CheckpointError, match=r"is chk-2.*checkpoints rollback .* --to 2"):
         _query(spark, tmp_path, state_backend).await_termination()
 
     args = ["checkpoints", "rollback", str(ck), "--to", "2", "--yes"]

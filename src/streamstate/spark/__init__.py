@@ -18,10 +18,13 @@ Spark moves the data; streamstate keeps the state (SPEC §11, ``docs/spark.md``)
   per-subtask state hosts; a restart with another ``parallelism`` rescales by key group.
 * sinks: ``"parquet"`` (exactly-once), ``"memory"``, ``"console"``, ``"foreach_batch"``.
 * :func:`read_state`: a checkpoint's or savepoint's state as a DataFrame.
+* :func:`original_error`: the error a function raised in a task, from the exception Spark
+  raised (a batch-mode DataFrame's ``collect()``; streaming queries raise it themselves).
 """
 
 from streamstate.errors import OutputSchemaError, StateHostError
 from streamstate.spark.environment import WorkerPythonError
+from streamstate.spark.failures import original_error
 from streamstate.spark.keyed import keyed_process
 from streamstate.spark.reader import read_state
 from streamstate.spark.records import Row
@@ -49,5 +52,6 @@ __all__ = [
     "StateHostError",
     "WorkerPythonError",
     "keyed_process",
+    "original_error",
     "read_state",
 ]

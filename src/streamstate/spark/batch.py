@@ -19,6 +19,7 @@ from typing import Any
 
 import msgspec
 
+from streamstate.spark.failures import original_error
 from streamstate.spark.keyed import KeyedOptions, function_blob
 from streamstate.spark.placement import place
 from streamstate.spark.tasks import ACK_SCHEMA, bounded_task
@@ -53,7 +54,15 @@ def _with_savepoint(options: KeyedOptions, placed: Any, blob: bytes, savepoint: 
     job = options.job_spec(parent)
     savepoint_id = 1
     task = bounded_task(msgspec.msgpack.encode(job), blob, {"directory": name, "id": savepoint_id})
-    rows = placed.mapInArrow(task, ACK_SCHEMA).collect()
+    try:
+        rows = placed.mapInArrow(task, ACK_SCHEMA).collect()
+    except Exception as exc:
+        # a task's error reaches here as text (classic and Spark Connect alike): raise it as
+        # the function raised it, with Spark's exception chained (spark/failures.py)
+        error = original_error(exc)
+        if error is exc:
+            raise
+        raise error from exc
     results = [msgspec.msgpack.decode(r["result"], type=BatchResult) for r in rows]
     handles = [msgspec.msgpack.decode(r.handle, type=SubtaskStateHandle) for r in results]
     outputs = [r.outputs for r in results if r.outputs is not None]

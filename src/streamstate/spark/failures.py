@@ -9,19 +9,29 @@ the same message and notes when a task or a state host raised it (a streamstate 
 built-in one such as the ``TypeError`` of a user's function), with the remote traceback in a
 note. :class:`~streamstate.spark.streaming.KeyedStreamingQuery` re-raises it from
 ``await_termination()`` and ``process_all_available()``, with Spark's exception chained.
+
+Through Spark Connect the micro-batches run in a Python process on the server, so the client
+never holds that error: the server writes it as a report (:func:`failure_report`: class,
+message, notes, traceback, the pickled exception) into the query run's report directory, and
+the client rebuilds it (:func:`error_from_report`): the same class and message where the client
+can build it, else a :class:`~streamstate.errors.RemoteError` naming the class. The notes name
+the key and record (or timer) the function was processing, and the state host's subtask.
 """
 
 from __future__ import annotations
 
+import base64
 import builtins
 import importlib
+import json
 import re
 import sys
+import traceback
 from typing import Any
 
-from streamstate.errors import StateHostError
+from streamstate.errors import RemoteError, StateHostError
 
-__all__ = ["original_error", "parse_remote_error"]
+__all__ = ["error_from_report", "failure_report", "original_error", "parse_remote_error"]
 
 #: the last line of a Python traceback: ``module.Class: message`` or ``Class: message``
 _EXCEPTION_LINE = re.compile(r"^(?P<cls>[A-Za-z_][\w.]*)(?::\s?(?P<message>.*))?$")
@@ -71,6 +81,8 @@ def parse_remote_error(text: str) -> BaseException | None:
     error = _instantiate(name, message)
     if error is None:
         error = StateHostError(f"{name}: {message}")
+        # what it stands for, for a process that can build the class (a Connect client)
+        error.remote_type, error.remote_message = name, message  # type: ignore[attr-defined]
     for note in notes:
         error.add_note(note)
     frames_text = "\n".join(f for f in frames if f.strip())
@@ -98,4 +110,71 @@ def _instantiate(name: str, message: str) -> BaseException | None:
         error: BaseException = cls(message)
     except Exception:  # an exception class whose constructor wants other arguments
         return None
+    return error
+
+
+def _qualified_name(cls: type) -> str:
+    module = cls.__module__
+    return cls.__qualname__ if module == "builtins" else f"{module}.{cls.__qualname__}"
+
+
+def failure_report(error: BaseException, batch: int, operator: str) -> bytes:
+    """What a Spark Connect server's micro-batch reports to its client about ``error`` (the
+    :func:`original_error` of what it raised), as JSON: the class's qualified name, message,
+    notes, traceback, and the exception pickled when it pickles (None otherwise)."""
+    pickled: str | None = None
+    try:
+        import cloudpickle
+
+        pickled = base64.b64encode(cloudpickle.dumps(error)).decode()
+    except Exception:  # an exception holding something unpicklable: the text is enough
+        pickled = None
+    # an error this process could not rebuild (a StateHostError standing for a class of a
+    # module it never imported) is reported as what it stands for: the client may know it
+    remote_type = getattr(error, "remote_type", None)
+    report = {
+        "type": remote_type or _qualified_name(type(error)),
+        "message": getattr(error, "remote_message", None) if remote_type else str(error),
+        "stand_in": remote_type is not None,
+        "notes": [str(n) for n in getattr(error, "__notes__", ())],
+        "traceback": "".join(traceback.format_exception(error)),
+        "batch": batch,
+        "operator": operator,
+        "pickle": pickled,
+    }
+    return json.dumps(report).encode()
+
+
+def error_from_report(data: bytes) -> BaseException:
+    """The error a :func:`failure_report` describes: the pickled exception if this process can
+    load it, else one of the same class built from the message (with the notes), else a
+    :class:`~streamstate.errors.RemoteError` naming the class and message. A last note says
+    which micro-batch failed on the server and carries the server's traceback."""
+    report = json.loads(data)
+    name, message = str(report.get("type", "Exception")), str(report.get("message", ""))
+    error: BaseException | None = None
+    if report.get("stand_in"):  # the server could not build the class; maybe this process can
+        error = _instantiate(name, message)
+        if error is not None:
+            for note in report.get("notes", []):
+                error.add_note(note)
+    if error is None and report.get("pickle"):
+        try:
+            import cloudpickle
+
+            loaded = cloudpickle.loads(base64.b64decode(report["pickle"]))
+            error = loaded if isinstance(loaded, BaseException) else None
+        except Exception:  # its class is not importable here, or its constructor differs
+            error = None
+    if error is None:
+        error = _instantiate(name, message)
+        if error is None:
+            error = RemoteError(f"{name}: {message}", remote_type=name)
+        for note in report.get("notes", []):
+            error.add_note(note)
+    error.add_note(
+        f"streamstate: raised on the Spark Connect server in micro-batch {report.get('batch')} "
+        f"of {report.get('operator')!r} ({name}); the server's traceback:\n"
+        + str(report.get("traceback", "")).rstrip()
+    )
     return error

@@ -42,7 +42,12 @@ from typing import Any
 import msgspec
 
 from streamstate.spark.commit import BatchPlan, CheckpointLog
-from streamstate.spark.failures import original_error
+from streamstate.spark.failures import (
+    error_from_report,
+    failure_report,
+    original_error,
+    parse_remote_error,
+)
 from streamstate.spark.job import (
     FUNCTIONS_DIR,
     JobSpec,
@@ -63,8 +68,13 @@ __all__ = ["KeyedStream", "KeyedStreamingQuery"]
 log = logging.getLogger(__name__)
 
 SPARK_CHECKPOINT_DIR = "spark"
-#: where the server side of a Spark Connect query reports to its client (per query run)
+#: where the server side of a Spark Connect query reports to its client: one directory per
+#: query run, ``<start ms>-<run id>``
 CONNECT_DIR = "connect"
+#: the Connect query runs whose reports a checkpoint keeps: a Connect query deletes older ones
+#: when it starts (the reports are the client's only copy of the figures, memory-sink outputs
+#: and errors of a run; an earlier run's client may still be reading them)
+CONNECT_REPORTS_KEPT = 3
 
 
 class KeyedStream:
@@ -238,8 +248,10 @@ class KeyedStreamingQuery:
         #: Spark Connect: runs the batches in a Python process on the server, which reports
         #: each batch's figures (and memory sinks their outputs) under this directory of the
         #: checkpoint for the client (:meth:`_sync_from_server`); None for a classic session
-        self._report_dir = f"{CONNECT_DIR}/{self.run_id}" if is_connect(self.spark) else None
-        if self._report_dir:
+        self._report_dir: str | None = None
+        if is_connect(self.spark):
+            self._report_dir = f"{CONNECT_DIR}/{time.time_ns() // 1_000_000:013d}-{self.run_id}"
+            self._prune_reports()
             for name, s in [("main", sink), *self.side_sinks.items()]:
                 if isinstance(s, MemorySink):
                     s.mirror_to(self.storage, f"{self._report_dir}/memory/{name}")
@@ -256,7 +268,9 @@ class KeyedStreamingQuery:
         if query_name:
             writer = writer.queryName(query_name)
         t = time.perf_counter()
-        self.query = _start(writer, connect=self._report_dir is not None)
+        self.query = _start(
+            writer, connect=self._report_dir is not None, where=self.spark_checkpoint
+        )
         self.timings["spark_start_ms"] = (time.perf_counter() - t) * 1e3
         self.timings["init_ms"] = (time.perf_counter() - t_init) * 1e3
 
@@ -278,6 +292,28 @@ class KeyedStreamingQuery:
         self.spark = None
         self._prespawn = None
         self._lock = threading.Lock()
+
+    def _prune_reports(self) -> None:
+        """Delete the reports of all but the last ``CONNECT_REPORTS_KEPT - 1`` earlier Connect
+        query runs on this checkpoint (their directory names start with their start time)."""
+        runs = sorted(
+            n.rsplit("/", 1)[-1] for n, is_dir in self.storage.list_dir(CONNECT_DIR) if is_dir
+        )
+        for name in runs[: max(0, len(runs) - (CONNECT_REPORTS_KEPT - 1))]:
+            self.storage.delete(f"{CONNECT_DIR}/{name}")
+
+    def _server_failure(self, exc: BaseException) -> BaseException | None:
+        """Spark Connect client: the error the server's micro-batch reported (its
+        ``failure.json``), else the one Spark's message carries as a Python traceback."""
+        if not self._report_dir:
+            return None
+        path = f"{self._report_dir}/failure.json"
+        try:
+            if self.storage.size(path) is not None:
+                return error_from_report(self.storage.read_bytes(path))
+        except Exception as read_error:  # a torn or unreadable report: Spark's text instead
+            log.warning("could not read the server's failure report %s: %r", path, read_error)
+        return parse_remote_error(str(exc))
 
     # ---- set-up --------------------------------------------------------------------------------
 
@@ -369,6 +405,14 @@ class KeyedStreamingQuery:
             # Spark turns this into a StreamingQueryException with Java traces; keep what was
             # raised, for await_termination() and process_all_available() to raise instead
             self._failure = original_error(exc)
+            if self._report_dir:  # Spark Connect: the client reads it (_server_failure)
+                try:
+                    self.storage.put_atomic(
+                        f"{self._report_dir}/failure.json",
+                        failure_report(self._failure, batch_id, self.options.operator_name),
+                    )
+                except Exception as report_error:
+                    log.warning("could not report the failure to the client: %r", report_error)
             raise
 
     def _run_micro_batch(self, df: Any, batch_id: int) -> None:
@@ -629,6 +673,8 @@ class KeyedStreamingQuery:
         return done
 
     def _raise_failure(self, exc: BaseException) -> None:
+        if self._failure is None and self._report_dir:
+            self._failure = self._server_failure(exc)
         failure = self._failure
         if failure is None or failure is exc:
             raise exc
@@ -689,17 +735,59 @@ class KeyedStreamingQuery:
         )
 
 
-def _start(writer: Any, connect: bool) -> Any:
+#: how the server reports that its foreachBatch Python process did not connect back within
+#: the fixed 10 s (``PythonWorkerFactory.createSimpleWorker``: a ``SocketTimeoutException``
+#: wrapped in ``SparkException("Python worker failed to connect back.")``). Spark raises it
+#: while planning the start, before any query exists, so starting again is safe.
+_SLOW_FOREACH_BATCH_START = (
+    "failed to connect back",
+    "Timed out while waiting for the Python worker to connect back",
+)
+
+
+#: starts of a Connect query before a slow foreachBatch process start is raised
+_START_ATTEMPTS = 3
+
+
+def _start(writer: Any, connect: bool, where: str = "") -> Any:
     """``writer.start()``. Through Spark Connect, the server first starts the foreachBatch
     Python process and waits a fixed 10 s for it to connect back; on a busy server that can time
-    out before anything ran, so that one failure is retried once."""
+    out before anything ran, so that failure is retried (``_START_ATTEMPTS`` starts in all). A
+    Spark checkpoint location (``where``) on a scheme the server's Hadoop has no filesystem for
+    is reported as a ValueError, as a classic session reports it before starting
+    (locations.py)."""
+    if not connect:
+        return writer.start()
+    for attempt in range(1, _START_ATTEMPTS + 1):
+        try:
+            return _start_once(writer, where)
+        except Exception as exc:
+            slow = any(m in str(exc) for m in _SLOW_FOREACH_BATCH_START)
+            if not slow or attempt == _START_ATTEMPTS:
+                raise
+            log.warning(
+                "the Spark Connect server's foreachBatch process was slow to start "
+                "(attempt %d of %d): starting again",
+                attempt,
+                _START_ATTEMPTS,
+            )
+    raise AssertionError("unreachable")
+
+
+def _start_once(writer: Any, where: str) -> Any:
     try:
         return writer.start()
     except Exception as exc:
-        if not connect or "failed to connect back" not in str(exc):
+        text = str(exc)
+        if "No FileSystem for scheme" not in text:
             raise
-        log.warning("the Spark Connect server's foreachBatch process was slow to start: retrying")
-        return writer.start()
+        first = text.strip().splitlines()[0][:200]
+        raise ValueError(
+            f"Spark cannot write its streaming checkpoint to {where}: the Spark Connect "
+            f"server's Hadoop has no filesystem for it ({first}). Add the connector on the "
+            "server (for s3a:// the hadoop-aws jar matching Spark's Hadoop) or pass "
+            "write_stream(..., spark_checkpoint=<a local or HDFS path the server can write>)"
+        ) from exc
 
 
 class _ServerBatches:
