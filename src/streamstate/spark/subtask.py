@@ -321,14 +321,11 @@ class SubtaskRuntime:
             top = _max(ts)
             if top is not None and (self._max_event_time is None or top > self._max_event_time):
                 self._max_event_time = top
-        new = tuple.__new__
         cls = self.row_type
         columns = [_pylist(batch.column(c)) for c in job.value_columns]
-        process = self.op.process_element
-        for key, values, t, kg in zip(
-            keys, zip(*columns, strict=True), timestamps, kgs, strict=False
-        ):
-            process(key, new(cls, values), t, kg)
+        # rows built in C (map over tuple.__new__), then one loop in the operator
+        rows = map(tuple.__new__, repeat(cls), zip(*columns, strict=True))
+        self.op.process_elements(keys, rows, timestamps, kgs)
         if len(self.op.output) >= _OUTPUT_CHUNK:
             self._collect()
 
