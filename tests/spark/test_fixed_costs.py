@@ -64,7 +64,7 @@ def test_without_the_head_start_the_tasks_start_the_hosts(
     assert all(s["spawn_ms"] > 0 for s in query.batches[0]["subtasks"])
 
 
-@pytest.mark.parametrize("tz", [None, "UTC", "Etc/UTC", "America/New_York"])
+@pytest.mark.parametrize("tz", [None, "UTC", "Etc/UTC", "+00:00", "GMT", "America/New_York"])
 @pytest.mark.parametrize("unit", ["s", "ms", "us", "ns"])
 def test_timestamp_columns_convert_like_pyarrow(tz: str | None, unit: str) -> None:
     scale = {"s": 10**-6, "ms": 10**-3, "us": 1, "ns": 10**3}[unit]
