@@ -495,7 +495,9 @@ def _pylist(column: Any) -> list[Any]:
     epoch = datetime.datetime(1970, 1, 1, tzinfo=zone)
     if nulls is not None:
         raw = np.where(nulls, 0, raw)
-    aware = list(map(epoch.__add__, raw.astype("timedelta64[us]").astype(object).tolist()))
+    aware: list[Any] = list(
+        map(epoch.__add__, raw.astype("timedelta64[us]").astype(object).tolist())
+    )
     if nulls is not None:
         for i in np.flatnonzero(nulls).tolist():
             aware[i] = None
