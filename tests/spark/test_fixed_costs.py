@@ -126,9 +126,25 @@ def test_integer_key_groups_use_sparks_murmur_and_fall_back_to_sql_steps(
     assert placement.MURMUR3_CLASS in plan and "__streamstate_kg_step1" not in plan
     got = {r.k: r[placement.KEY_GROUP_COLUMN] for r in placed.collect()}
     assert [got[k] for k in ks] == expected
+    # place(): the same key groups, partition i holds subtask i's rows, a null key has none
+    nulls = spark.createDataFrame([(k,) for k in ks] + [(None,)], "k long")
+    placed = placement.place(nulls, ["k"], 3, 128)
+    assert placement.MURMUR3_CLASS in placed._jdf.queryExecution().analyzed().toString()
+    parts = placed.rdd.glom().collect()
+    assert len(parts) == 3
+    for i, rows in enumerate(parts):
+        for r in rows:
+            if r.k is None:
+                assert r[placement.KEY_GROUP_COLUMN] is None
+            else:
+                assert r[placement.KEY_GROUP_COLUMN] == expected[ks.index(r.k)]
+                assert r[placement.KEY_GROUP_COLUMN] * 3 // 128 == i
     # a Spark without that class: the pure-SQL steps, same key groups
     monkeypatch.setattr(placement, "MURMUR3_CLASS", "org.example.NoSuchMurmur")
     placed = placement.with_key_group(df, ["k"], 128)
     assert "__streamstate_kg_step1" in placed._jdf.queryExecution().analyzed().toString()
     got = {r.k: r[placement.KEY_GROUP_COLUMN] for r in placed.collect()}
     assert [got[k] for k in ks] == expected
+    placed = placement.place(df, ["k"], 3, 128)
+    assert "__streamstate_kg_step1" in placed._jdf.queryExecution().analyzed().toString()
+    assert sorted(placed.collect()) == sorted(placement.place(df, ["k"], 3, 128).collect())
