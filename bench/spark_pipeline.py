@@ -23,6 +23,11 @@ output says so). Every contender is checked: streamstate's final counts (the las
 in the sink) equal the generated counts; Spark's contenders must have read every event and hold
 one state row per distinct key.
 
+Fairness: before the first timed contender every contender runs once, untimed, over a small
+input (``--no-warm-up`` skips it): the first query of a session pays the JVM's and Spark's cold
+start. ``--repeat R`` rotates the order (repeat ``r`` starts at contender ``r``), and each
+contender's figures are the median over its repeats, printed with their range.
+
 Question 2, ``hot``: per-micro-batch time with 10k changed keys while the total state grows
 (``--hot-sizes``, default 100k, 1M, 10M keys): the state is preloaded by a batch job that writes
 a savepoint, a streaming query starts from it (its first batch loads the savepoint), and the
@@ -33,8 +38,9 @@ Writes ``bench/results/spark_pipeline.json`` and, with matplotlib installed (the
 extra), ``docs/img/spark_pipeline.png``.
 
     python bench/spark_pipeline.py [--events 1000000] [--keys 10000,1000000] [--batches 10]
-        [--repeat 1] [--contenders ...] [--slow-batches 1] [--only pipeline,hot]
-        [--hot-sizes 100000,1000000,10000000] [--hot-backends heap,rocksdb] [--connect]
+        [--repeat 1] [--no-warm-up] [--contenders ...] [--slow-batches 1]
+        [--only pipeline,hot] [--hot-sizes 100000,1000000,10000000]
+        [--hot-backends heap,rocksdb] [--connect]
 
 ``--connect`` (with ``--only connect`` alone): the streamstate contenders from a Spark Connect
 client session against a local Connect server, alternating with classic runs; the overhead is
@@ -147,10 +153,16 @@ def run_streamstate(spark: Any, src: Any, backend: str, work: str) -> dict[str, 
     wall = time.perf_counter() - t0
     query.stop()
     table = FileSink(out).read_arrow()
+    progress = [p for p in query.recent_progress if p["numInputRows"] > 0]
     return {
         "wall_s": wall,
         "rows": sum(b.get("rows", 0) for b in query.batches),
-        "batch_ms": [b["batch_ms"] for b in query.batches],
+        # Spark's triggerExecution per micro-batch, as for Spark's contenders: the foreachBatch
+        # (streamstate's own batch_ms) plus Spark's offset and commit logs and planning
+        "batch_ms": [p["durationMs"]["triggerExecution"] for p in progress],
+        "trigger_ms": [p["durationMs"] for p in progress],
+        "foreach_batch_ms": [b["batch_ms"] for b in query.batches],
+        "batches": [{k: v for k, v in b.items() if k != "subtasks"} for b in query.batches],
         "restore": [b.get("restore") for b in query.batches],
         # where the fixed costs went (start, host spawn, stop; see KeyedStreamingQuery.timings)
         "timings": dict(query.timings),
@@ -226,6 +238,7 @@ def run_spark(spark: Any, name: str, src: Any, work: str) -> dict[str, Any]:
         "wall_s": wall,
         "rows": sum(p["numInputRows"] for p in progress),
         "batch_ms": [p["durationMs"]["triggerExecution"] for p in progress],
+        "trigger_ms": [p["durationMs"] for p in progress],
         "state_rows": progress[-1]["stateOperators"][0]["numRowsTotal"] if progress else 0,
     }
 
@@ -253,6 +266,43 @@ def check(name: str, res: dict[str, Any], keys: np.ndarray) -> None:
 # ---- question 1 ---------------------------------------------------------------------------------
 
 
+def run_contender(spark: Any, name: str, src: Any, work: str) -> dict[str, Any]:
+    if name in STREAMSTATE:
+        return run_streamstate(spark, src, name.removeprefix("streamstate-"), work)
+    return run_spark(spark, name, src, work)
+
+
+def warm_up(spark: Any, contenders: list[str], tmp: str) -> dict[str, float]:
+    """Run every contender once, untimed, over a small input (2 files of 2,000 events):
+    whichever contender runs first would otherwise pay the session's cold start (the JVM's
+    class loading and JIT, Spark's first streaming query, the first Python workers), several
+    seconds that belong to none of them. Returns each warm-up's wall seconds."""
+    data = os.path.join(tmp, "warm-up")
+    keys = write_input(data, 4000, 1000, 2, seed=0)
+    took = {}
+    for name in contenders:
+        work = tempfile.mkdtemp(dir=tmp)
+        t0 = time.perf_counter()
+        res = run_contender(spark, name, source(spark, data), work)
+        took[name] = time.perf_counter() - t0
+        check(name, res, keys)
+        shutil.rmtree(work, ignore_errors=True)
+    print("[warm-up] " + ", ".join(f"{n} {s:.1f} s" for n, s in took.items()))
+    return took
+
+
+def rotations(contenders: list[str], repeat: int) -> list[list[str]]:
+    """The contender order of each repeat: repeat ``r`` starts at contender ``r`` (mod the
+    number of contenders), so that over ``len(contenders)`` repeats each runs once in every
+    position (after any other one, and first).
+
+    >>> rotations(["a", "b", "c"], 4)
+    [['a', 'b', 'c'], ['b', 'c', 'a'], ['c', 'a', 'b'], ['a', 'b', 'c']]
+    """
+    n = len(contenders)
+    return [contenders[r % n :] + contenders[: r % n] for r in range(repeat)]
+
+
 def bench_pipeline(spark: Any, args: argparse.Namespace, tmp: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     contenders = args.contenders.split(",")
@@ -262,20 +312,16 @@ def bench_pipeline(spark: Any, args: argparse.Namespace, tmp: str) -> dict[str, 
         per_file = np.array_split(keys, args.batches)
         runs: dict[str, list[dict[str, Any]]] = {c: [] for c in contenders}
         print(f"\n[pipeline] {args.events:,} events, {n_keys:,} keys, {args.batches} batches")
-        for r in range(args.repeat):
-            for name in contenders[r % len(contenders) :] + contenders[: r % len(contenders)]:
+        for r, order in enumerate(rotations(contenders, args.repeat)):
+            for position, name in enumerate(order):
                 files = None
                 if name in SPARK_PYTHON and n_keys >= 1_000_000 and args.slow_batches:
                     files = min(args.slow_batches, args.batches)
                 used = keys if files is None else np.concatenate(per_file[:files])
                 work = tempfile.mkdtemp(dir=tmp)
-                src = source(spark, data, files)
-                if name in STREAMSTATE:
-                    backend = name.removeprefix("streamstate-")
-                    res = run_streamstate(spark, src, backend, work)
-                else:
-                    res = run_spark(spark, name, src, work)
+                res = run_contender(spark, name, source(spark, data, files), work)
                 check(name, res, used)
+                res["repeat"], res["position"] = r, position
                 res["events"] = len(used)
                 res["events_per_s"] = len(used) / res["wall_s"]
                 steady = res["batch_ms"][1:] or res["batch_ms"]
@@ -290,10 +336,24 @@ def bench_pipeline(spark: Any, args: argparse.Namespace, tmp: str) -> dict[str, 
                     f"steady {res['steady_events_per_s']:>10,.0f}"
                     + ("" if files is None else f"  (first {files} batches only)")
                 )
+        # per contender: the median over its repeats (each in a different position), and the
+        # range
         summary = {
             name: {
                 "events_per_s": statistics.median(r["events_per_s"] for r in rs),
                 "steady_events_per_s": statistics.median(r["steady_events_per_s"] for r in rs),
+                "events_per_s_range": [
+                    min(r["events_per_s"] for r in rs),
+                    max(r["events_per_s"] for r in rs),
+                ],
+                "steady_events_per_s_range": [
+                    min(r["steady_events_per_s"] for r in rs),
+                    max(r["steady_events_per_s"] for r in rs),
+                ],
+                "first_batch_ms": statistics.median(r["batch_ms"][0] for r in rs),
+                "outside_batches_ms": statistics.median(
+                    r["wall_s"] * 1e3 - sum(r["batch_ms"]) for r in rs
+                ),
                 "events": rs[0]["events"],
                 "runs": rs,
             }
@@ -302,8 +362,15 @@ def bench_pipeline(spark: Any, args: argparse.Namespace, tmp: str) -> dict[str, 
         }
         ratios = _ratios(summary)
         out[str(n_keys)] = {"contenders": summary, "ratios": ratios}
+        for name, v in summary.items():
+            low, high = v["events_per_s_range"]
+            print(
+                f"  median {name:<28}{v['events_per_s']:>10,.0f} ev/s ({low:,.0f}-{high:,.0f}) "
+                f"steady {v['steady_events_per_s']:>10,.0f}  first batch "
+                f"{v['first_batch_ms']:,.0f} ms, outside batches {v['outside_batches_ms']:,.0f} ms"
+            )
         for label, value in ratios.items():
-            print(f"  {label:<54}{value:>8.2f}x")
+            print(f"  {label:<54}{value:>8.2f}" + ("" if label.endswith(", s") else "x"))
     return out
 
 
@@ -319,9 +386,14 @@ def _ratios(summary: dict[str, Any]) -> dict[str, float]:
         if best_python:
             ratios[f"{ss} / best Python stateful API (goal >= 20)"] = mine / best_python
         if "jvm-groupby" in summary:
-            ratios[f"{ss} / JVM groupBy (goal >= 1)"] = (
-                mine / summary["jvm-groupby"]["events_per_s"]
+            jvm = summary["jvm-groupby"]
+            ratios[f"{ss} / JVM groupBy (goal >= 1)"] = mine / jvm["events_per_s"]
+            ratios[f"{ss} / JVM groupBy, steady batches"] = (
+                summary[ss]["steady_events_per_s"] / jvm["steady_events_per_s"]
             )
+            ratios[f"{ss} first batch - JVM's, s"] = (
+                summary[ss]["first_batch_ms"] - jvm["first_batch_ms"]
+            ) / 1e3
     return ratios
 
 
@@ -564,6 +636,12 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--contenders", default=",".join(CONTENDERS))
     parser.add_argument("--slow-batches", type=int, default=1)
+    parser.add_argument(
+        "--no-warm-up",
+        dest="warm_up",
+        action="store_false",
+        help="skip the untimed run of every contender over a small input before the first",
+    )
     parser.add_argument("--only", default="pipeline,hot")
     parser.add_argument("--hot-sizes", default="100000,1000000,10000000")
     parser.add_argument("--hot-backends", default="heap,rocksdb")
@@ -613,6 +691,9 @@ def main() -> None:
         results = {**previous, **results}
     try:
         if "pipeline" in args.only:
+            results["pipeline_warm_up_s"] = (
+                warm_up(spark, args.contenders.split(","), tmp) if args.warm_up else None
+            )
             results["pipeline"] = bench_pipeline(spark, args, tmp)
         if "hot" in args.only:
             # per backend: a run of one backend keeps the other's figures

@@ -64,7 +64,7 @@ def test_without_the_head_start_the_tasks_start_the_hosts(
     assert all(s["spawn_ms"] > 0 for s in query.batches[0]["subtasks"])
 
 
-@pytest.mark.parametrize("tz", [None, "UTC", "Etc/UTC", "America/New_York"])
+@pytest.mark.parametrize("tz", [None, "UTC", "Etc/UTC", "+00:00", "GMT", "America/New_York"])
 @pytest.mark.parametrize("unit", ["s", "ms", "us", "ns"])
 def test_timestamp_columns_convert_like_pyarrow(tz: str | None, unit: str) -> None:
     scale = {"s": 10**-6, "ms": 10**-3, "us": 1, "ns": 10**3}[unit]
@@ -108,3 +108,43 @@ def test_integer_key_groups_in_one_select_equal_the_runtimes(spark: Any) -> None
     clash = df.withColumnRenamed("v", "_h")
     got = {r.k: r[KEY_GROUP_COLUMN] for r in with_key_group(clash, ["k"], 128).collect()}
     assert [got[k] for k in ks] == list(assign_key_groups_for_columns([pa.array(ks)], 128))
+
+
+@pytest.mark.spark
+def test_integer_key_groups_use_sparks_murmur_and_fall_back_to_sql_steps(
+    spark: Any, monkeypatch: Any
+) -> None:
+    from streamstate.keygroups import assign_key_groups_for_columns
+    from streamstate.spark import placement
+
+    ks = [0, 1, -1, 2**31, -(2**31), 2**63 - 1, -(2**63), *range(-300, 300, 11)]
+    df = spark.createDataFrame([(k,) for k in ks], "k long")
+    expected = list(assign_key_groups_for_columns([pa.array(ks, pa.int64())], 128))
+    placed = placement.with_key_group(df, ["k"], 128)
+    # Spark's Murmur3 through reflect: one short projection, not 13 chained steps
+    plan = placed._jdf.queryExecution().analyzed().toString()
+    assert placement.MURMUR3_CLASS in plan and "__streamstate_kg_step1" not in plan
+    got = {r.k: r[placement.KEY_GROUP_COLUMN] for r in placed.collect()}
+    assert [got[k] for k in ks] == expected
+    # place(): the same key groups, partition i holds subtask i's rows, a null key has none
+    nulls = spark.createDataFrame([(k,) for k in ks] + [(None,)], "k long")
+    placed = placement.place(nulls, ["k"], 3, 128)
+    assert placement.MURMUR3_CLASS in placed._jdf.queryExecution().analyzed().toString()
+    parts = placed.rdd.glom().collect()
+    assert len(parts) == 3
+    for i, rows in enumerate(parts):
+        for r in rows:
+            if r.k is None:
+                assert r[placement.KEY_GROUP_COLUMN] is None
+            else:
+                assert r[placement.KEY_GROUP_COLUMN] == expected[ks.index(r.k)]
+                assert r[placement.KEY_GROUP_COLUMN] * 3 // 128 == i
+    # a Spark without that class: the pure-SQL steps, same key groups
+    monkeypatch.setattr(placement, "MURMUR3_CLASS", "org.example.NoSuchMurmur")
+    placed = placement.with_key_group(df, ["k"], 128)
+    assert "__streamstate_kg_step1" in placed._jdf.queryExecution().analyzed().toString()
+    got = {r.k: r[placement.KEY_GROUP_COLUMN] for r in placed.collect()}
+    assert [got[k] for k in ks] == expected
+    placed = placement.place(df, ["k"], 3, 128)
+    assert "__streamstate_kg_step1" in placed._jdf.queryExecution().analyzed().toString()
+    assert sorted(placed.collect()) == sorted(placement.place(df, ["k"], 3, 128).collect())

@@ -321,14 +321,11 @@ class SubtaskRuntime:
             top = _max(ts)
             if top is not None and (self._max_event_time is None or top > self._max_event_time):
                 self._max_event_time = top
-        new = tuple.__new__
         cls = self.row_type
         columns = [_pylist(batch.column(c)) for c in job.value_columns]
-        process = self.op.process_element
-        for key, values, t, kg in zip(
-            keys, zip(*columns, strict=True), timestamps, kgs, strict=False
-        ):
-            process(key, new(cls, values), t, kg)
+        # rows built in C (map over tuple.__new__), then one loop in the operator
+        rows = map(tuple.__new__, repeat(cls), zip(*columns, strict=True))
+        self.op.process_elements(keys, rows, timestamps, kgs)
         if len(self.op.output) >= _OUTPUT_CHUNK:
             self._collect()
 
@@ -472,6 +469,9 @@ def _pylist(column: Any) -> list[Any]:
         return column.to_pylist()
     if typ.tz is not None and typ.tz not in _UTC_ZONES:
         return column.to_pylist()
+    import datetime
+
+    import numpy as np
     import pyarrow.compute as pc
 
     us = pc.cast(column, pa.timestamp("us", typ.tz)).cast(pa.int64())
@@ -481,14 +481,27 @@ def _pylist(column: Any) -> list[Any]:
         return column.to_pylist()
     if low < _DATETIME_US[0] or high > _DATETIME_US[1]:
         return column.to_pylist()  # pyarrow raises the error the user would get
-    naive = us.to_numpy(zero_copy_only=False).astype("datetime64[us]").astype(object)
-    if column.null_count:
-        naive[us.is_null().to_numpy(zero_copy_only=False)] = None
-    values: list[Any] = naive.tolist()
+    raw = us.to_numpy(zero_copy_only=False)
+    nulls = us.is_null().to_numpy(zero_copy_only=False) if column.null_count else None
     if typ.tz is None:
+        naive = raw.astype("datetime64[us]").astype(object)
+        if nulls is not None:
+            naive[nulls] = None
+        values: list[Any] = naive.tolist()
         return values
     zone = column[pc.index(us, low).as_py()].as_py().tzinfo
-    return [None if v is None else v.replace(tzinfo=zone) for v in values]
+    # the zone's epoch plus each value as a timedelta (numpy builds those in C): datetime's
+    # C addition keeps the zone object, ~4x faster than ``replace(tzinfo=zone)`` per value
+    epoch = datetime.datetime(1970, 1, 1, tzinfo=zone)
+    if nulls is not None:
+        raw = np.where(nulls, 0, raw)
+    aware: list[Any] = list(
+        map(epoch.__add__, raw.astype("timedelta64[us]").astype(object).tolist())
+    )
+    if nulls is not None:
+        for i in np.flatnonzero(nulls).tolist():
+            aware[i] = None
+    return aware
 
 
 def _event_time_ms(column: Any) -> Any:
