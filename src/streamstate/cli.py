@@ -438,7 +438,8 @@ def _demo_on_cluster(directory: str, workers: int, console: Any, kwargs: dict[st
     with tempfile.TemporaryDirectory(prefix="streamstate-demo-cluster-") as tmp:
         with console.status(f"starting a Spark standalone cluster of {workers} workers"):
             local = LocalCluster(workers, directory=tmp, env={"PYTHONPATH": pythonpath})
-            local.start()
+            # the workers register while the driver's JVM starts (both take seconds)
+            local.start(wait=False)
         try:
             parallelism = kwargs["parallelism"] or workers
             with console.status(f"starting the driver ({local.master_url})"):
@@ -449,6 +450,7 @@ def _demo_on_cluster(directory: str, workers: int, console: Any, kwargs: dict[st
                     log=os.path.join(tmp, "driver.log"),
                     conf=local.spark_conf(),
                 )
+                local.wait_for_workers(workers)
                 wait_for_executors(spark, workers)
             console.print(
                 f"cluster: master {local.master_url}, {workers} workers, state-host directories "

@@ -1,12 +1,16 @@
 """A streaming keyed query as a child process, for the tests that SIGKILL the driver.
 
-usage: python stream_driver.py '<json config>'; config keys: input, checkpoint, sink,
+usage: python stream_driver.py '<json config>' (or ``@<file>`` holding it, which keeps the
+checkpoint path out of the driver's command line); config keys: input, checkpoint, sink,
 parallelism, remote (a Spark Connect URL: the driver is a Connect client),
 fault_marker (a host sleeps at record v == fault_at until killed, once),
 fault_at, sleep_after_batch (the sink sleeps after delivering this batch, before Spark's
 commit), state_backend, delay (seconds per record) with marker/marker_at/go (SlowCount),
-pause_after_batch with go (the sink waits for the file ``go`` after delivering it). Prints
-``BATCH <id>`` after each delivered batch, ``SLEEPING`` before a sleep, ``DONE [...]`` at the
+pause_after_batch with go (the sink waits for the file ``go`` after delivering it),
+start_when (a file: the driver starts its SparkSession at once, prints ``READY`` and starts
+the query only once that file exists - a test overlaps the JVM's start with an earlier
+driver's run without changing when the query starts). Prints ``BATCH <id>`` after each
+delivered batch, ``SLEEPING`` before a sleep, ``DONE [...]`` at the
 end, or ``FENCED <message>`` (exit status 3) if another driver took the job over.
 """
 
@@ -51,7 +55,11 @@ class ReportingSink(FileSink):
 
 
 def main() -> None:
-    cfg = json.loads(sys.argv[1])
+    arg = sys.argv[1]
+    if arg.startswith("@"):
+        with open(arg[1:]) as f:
+            arg = f.read()
+    cfg = json.loads(arg)
     if cfg.get("remote"):
         spark = SparkSession.builder.remote(cfg["remote"]).getOrCreate()
     else:
@@ -63,6 +71,13 @@ def main() -> None:
             .getOrCreate()
         )
         spark.sparkContext.setLogLevel("ERROR")
+    if cfg.get("start_when"):
+        print("READY", flush=True)
+        deadline = time.monotonic() + 600
+        while not os.path.exists(cfg["start_when"]):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no {cfg['start_when']} after 600 s")
+            time.sleep(0.05)
     function: Any = Count()
     if cfg.get("fault_marker"):
         function = CountWithFaults(cfg["fault_at"], cfg["fault_marker"], mode="sleep")

@@ -66,22 +66,40 @@ def _tree(root: int, marker: str) -> set[int]:
     return {p for p in found if p in procs}
 
 
-def _run_until(cfg: dict[str, Any], until: Any, marker: str) -> list[str]:
-    """Start the driver, wait until ``until(lines)`` holds, SIGKILL the driver, and check that
-    every process of the query (JVM, Python workers, state hosts) goes away."""
-    proc = subprocess.Popen(
-        [sys.executable, os.path.join(HERE, "stream_driver.py"), json.dumps(cfg)],
+def _start(
+    cfg: dict[str, Any], path: str, start_when: str, stderr: int = subprocess.DEVNULL
+) -> subprocess.Popen[str]:
+    """Start ``stream_driver.py`` on ``cfg`` (written to ``path``: the checkpoint must not be
+    on the driver's command line, or the driver would pass for one of the query's processes).
+    Its JVM and SparkSession start at once; its query starts once ``start_when`` exists."""
+    with open(path, "w") as f:
+        json.dump({**cfg, "start_when": start_when}, f)
+    return subprocess.Popen(
+        [sys.executable, os.path.join(HERE, "stream_driver.py"), "@" + path],
         stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
+        stderr=stderr,
         text=True,
         cwd=HERE,
         env=_env(),
     )
+
+
+def _go(path: str) -> None:
+    with open(path, "w"):
+        pass
+
+
+def _run_until(proc: subprocess.Popen[str], start: str, until: Any, marker: str) -> list[str]:
+    """Let the started driver ``proc`` start its query, wait until ``until(lines)`` holds,
+    SIGKILL the driver, and check that every process of the query (JVM, Python workers, state
+    hosts) goes away."""
     lines: list[str] = []
     assert proc.stdout is not None
-    reader = threading.Thread(target=lambda: lines.extend(map(str.strip, proc.stdout)))
+    stdout = proc.stdout
+    reader = threading.Thread(target=lambda: lines.extend(map(str.strip, stdout)))
     reader.start()
     try:
+        _go(start)
         deadline = time.monotonic() + 300
         while not until(lines):
             if proc.poll() is not None or time.monotonic() > deadline:
@@ -99,6 +117,7 @@ def _run_until(cfg: dict[str, Any], until: Any, marker: str) -> list[str]:
     finally:
         if proc.poll() is None:
             proc.kill()
+            proc.wait()
         reader.join()
     return lines
 
@@ -113,23 +132,32 @@ def test_driver_killed_between_and_inside_micro_batches(spark: Any, tmp_path: An
         "sink": str(tmp_path / "out"),
         "parallelism": 2,
     }
-    # 1. killed after batch 1 was committed and delivered, before Spark logged its commit
-    _run_until({**cfg, "sleep_after_batch": 1}, lambda ls: "SLEEPING" in ls, checkpoint)
-    # 2. killed inside batch 3: a host is in the middle of applying it
+    # each driver's JVM starts while the one before it runs; its query starts only after
+    # the one before it was killed (``start_when``)
+    starts = [str(tmp_path / f"start-{i}") for i in range(3)]
     marker = str(tmp_path / "inside")
     fault = {"fault_marker": marker, "fault_at": batches[3][100][1]}
-    _run_until({**cfg, **fault}, lambda ls: os.path.exists(marker), checkpoint)
-    # 3. restart and run to the end
-    done = subprocess.run(
-        [sys.executable, os.path.join(HERE, "stream_driver.py"), json.dumps({**cfg, **fault})],
-        capture_output=True,
-        text=True,
-        cwd=HERE,
-        env=_env(),
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "DONE" in done.stdout
+    first = _start({**cfg, "sleep_after_batch": 1}, str(tmp_path / "cfg-0.json"), starts[0])
+    second = _start({**cfg, **fault}, str(tmp_path / "cfg-1.json"), starts[1])
+    third = None
+    try:
+        # 1. killed after batch 1 was committed and delivered, before Spark logged its commit
+        _run_until(first, starts[0], lambda ls: "SLEEPING" in ls, checkpoint)
+        third = _start(
+            {**cfg, **fault}, str(tmp_path / "cfg-2.json"), starts[2], stderr=subprocess.PIPE
+        )
+        # 2. killed inside batch 3: a host is in the middle of applying it
+        _run_until(second, starts[1], lambda ls: os.path.exists(marker), checkpoint)
+        # 3. restart and run to the end
+        _go(starts[2])
+        stdout, stderr = third.communicate(timeout=600)
+    finally:
+        for proc in (first, second, third):
+            if proc is not None and proc.poll() is None:
+                proc.kill()  # our own children, by their handles
+                proc.communicate()
+    assert third.returncode == 0, stderr[-3000:]
+    assert "DONE" in stdout
     out = FileSink(cfg["sink"]).read_arrow().to_pylist()
     assert sorted((r["user"], r["n"]) for r in out) == running_counts(batches)  # once each
     assert sorted({r["batch"] for r in out}) == list(range(6))

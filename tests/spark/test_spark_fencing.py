@@ -72,8 +72,17 @@ class Driver:
                 t.join()
         return rc
 
+    def stop(self) -> None:
+        """Kill the driver if it still runs (a test that failed half-way)."""
+        if self.proc.poll() is None:
+            self.proc.kill()  # our own child, by its handle
+            self.proc.wait()
+        for t in self._threads:
+            t.join()
 
-#: each case starts two or three driver JVMs (~40 s each on a loaded machine): by default both
+
+#: each case starts two or three driver JVMs (~40 s each on a loaded machine; A's and B's
+#: start together): by default both
 #: orders once, on one backend each; STREAMSTATE_FENCING_REPEAT=n runs every order on every
 #: backend n times
 _REPEAT = int(os.environ.get("STREAMSTATE_FENCING_REPEAT", "0"))
@@ -102,20 +111,31 @@ def test_a_second_driver_fences_the_first_and_the_job_stays_exact(
         "marker": marker,
         "marker_at": batches[2][30][1],  # a record in the middle of batch 2
     }
-    go = str(tmp_path / "go")
-    if when == "inside":  # A's host waits inside batch 2 until B has taken the job over
-        a = Driver({**cfg, "go": go})
-        a.wait_for(lambda: os.path.exists(marker))
-    else:  # A waits after delivering batch 1, before Spark logs it and A plans batch 2
-        a = Driver({**cfg, "marker": None, "pause_after_batch": 1, "go": go})
-        a.wait_for(lambda: "BATCH 1" in a.lines)
-    b = Driver({**cfg, "marker": None})
+    go, start_b = str(tmp_path / "go"), str(tmp_path / "start-b")
+    # B's JVM and SparkSession start alongside A's; B starts its query (and so takes the job
+    # over) only once A is at the point below
+    b = Driver({**cfg, "marker": None, "start_when": start_b})
     epochs = os.path.join(checkpoint, "_epochs")
-    b.wait_for(lambda: len(os.listdir(epochs)) >= 2)
-    with open(go, "w"):
-        pass
-    rc_b = b.finish()
-    rc_a = a.finish()
+    a: Driver | None = None
+    try:
+        if when == "inside":  # A's host waits inside batch 2 until B has taken the job over
+            a = Driver({**cfg, "go": go})
+            a.wait_for(lambda: os.path.exists(marker))
+        else:  # A waits after delivering batch 1, before Spark logs it and A plans batch 2
+            a = Driver({**cfg, "marker": None, "pause_after_batch": 1, "go": go})
+            a.wait_for(lambda: "BATCH 1" in a.lines)
+        assert len(os.listdir(epochs)) == 1, "B took the job over before it was told to"
+        with open(start_b, "w"):
+            pass
+        b.wait_for(lambda: len(os.listdir(epochs)) >= 2)
+        with open(go, "w"):
+            pass
+        rc_b = b.finish()
+        rc_a = a.finish()
+    finally:
+        b.stop()
+        if a is not None:
+            a.stop()
     a_err, b_err = "".join(a.err), "".join(b.err)
     if when == "inside":
         # A's batch 2 finished after B took over: its commit was refused (fenced), and B ran

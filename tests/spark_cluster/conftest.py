@@ -49,7 +49,9 @@ def cluster(tmp_path_factory: Any) -> Iterator[LocalCluster]:
     pytest.importorskip("pyspark")
     directory = str(tmp_path_factory.mktemp("cluster"))
     c = LocalCluster(workers=2, directory=directory, env={"PYTHONPATH": _env()["PYTHONPATH"]})
-    c.start()
+    # the workers register while the first test's driver starts: it waits for an executor
+    # on each of them before its first query
+    c.start(wait=False)
     try:
         yield c
     finally:

@@ -133,7 +133,9 @@ def test_streaming_count_on_two_nodes_equals_a_pandas_oracle(
 def test_a_node_lost_mid_batch_costs_a_reload_and_nothing_else(
     cluster: LocalCluster, start_driver: Any, tmp_path: Any
 ) -> None:
-    lost = cluster.add_worker()  # a third node, for this test to lose
+    # a third node, for this test to lose; it registers while the driver starts (the driver
+    # waits for an executor on each of the three nodes before its first query)
+    lost = cluster.add_worker(wait=False)
     batches = make_batches(5, 2_000, users=500, seed=3)
     write_batches(str(tmp_path / "in"), batches)
     marker = str(tmp_path / "in-flight")

@@ -199,7 +199,10 @@ class LocalCluster:
                 env=env,
             )
 
-    def start(self) -> LocalCluster:
+    def start(self, *, wait: bool = True) -> LocalCluster:
+        """Start the master, then the workers; with ``wait``, until the master lists every
+        worker. Without it the workers register while the caller goes on (a driver's JVM
+        starts meanwhile); :meth:`wait_for_workers` waits for them later."""
         self.master_port, self.master_webui_port = _free_port(), _free_port()
         self.master = self._spawn(
             [
@@ -218,7 +221,8 @@ class LocalCluster:
             self._wait(lambda s: s is not None, "the master to answer")
             for _ in range(self.initial_workers):
                 self.add_worker(wait=False)
-            self.wait_for_workers(self.initial_workers)
+            if wait:
+                self.wait_for_workers(self.initial_workers)
         except BaseException:
             self.stop()
             raise
