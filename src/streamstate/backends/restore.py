@@ -26,6 +26,7 @@ __all__ = [
     "KeyedStateRestore",
     "RestoredBlock",
     "RestoredSerializer",
+    "expand_namespaces",
     "is_builtin_snapshot",
 ]
 
@@ -162,3 +163,13 @@ class KeyedStateRestore(ABC):
         """This file as a backend's native snapshot (see
         :class:`~streamstate.backends.base.NativeSnapshotSource`), or None: canonical only."""
         return None
+
+
+def expand_namespaces(namespaces: list[Any], n: int) -> list[Any]:
+    """A restored block's namespace column for ``n`` keys: one namespace per key, or one for
+    all of them (a block of a single namespace stores it once)."""
+    if len(namespaces) == n:
+        return namespaces
+    if len(namespaces) == 1:
+        return namespaces * n
+    raise ValueError(f"namespace column has {len(namespaces)} values for {n} keys")

@@ -31,7 +31,12 @@ from typing import Any, Literal
 
 import msgspec
 
-from streamstate.backends.restore import RestoredBlock, RestoredSerializer, is_builtin_snapshot
+from streamstate.backends.restore import (
+    RestoredBlock,
+    RestoredSerializer,
+    expand_namespaces,
+    is_builtin_snapshot,
+)
 from streamstate.backends.snapshot import (
     TIMER_STATE_KIND,
     DeltaEntries,
@@ -432,11 +437,13 @@ class TimerRestore:
             codec = self._codecs[name] = StateCodec(self.key_serializer, ns, Int64Serializer())
         try:
             keys, nss, stamps = codec.decode(block.entries)
-            namespaces = _expand(nss, len(keys))
+            namespaces = expand_namespaces(nss, len(keys))
             gone: list[tuple[Any, Any]] = []
             if block.removed is not None:
                 gone_keys, gone_nss = codec.decode_removed(block.removed)
-                gone = list(zip(gone_keys, _expand(gone_nss, len(gone_keys)), strict=True))
+                gone = list(
+                    zip(gone_keys, expand_namespaces(gone_nss, len(gone_keys)), strict=True)
+                )
         except (msgspec.ValidationError, msgspec.DecodeError, ValueError) as exc:
             raise CorruptCheckpointError(
                 f"{where}: timers {name!r}, key group {block.key_group}: {exc}"
@@ -491,11 +498,3 @@ class TimerRestore:
         for name in self._created:
             self.queues.discard(name)
         self._timers.clear()
-
-
-def _expand(namespaces: list[Any], n: int) -> list[Any]:
-    if len(namespaces) == n:
-        return namespaces
-    if len(namespaces) == 1:
-        return namespaces * n
-    raise ValueError(f"namespace column has {len(namespaces)} values for {n} keys")

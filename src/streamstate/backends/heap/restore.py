@@ -24,7 +24,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
-from streamstate.backends.restore import KeyedStateRestore, RestoredSerializer, is_builtin_snapshot
+from streamstate.backends.restore import (
+    KeyedStateRestore,
+    RestoredSerializer,
+    expand_namespaces,
+    is_builtin_snapshot,
+)
 from streamstate.backends.snapshot import (
     TIMER_STATE_KIND,
     EncodedEntries,
@@ -106,10 +111,10 @@ class _RawKeyGroup:
             return
         merged = self._materialize()
         keys, nss, states = _RAW_SECTION.decode(entries)
-        for k, ns, s in zip(keys, _expand(nss, len(keys)), states, strict=True):
+        for k, ns, s in zip(keys, expand_namespaces(nss, len(keys)), states, strict=True):
             merged[(bytes(k), bytes(ns))] = bytes(s)
         gone_keys, gone_nss = _RAW_REMOVED.decode(removed)
-        for k, ns in zip(gone_keys, _expand(gone_nss, len(gone_keys)), strict=True):
+        for k, ns in zip(gone_keys, expand_namespaces(gone_nss, len(gone_keys)), strict=True):
             merged.pop((bytes(k), bytes(ns)), None)
 
     def _materialize(self) -> dict[tuple[bytes, bytes], bytes]:
@@ -117,7 +122,7 @@ class _RawKeyGroup:
             self.merged = {}
             if self.encoded is not None and self.encoded.count:
                 keys, nss, states = _RAW_SECTION.decode(self.encoded.data)
-                for k, ns, s in zip(keys, _expand(nss, len(keys)), states, strict=True):
+                for k, ns, s in zip(keys, expand_namespaces(nss, len(keys)), states, strict=True):
                     self.merged[(bytes(k), bytes(ns))] = bytes(s)
             self.encoded = None
         return self.merged
@@ -138,14 +143,6 @@ class _RawKeyGroup:
         if self.encoded is None or not self.encoded.count:
             return None
         return self.encoded
-
-
-def _expand(namespaces: list[Any], n: int) -> list[Any]:
-    if len(namespaces) == n:
-        return namespaces
-    if len(namespaces) == 1:
-        return namespaces * n
-    raise ValueError(f"namespace column has {len(namespaces)} values for {n} keys")
 
 
 class _PendingState:
@@ -234,7 +231,7 @@ def _put_section(
         gone: tuple[list[Any], list[Any]] | None = None
         if removed is not None:
             gone_keys, gone_nss = codec.decode_removed(removed)
-            gone = (gone_keys, _expand(gone_nss, len(gone_keys)))
+            gone = (gone_keys, expand_namespaces(gone_nss, len(gone_keys)))
     except (msgspec.ValidationError, msgspec.DecodeError, ValueError) as exc:
         raise StateMigrationException(
             f"state {state_name!r}, key group {key_group}: the checkpointed entries cannot be "

@@ -24,7 +24,7 @@ from typing import Any
 
 import msgspec
 
-from streamstate.backends.restore import KeyedStateRestore
+from streamstate.backends.restore import KeyedStateRestore, expand_namespaces
 from streamstate.backends.rocksdb.keys import KeyLayout, key_group_bound, prefix_successor
 from streamstate.backends.rocksdb.parts import RocksDBParts
 from streamstate.backends.rocksdb.restore import (
@@ -39,14 +39,6 @@ from streamstate.serializers import serializer_from_snapshot
 from streamstate.serializers.base import TypeSerializer
 
 __all__ = ["BlockWriter", "restore_deferred_state", "restore_files"]
-
-
-def _expand(namespaces: list[Any], n: int) -> list[Any]:
-    if len(namespaces) == n:
-        return namespaces
-    if len(namespaces) == 1:
-        return namespaces * n
-    raise ValueError(f"namespace column has {len(namespaces)} values for {n} keys")
 
 
 class BlockWriter:
@@ -83,11 +75,13 @@ class BlockWriter:
         kg = block.key_group
         try:
             keys, nss, states = self.codec.decode(block.entries)
-            namespaces = _expand(nss, len(keys))
+            namespaces = expand_namespaces(nss, len(keys))
             gone: list[tuple[Any, Any]] = []
             if block.removed is not None:
                 gone_keys, gone_nss = self.codec.decode_removed(block.removed)
-                gone = list(zip(gone_keys, _expand(gone_nss, len(gone_keys)), strict=True))
+                gone = list(
+                    zip(gone_keys, expand_namespaces(gone_nss, len(gone_keys)), strict=True)
+                )
         except (msgspec.ValidationError, msgspec.DecodeError, ValueError) as exc:
             raise CorruptCheckpointError(
                 f"{where}: state {self.name!r}, key group {kg}: the entries cannot be read with "
