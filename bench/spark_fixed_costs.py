@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
-from spark_pipeline import ROCKSDB_PROVIDER, CountPerKey, source, write_input
+from spark_pipeline import CountPerKey, bench_session, source, write_input
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -162,19 +162,7 @@ def main() -> None:
     parser.add_argument("--out", default=os.path.join(HERE, "results", "spark_fixed_costs.json"))
     args = parser.parse_args()
 
-    from pyspark.sql import SparkSession
-
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("streamstate-bench-fixed")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.default.parallelism", "2")
-        .config("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = bench_session("streamstate-bench-fixed")
     tmp = tempfile.mkdtemp(prefix="bench-fixed-")
     results: dict[str, Any] = {
         "benchmark": "spark_fixed_costs",

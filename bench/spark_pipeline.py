@@ -132,11 +132,34 @@ def source(spark: Any, directory: str, files: int | None = None) -> Any:
     )
 
 
+def bench_session(app: str, driver_memory: str | None = None) -> Any:
+    """The benchmarks' classic session: ``local[2]``, 2 shuffle partitions, no UI, Spark's
+    RocksDB state store for the JVM contenders."""
+    from pyspark.sql import SparkSession
+
+    builder = (
+        SparkSession.builder.master("local[2]")
+        .appName(app)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.default.parallelism", "2")
+        .config("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
+    )
+    if driver_memory is not None:
+        builder = builder.config("spark.driver.memory", driver_memory)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
 # ---- contenders ---------------------------------------------------------------------------------
 
 
-def run_streamstate(spark: Any, src: Any, backend: str, work: str) -> dict[str, Any]:
-    from streamstate.spark import FileSink, keyed_process
+def _count_query(src: Any, backend: str, work: str) -> tuple[Any, float, str]:
+    """The streamstate contender's query (a per-key count to Parquet, parallelism 2) run to
+    the end of its input: the query, its wall time in seconds and its output directory."""
+    from streamstate.spark import keyed_process
 
     out = os.path.join(work, "out")
     t0 = time.perf_counter()
@@ -150,7 +173,13 @@ def run_streamstate(spark: Any, src: Any, backend: str, work: str) -> dict[str, 
         state_backend=backend,
     ).write_stream("parquet", path=out, trigger={"availableNow": True})
     query.await_termination()
-    wall = time.perf_counter() - t0
+    return query, time.perf_counter() - t0, out
+
+
+def run_streamstate(spark: Any, src: Any, backend: str, work: str) -> dict[str, Any]:
+    from streamstate.spark import FileSink
+
+    query, wall, out = _count_query(src, backend, work)
     query.stop()
     table = FileSink(out).read_arrow()
     progress = [p for p in query.recent_progress if p["numInputRows"] > 0]
@@ -490,21 +519,9 @@ def run_streamstate_session(spark: Any, data: str, backend: str, work: str) -> d
     (through Connect, by the server's foreachBatch Python process), ``trigger_ms`` is Spark's
     ``durationMs.triggerExecution`` of each batch, which also holds what Connect adds around
     the foreachBatch call (the JVM handing the batch to that Python process)."""
-    from streamstate.spark import FileSink, keyed_process
+    from streamstate.spark import FileSink
 
-    out = os.path.join(work, "out")
-    t0 = time.perf_counter()
-    query = keyed_process(
-        source(spark, data),
-        key="k",
-        function=CountPerKey(),
-        output_schema="k long, n long",
-        checkpoint=os.path.join(work, "ck"),
-        parallelism=2,
-        state_backend=backend,
-    ).write_stream("parquet", path=out, trigger={"availableNow": True})
-    query.await_termination()
-    wall = time.perf_counter() - t0
+    query, wall, out = _count_query(source(spark, data), backend, work)
     # the property: a Connect client's progress (read from JSON) may lack the top-level field
     progress = [p for p in query.recent_progress if p.numInputRows > 0]
     query.stop()
@@ -659,20 +676,7 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    from pyspark.sql import SparkSession
-
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("streamstate-bench")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.default.parallelism", "2")
-        .config("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
-        .config("spark.driver.memory", "4g")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = bench_session("streamstate-bench", driver_memory="4g")
     tmp = tempfile.mkdtemp(prefix="bench-spark-")
     results: dict[str, Any] = {
         "benchmark": "spark_pipeline",
