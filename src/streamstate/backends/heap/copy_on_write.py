@@ -90,11 +90,12 @@ from __future__ import annotations
 import copy as _copy_module
 import gc
 import itertools
+import os
 import sys
 import threading
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from streamstate.backends.heap.state_map import (
     StateMap,
@@ -110,6 +111,7 @@ __all__ = [
     "MIN_TRANSFERRED_PER_INCREMENTAL_REHASH",
     "CopyOnWriteStateMap",
     "CopyOnWriteStateMapSnapshot",
+    "PyStateMapEntry",
     "StateMapEntry",
     "install_gc_policy",
     "uninstall_gc_policy",
@@ -139,8 +141,9 @@ _new = object.__new__
 _NO_HIT: Any = object()
 
 
-class StateMapEntry:
-    """One mapping: key, namespace, state, chain link and two versions.
+class PyStateMapEntry:
+    """One mapping: key, namespace, state, chain link and two versions (the pure-Python
+    reference of :data:`StateMapEntry`).
 
     ``entry_version`` protects the entry's structure (its ``next`` link), ``state_version`` the
     state object. Both are map versions; an entry or state older than the newest open snapshot is
@@ -159,7 +162,7 @@ class StateMapEntry:
         key: Any,
         namespace: Any,
         state: Any,
-        next_: StateMapEntry | None,
+        next_: PyStateMapEntry | None,
         entry_version: int,
         state_version: int,
     ) -> None:
@@ -181,6 +184,24 @@ class StateMapEntry:
             f"entry_version={self.entry_version}, state_version={self.state_version})"
         )
 
+
+def _entry_type() -> type[PyStateMapEntry]:
+    """The compiled entry (``_entry.c``: 64 bytes, untracked by the cyclic GC) when it was
+    built and ``STREAMSTATE_PURE_PYTHON`` is not set; else the pure-Python reference."""
+    if os.environ.get("STREAMSTATE_PURE_PYTHON", "") not in ("", "0"):
+        return PyStateMapEntry
+    try:
+        from streamstate.backends.heap._entry import StateMapEntry as compiled
+    except ImportError:
+        return PyStateMapEntry
+    return compiled  # type: ignore[no-any-return]
+
+
+if TYPE_CHECKING:
+    StateMapEntry = PyStateMapEntry
+else:
+    #: The entry type the maps create: same attributes, constructor, ``hash`` and repr either way
+    StateMapEntry = _entry_type()
 
 Table = list[StateMapEntry | None]
 
