@@ -4,14 +4,15 @@
 VENV ?= .venv
 PYTHON ?= python3
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+# the install builds the compiled entry (setup.py): a change to it re-runs the install too
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py src/streamstate/backends/heap/_entry.c | cksum | cut -d' ' -f1)
 
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
 .PHONY: demo test lint bench install clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py src/streamstate/backends/heap/_entry.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
