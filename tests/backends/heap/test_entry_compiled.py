@@ -17,12 +17,11 @@ import sys
 
 import pytest
 
-from streamstate.backends.heap import copy_on_write as cow
-from streamstate.backends.heap.copy_on_write import PyStateMapEntry
-
 # the README's setup compiles it (gcc is required): a silent fallback to the pure-Python entry
 # would cost 16 bytes per entry and go unnoticed, so its absence fails here
 from streamstate.backends.heap import _entry
+from streamstate.backends.heap import copy_on_write as cow
+from streamstate.backends.heap.copy_on_write import PyStateMapEntry
 
 Compiled = _entry.StateMapEntry
 

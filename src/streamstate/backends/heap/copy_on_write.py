@@ -191,10 +191,10 @@ def _entry_type() -> type[PyStateMapEntry]:
     if os.environ.get("STREAMSTATE_PURE_PYTHON", "") not in ("", "0"):
         return PyStateMapEntry
     try:
-        from streamstate.backends.heap._entry import StateMapEntry as compiled
+        from streamstate.backends.heap._entry import StateMapEntry as Compiled
     except ImportError:
         return PyStateMapEntry
-    return compiled  # type: ignore[no-any-return]
+    return Compiled  # type: ignore[return-value]
 
 
 if TYPE_CHECKING:
