@@ -4,15 +4,16 @@
 VENV ?= .venv
 PYTHON ?= python3
 PY := $(VENV)/bin/python
-# the install builds the compiled entry (setup.py): a change to it re-runs the install too
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py src/streamstate/backends/heap/_entry.c | cksum | cut -d' ' -f1)
+# the install builds the C extensions (setup.py): a change to them re-runs the install too
+EXTENSIONS := src/streamstate/backends/heap/_entry.c src/streamstate/backends/decorators/_sampling.c
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py $(EXTENSIONS) | cksum | cut -d' ' -f1)
 
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
 .PHONY: demo test lint bench install clean
 
-$(STAMP): pyproject.toml setup.py src/streamstate/backends/heap/_entry.c
+$(STAMP): pyproject.toml setup.py $(EXTENSIONS)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev,bench]'

@@ -1,9 +1,11 @@
 """Build of the optional compiled parts (everything else is in pyproject.toml).
 
-``streamstate.backends.heap._entry`` is the copy-on-write state map's entry in C (64 bytes and
-untracked by the cyclic GC, against 80 for the pure-Python entry). It is optional: if it cannot
-be compiled the install still succeeds and the pure-Python reference is used (see
-``streamstate.backends.heap.copy_on_write``; ``STREAMSTATE_PURE_PYTHON=1`` forces it).
+* ``streamstate.backends.heap._entry``: the copy-on-write state map's entry in C (64 bytes and
+  untracked by the cyclic GC, against 80 for the pure-Python entry);
+* ``streamstate.backends.decorators._sampling``: the metrics decorators' unsampled path.
+
+Both are optional: if one cannot be compiled the install still succeeds and its pure-Python
+reference is used (``STREAMSTATE_PURE_PYTHON=1`` forces the references).
 """
 
 from setuptools import Extension, setup
@@ -14,6 +16,11 @@ setup(
             "streamstate.backends.heap._entry",
             ["src/streamstate/backends/heap/_entry.c"],
             optional=True,
-        )
+        ),
+        Extension(
+            "streamstate.backends.decorators._sampling",
+            ["src/streamstate/backends/decorators/_sampling.c"],
+            optional=True,
+        ),
     ]
 )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from rich.console import Console
@@ -20,6 +21,7 @@ from streamstate import (
     StateTtlConfig,
     ValueStateDescriptor,
 )
+from streamstate.backends.decorators import metrics as metrics_module
 from streamstate.backends.decorators.metrics import (
     MetricsTrackingValueState,
     TrackedOperation,
@@ -30,6 +32,18 @@ from streamstate.backends.heap.backend import HeapKeyedStateBackend
 from streamstate.keygroups import KeyGroupRange
 from streamstate.metrics import Histogram, MetricGroup, format_report, report_rows
 from streamstate.serializers import StrSerializer
+
+COUNTDOWNS = [pytest.param(None, id="python-countdown")]
+if metrics_module.Sampled is not None:
+    COUNTDOWNS.append(pytest.param(metrics_module.Sampled, id="compiled-countdown"))
+
+
+@pytest.fixture(autouse=True, params=COUNTDOWNS)
+def countdown(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> object:
+    """Every test runs with the generated Python methods and with the compiled countdown
+    (``_sampling.c``), which must count, sample and record exactly the same."""
+    monkeypatch.setattr(metrics_module, "Sampled", request.param)
+    return request.param
 
 
 class Sum(AggregateFunction):

@@ -37,19 +37,26 @@ Names (``<kind>_state_<operation>_latency`` in nanoseconds, ``..._key_size`` /
 * aggregating: ``get``, ``add``, ``merge_namespaces``, ``clear`` (no sizes: inputs and results
   have no declared serializer).
 
-The unsampled path of every operation is one extra Python call and a countdown; see
-``bench/metrics_overhead.py`` and ``docs/benchmarks.md`` for what that costs. To keep it that
-cheap, every operation's method is generated from one template (:data:`_TEMPLATE`) and the
-table of operations (:data:`_OPERATIONS`): the countdown lives in a slot of the decorator
-(``_get_left``, ...), read and written without a call or a dictionary lookup.
+The unsampled path of every operation is a countdown and the call of the decorated state's
+method; see ``bench/metrics_overhead.py`` and ``docs/benchmarks.md`` for what that costs. With
+the compiled countdown (``_sampling.c``, :data:`Sampled`), each operation of a decorator is an
+instance attribute that counts down in C and calls the decorated state's bound method directly,
+so the decorator adds no Python frame of its own; every ``sample_interval``-th call goes to the
+operation's sampled method, generated from :data:`_SAMPLED_TEMPLATE`. Without it (not built,
+or ``STREAMSTATE_PURE_PYTHON=1``), every operation's method is generated from one template
+(:data:`_TEMPLATE`) and the table of operations (:data:`_OPERATIONS`): the countdown lives in a
+slot of the decorator (``_get_left``, ...), read and written without a call or a dictionary
+lookup. Both count, sample and record the same (the tests run with each).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from time import perf_counter_ns
+from types import MethodType
 from typing import Any, NamedTuple
 
+from streamstate._compiled import compiled
 from streamstate.api.descriptors import StateDescriptor, StateKind
 from streamstate.api.state import (
     InternalAggregatingState,
@@ -163,6 +170,18 @@ def {method}(self{sig}):
 """The one sampled method every operation is generated from: count down, and on the sampled
 call time the decorated state's method and record the sizes."""
 
+_SAMPLED_TEMPLATE = """
+def {method}(self{sig}):
+    op = self._{name}
+    {prepare}
+    result = op.timed(self._original.{method}{args})
+    {key_size}
+    {value_size}
+    return {result}
+"""
+"""The sampled call alone, for the compiled countdown (``_sampling.c``): it calls the decorated
+state's bound method directly and this function every ``interval``-th time."""
+
 _MERGE = _Operation("merge_namespaces", "merge_namespaces", "target, sources")
 _CLEAR = _Operation("clear", "clear")
 _LIST_ARG = "values = list(values) if values is not None else []"
@@ -218,14 +237,14 @@ _OPERATIONS: dict[str, tuple[_Operation, ...]] = {
 """Per state kind (the metric prefix), its tracked operations."""
 
 
-def _generate(op: _Operation) -> Callable[..., Any]:
+def _generate(op: _Operation, template: str = _TEMPLATE) -> Callable[..., Any]:
     key_size = value_size = ""
     if op.key_size is not None:
         key_size = f"if op.key_size is not None: _record(op.key_size, self._key, {op.key_size})"
     if op.value_size is not None:
         attr, expr = op.value_size
         value_size = f"if op.value_size is not None: _record(op.value_size, self.{attr}, {expr})"
-    source = _TEMPLATE.format(
+    source = template.format(
         method=op.method,
         name=op.name,
         sig=f", {op.params}" if op.params else "",
@@ -247,6 +266,15 @@ def _methods(prefix: str) -> dict[str, Callable[..., Any]]:
     return {op.method: _generate(op) for op in _OPERATIONS[prefix]}
 
 
+def _sampled_methods(prefix: str) -> dict[str, Callable[..., Any]]:
+    return {op.method: _generate(op, _SAMPLED_TEMPLATE) for op in _OPERATIONS[prefix]}
+
+
+_sampling = compiled("streamstate.backends.decorators._sampling")
+#: the compiled countdown (``Sampled(fast, sampled, interval)``), or None: the generated methods
+Sampled: Any = None if _sampling is None else _sampling.Sampled
+
+
 def _slots(prefix: str) -> tuple[str, ...]:
     return tuple(s for op in _OPERATIONS[prefix] for s in (f"_{op.name}", f"_{op.name}_left"))
 
@@ -255,9 +283,13 @@ class _MetricsTrackingState:
     """Shared fields and pass-through methods of the metrics decorators; each subclass is one
     state kind, its sampled methods generated from :data:`_OPERATIONS`."""
 
-    __slots__ = ("_descriptor", "_group", "_interval", "_original")
+    # __dict__: with the compiled countdown, each operation is an instance attribute (a
+    # ``Sampled``), found before the class's generated method of the same name
+    __slots__ = ("__dict__", "_descriptor", "_group", "_interval", "_original")
 
     _prefix = ""
+    #: the sampled calls alone, per method (used with the compiled countdown)
+    _sampled: dict[str, Callable[..., Any]] = {}
 
     def __init__(
         self,
@@ -286,6 +318,16 @@ class _MetricsTrackingState:
             )
             setattr(self, f"_{op.name}", tracked)
             setattr(self, f"_{op.name}_left", 1)  # the first call of each operation is sampled
+        if Sampled is not None:
+            # the unsampled call goes from C straight to the decorated state: no Python frame
+            # of the decorator's own (the generated methods stay, for STREAMSTATE_PURE_PYTHON)
+            sampled = self._sampled
+            for op in _OPERATIONS[self._prefix]:
+                self.__dict__[op.method] = Sampled(
+                    getattr(original, op.method),
+                    MethodType(sampled[op.method], self),
+                    interval,
+                )
 
     def _set_serializers(self, descriptor: Any) -> None:
         """Keep the serializers the size histograms measure with."""
@@ -350,6 +392,7 @@ _AGGREGATING = _methods("aggregating_state")
 class MetricsTrackingValueState(_MetricsTrackingState, InternalValueState[Any]):
     __slots__ = (*_slots("value_state"), "_serializer")
     _prefix = "value_state"
+    _sampled = _sampled_methods("value_state")
 
     def _set_serializers(self, descriptor: Any) -> None:
         self._serializer = descriptor.serializer
@@ -362,6 +405,7 @@ class MetricsTrackingValueState(_MetricsTrackingState, InternalValueState[Any]):
 class MetricsTrackingListState(_MetricsTrackingState, InternalListState[Any]):
     __slots__ = (*_slots("list_state"), "_element", "_list")
     _prefix = "list_state"
+    _sampled = _sampled_methods("list_state")
 
     def _set_serializers(self, descriptor: Any) -> None:
         self._element = descriptor.element_serializer
@@ -378,6 +422,7 @@ class MetricsTrackingListState(_MetricsTrackingState, InternalListState[Any]):
 class MetricsTrackingMapState(_MetricsTrackingState, InternalMapState[Any, Any]):
     __slots__ = (*_slots("map_state"), "_dict", "_key", "_value")
     _prefix = "map_state"
+    _sampled = _sampled_methods("map_state")
 
     def _set_serializers(self, descriptor: Any) -> None:
         self._key = descriptor.key_serializer
@@ -399,6 +444,7 @@ class MetricsTrackingMapState(_MetricsTrackingState, InternalMapState[Any, Any])
 class MetricsTrackingReducingState(_MetricsTrackingState, InternalReducingState[Any]):
     __slots__ = (*_slots("reducing_state"), "_serializer")
     _prefix = "reducing_state"
+    _sampled = _sampled_methods("reducing_state")
 
     def _set_serializers(self, descriptor: Any) -> None:
         self._serializer = descriptor.serializer
@@ -412,6 +458,7 @@ class MetricsTrackingReducingState(_MetricsTrackingState, InternalReducingState[
 class MetricsTrackingAggregatingState(_MetricsTrackingState, InternalAggregatingState[Any, Any]):
     __slots__ = _slots("aggregating_state")
     _prefix = "aggregating_state"
+    _sampled = _sampled_methods("aggregating_state")
 
     get = _AGGREGATING["get"]
     add = _AGGREGATING["add"]

@@ -90,13 +90,13 @@ from __future__ import annotations
 import copy as _copy_module
 import gc
 import itertools
-import os
 import sys
 import threading
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from streamstate._compiled import compiled
 from streamstate.backends.heap.state_map import (
     StateMap,
     StateMapSnapshot,
@@ -188,13 +188,8 @@ class PyStateMapEntry:
 def _entry_type() -> type[PyStateMapEntry]:
     """The compiled entry (``_entry.c``: 64 bytes, untracked by the cyclic GC) when it was
     built and ``STREAMSTATE_PURE_PYTHON`` is not set; else the pure-Python reference."""
-    if os.environ.get("STREAMSTATE_PURE_PYTHON", "") not in ("", "0"):
-        return PyStateMapEntry
-    try:
-        from streamstate.backends.heap._entry import StateMapEntry as Compiled
-    except ImportError:
-        return PyStateMapEntry
-    return Compiled  # type: ignore[return-value]
+    module = compiled("streamstate.backends.heap._entry")
+    return PyStateMapEntry if module is None else module.StateMapEntry  # type: ignore[no-any-return]
 
 
 if TYPE_CHECKING:
