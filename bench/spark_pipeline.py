@@ -31,6 +31,15 @@ code path to the JIT of its first timed run (seconds slower than the next ones).
 rotates the order (repeat ``r`` starts at contender ``r``), and each contender's figures are the
 median over its repeats, printed with their range.
 
+Spark's stages of every streaming run, read from Spark's status store after the query ended
+(``stage_breakdown``; nothing is added to the timed run): per micro-batch, the map stage
+(Parquet read, shuffle write: the JVM's partial aggregation) and the reduce stage (shuffle read,
+the stateful operator or streamstate's ``mapInArrow`` task), each with its duration, its tasks'
+executor run time and the records shuffled, and the jobs' time within Spark's
+``triggerExecution``. Each run's median over batches >= 1 is printed under it and stored in its
+``stages``; the contender's ``stages`` is the median over its repeats. A Spark Connect session
+or a failure records ``{"skipped": why}`` instead.
+
 Question 2, ``hot``: per-micro-batch time with 10k changed keys while the total state grows
 (``--hot-sizes``, default 100k, 1M, 10M keys): the state is preloaded by a batch job that writes
 a savepoint, a streaming query starts from it (its first batch loads the savepoint), and the
@@ -189,6 +198,8 @@ def run_streamstate(spark: Any, src: Any, backend: str, work: str) -> dict[str, 
     progress = [p for p in query.recent_progress if p["numInputRows"] > 0]
     return {
         "wall_s": wall,
+        "run_id": progress[0]["runId"] if progress else None,
+        "batch_ids": [p["batchId"] for p in progress],
         "rows": sum(b.get("rows", 0) for b in query.batches),
         # Spark's triggerExecution per micro-batch, as for Spark's contenders: the foreachBatch
         # (streamstate's own batch_ms) plus Spark's offset and commit logs and planning
@@ -269,11 +280,114 @@ def run_spark(spark: Any, name: str, src: Any, work: str) -> dict[str, Any]:
     progress = [p for p in q.recentProgress if p["numInputRows"] > 0]
     return {
         "wall_s": wall,
+        "run_id": progress[0]["runId"] if progress else None,
+        "batch_ids": [p["batchId"] for p in progress],
         "rows": sum(p["numInputRows"] for p in progress),
         "batch_ms": [p["durationMs"]["triggerExecution"] for p in progress],
         "trigger_ms": [p["durationMs"] for p in progress],
         "state_rows": progress[-1]["stateOperators"][0]["numRowsTotal"] if progress else 0,
     }
+
+
+# ---- Spark's stages per micro-batch --------------------------------------------------------------
+
+
+def _status_store_json(spark: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Every job and stage attempt Spark's status store holds (the live store behind the UI,
+    kept with the UI disabled), as dicts: one Jackson serialization per list, not a py4j call
+    per field."""
+    jvm = spark._jvm
+    store = spark._jsc.sc().statusStore()
+    mapper = jvm.com.fasterxml.jackson.databind.ObjectMapper()
+    # Scala's Option and Seq fields of the status API classes
+    mapper.registerModule(
+        getattr(getattr(jvm.com.fasterxml.jackson.module.scala, "DefaultScalaModule$"), "MODULE$")
+    )
+    jobs = json.loads(mapper.writeValueAsString(store.jobsList(None)))
+    no_quantiles = spark.sparkContext._gateway.new_array(jvm.double, 0)
+    stages = json.loads(
+        mapper.writeValueAsString(
+            store.stageList(None, False, False, no_quantiles, jvm.java.util.ArrayList())
+        )
+    )
+    return jobs, stages
+
+
+def stage_breakdown(spark: Any, run_id: str | None, trigger_ms: dict[int, int]) -> dict[str, Any]:
+    """Spark's stages of each micro-batch of the streaming run ``run_id``, read from the
+    status store after the query ended (nothing added while it runs): per batch, its map
+    stages (Parquet read and shuffle write; the JVM's partial aggregation) and its result
+    stage (shuffle read and the stateful operator, or streamstate's ``mapInArrow`` task),
+    each with its wall duration (submission to completion), its tasks' summed executor run
+    time and its shuffle records, the jobs' wall duration and what of Spark's
+    ``triggerExecution`` (``trigger_ms``, by batch id) went outside any job (offset and commit
+    logs, planning, streamstate's driver side); ``steady`` holds their medians over batches
+    >= 1. Never
+    raises: a Spark Connect session (no status store on the client) or a failure gives
+    ``{"skipped": why}``."""
+    if run_id is None:
+        return {"skipped": "no progress with input rows"}
+    if not hasattr(spark, "_jsc"):
+        return {"skipped": "Spark Connect session: the status store is on the server"}
+    try:
+        jobs, stages = _status_store_json(spark)
+        by_id = {s["stageId"]: s for s in stages if s.get("status") == "COMPLETE"}
+        batches: dict[int, dict[str, Any]] = {}
+        for job in jobs:
+            # Spark's micro-batch runner sets the job group to the run id and the description
+            # to "...batch = N"; streamstate's jobs, run inside foreachBatch, inherit both
+            if job.get("jobGroup") != run_id or "batch = " not in (job.get("description") or ""):
+                continue
+            n = int(job["description"].rsplit("batch = ", 1)[1].split()[0])
+            b = batches.setdefault(
+                n,
+                {
+                    "batch": n,
+                    "jobs": 0,
+                    "trigger_ms": trigger_ms.get(n, 0),
+                    "job_ms": 0,
+                    "outside_jobs_ms": trigger_ms.get(n, 0),
+                    "map_ms": 0,
+                    "map_run_ms": 0,
+                    "map_tasks": 0,
+                    "shuffle_records": 0,
+                    "reduce_ms": 0,
+                    "reduce_run_ms": 0,
+                    "reduce_tasks": 0,
+                },
+            )
+            b["jobs"] += 1
+            b["job_ms"] += job["completionTime"] - job["submissionTime"]
+            b["outside_jobs_ms"] -= job["completionTime"] - job["submissionTime"]
+            ids = [i for i in job["stageIds"] if i in by_id]
+            for i in ids:
+                st = by_id[i]
+                # the job's result stage is created last: the highest id; the others feed it
+                side = "reduce" if i == max(ids) else "map"
+                b[f"{side}_ms"] += st["completionTime"] - st["submissionTime"]
+                b[f"{side}_run_ms"] += st["executorRunTime"]
+                b[f"{side}_tasks"] += st["numTasks"]
+                b["shuffle_records"] += st["shuffleWriteRecords"]
+        per_batch = [batches[n] for n in sorted(batches)]
+        if not per_batch:
+            return {"skipped": f"no job of run {run_id} in the status store (evicted?)"}
+        steady = [b for b in per_batch if b["batch"] >= 1] or per_batch
+        fields = [k for k in per_batch[0] if k != "batch"]
+        return {
+            "per_batch": per_batch,
+            "steady": {k: statistics.median(b[k] for b in steady) for k in fields},
+        }
+    except Exception as exc:  # measurement only: a failure here must not end the benchmark
+        return {"skipped": f"{type(exc).__name__}: {exc}"[:500]}
+
+
+def _stages_line(steady: dict[str, Any]) -> str:
+    return (
+        f"map stage {steady['map_ms']:,.0f} ms (run {steady['map_run_ms']:,.0f} ms, "
+        f"{steady['shuffle_records']:,.0f} shuffle records), reduce stage "
+        f"{steady['reduce_ms']:,.0f} ms (run {steady['reduce_run_ms']:,.0f} ms); jobs "
+        f"{steady['job_ms']:,.0f} ms of a {steady['trigger_ms']:,.0f} ms trigger"
+    )
 
 
 def check(name: str, res: dict[str, Any], keys: np.ndarray) -> None:
@@ -364,6 +478,10 @@ def bench_pipeline(spark: Any, args: argparse.Namespace, tmp: str) -> dict[str, 
                 work = tempfile.mkdtemp(dir=tmp)
                 res = run_contender(spark, name, source(spark, data, files), work)
                 check(name, res, used)
+                # after the query ended and before the next one: outside any timing
+                res["stages"] = stage_breakdown(
+                    spark, res["run_id"], dict(zip(res["batch_ids"], res["batch_ms"], strict=True))
+                )
                 res["repeat"], res["position"] = r, position
                 res["events"] = len(used)
                 res["events_per_s"] = len(used) / res["wall_s"]
@@ -379,6 +497,10 @@ def bench_pipeline(spark: Any, args: argparse.Namespace, tmp: str) -> dict[str, 
                     f"steady {res['steady_events_per_s']:>10,.0f}"
                     + ("" if files is None else f"  (first {files} batches only)")
                 )
+                if "steady" in res["stages"]:
+                    print(f"    {_stages_line(res['stages']['steady'])}")
+                else:
+                    print(f"    stages: skipped ({res['stages']['skipped']})")
         # per contender: the median over its repeats (each in a different position), and the
         # range
         summary = {
@@ -398,6 +520,9 @@ def bench_pipeline(spark: Any, args: argparse.Namespace, tmp: str) -> dict[str, 
                     r["wall_s"] * 1e3 - sum(r["batch_ms"]) for r in rs
                 ),
                 "events": rs[0]["events"],
+                # Spark's stages of a steady micro-batch: the median over the repeats of
+                # each run's median over its batches >= 1
+                "stages": _median_stages(rs),
                 "runs": rs,
             }
             for name, rs in runs.items()
@@ -412,9 +537,19 @@ def bench_pipeline(spark: Any, args: argparse.Namespace, tmp: str) -> dict[str, 
                 f"steady {v['steady_events_per_s']:>10,.0f}  first batch "
                 f"{v['first_batch_ms']:,.0f} ms, outside batches {v['outside_batches_ms']:,.0f} ms"
             )
+        for name, v in summary.items():
+            if v["stages"] is not None:
+                print(f"  stages {name:<28}{_stages_line(v['stages'])}")
         for label, value in ratios.items():
             print(f"  {label:<54}{value:>8.2f}" + ("" if label.endswith(", s") else "x"))
     return out
+
+
+def _median_stages(runs: list[dict[str, Any]]) -> dict[str, float] | None:
+    steady = [r["stages"]["steady"] for r in runs if "steady" in r["stages"]]
+    if not steady:
+        return None
+    return {k: statistics.median(s[k] for s in steady) for k in steady[0]}
 
 
 def _ratios(summary: dict[str, Any]) -> dict[str, float]:
