@@ -25,11 +25,15 @@ one state row per distinct key.
 
 Fairness: before the first timed contender every contender runs once, untimed, over the same
 warm-up input (``--warm-up-events``, default 300k events, in ``--warm-up-files`` files, default
-3, at the first ``--keys`` cardinality; ``--no-warm-up`` skips it): the first query of a session
-pays the JVM's and Spark's cold start, and a contender's first run over a tiny input leaves its
-code path to the JIT of its first timed run (seconds slower than the next ones). ``--repeat R``
-rotates the order (repeat ``r`` starts at contender ``r``), and each contender's figures are the
-median over its repeats, printed with their range.
+10, at the first ``--keys`` cardinality; ``--warm-up-rounds`` times; ``--no-warm-up`` skips it):
+the first query of a session pays the JVM's and Spark's cold start, and a contender's first run
+after a short warm-up leaves its code path to the JIT of its first timed run (seconds slower
+than the next ones). What warms the JIT is the number of micro-batches more than the events:
+Spark's per-batch and per-task code runs a few times per batch. The driver JVM's JIT and GC
+time during each run (JMX) is recorded in its ``jvm``, so a first run that still compiles more
+than the next ones shows; after the warm-up the benchmark waits (at most 30 s) until the JIT
+goes quiet. ``--repeat R`` rotates the order (repeat ``r`` starts at contender ``r``), and each
+contender's figures are the median over its repeats, printed with their range.
 
 Spark's stages of every streaming run, read from Spark's status store after the query ended
 (``stage_breakdown``; nothing is added to the timed run): per micro-batch, the map stage
@@ -50,7 +54,7 @@ Writes ``bench/results/spark_pipeline.json`` and, with matplotlib installed (the
 extra), ``docs/img/spark_pipeline.png``.
 
     python bench/spark_pipeline.py [--events 1000000] [--keys 10000,1000000] [--batches 10]
-        [--repeat 1] [--no-warm-up] [--warm-up-events 300000] [--warm-up-files 3]
+        [--repeat 1] [--no-warm-up] [--warm-up-events 300000] [--warm-up-files 10]
         [--contenders ...] [--slow-batches 1]
         [--only pipeline,hot] [--hot-sizes 100000,1000000,10000000]
         [--hot-backends heap,rocksdb] [--connect]
@@ -381,6 +385,50 @@ def stage_breakdown(spark: Any, run_id: str | None, trigger_ms: dict[int, int]) 
         return {"skipped": f"{type(exc).__name__}: {exc}"[:500]}
 
 
+def jvm_counters(spark: Any) -> dict[str, float] | None:
+    """The driver JVM's cumulative JIT compilation and GC times (ms) and GC count (JMX), read
+    between runs: the difference over a run tells whether the JVM was still compiling (or
+    collecting) during it, i.e. whether the warm-up sufficed. ``local[*]`` runs every task in
+    this JVM. None on Spark Connect or any failure."""
+    if not hasattr(spark, "_jsc"):
+        return None
+    try:
+        mf = spark._jvm.java.lang.management.ManagementFactory
+        gcs = mf.getGarbageCollectorMXBeans()
+        return {
+            "jit_ms": float(mf.getCompilationMXBean().getTotalCompilationTime()),
+            "gc_ms": float(sum(gcs.get(i).getCollectionTime() for i in range(gcs.size()))),
+            "gc_count": float(sum(gcs.get(i).getCollectionCount() for i in range(gcs.size()))),
+        }
+    except Exception:  # measurement only
+        return None
+
+
+def jit_settle(spark: Any, quiet_s: float = 1.0, limit_s: float = 30.0) -> dict[str, float]:
+    """Wait until the driver JVM's JIT compilers go quiet (no compilation time added over
+    ``quiet_s``), at most ``limit_s``: the compilations a warm-up queued finish here rather
+    than in the first timed run, on a machine whose cores the compiler threads share. Returns
+    the seconds waited and the JIT ms spent meanwhile ({} when the counters are unavailable)."""
+    first = jvm_counters(spark)
+    if first is None:
+        return {}
+    t0 = time.perf_counter()
+    last = first["jit_ms"]
+    while time.perf_counter() - t0 < limit_s:
+        time.sleep(quiet_s)
+        now = jvm_counters(spark)
+        if now is None or now["jit_ms"] == last:
+            break
+        last = now["jit_ms"]
+    return {"waited_s": time.perf_counter() - t0, "jit_ms": last - first["jit_ms"]}
+
+
+def jvm_delta(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, float]:
+    if before is None or after is None:
+        return {}
+    return {k: after[k] - before[k] for k in after}
+
+
 def _stages_line(steady: dict[str, Any]) -> str:
     return (
         f"map stage {steady['map_ms']:,.0f} ms (run {steady['map_run_ms']:,.0f} ms, "
@@ -420,7 +468,7 @@ def run_contender(spark: Any, name: str, src: Any, work: str) -> dict[str, Any]:
 
 
 def warm_up(
-    spark: Any, contenders: list[str], tmp: str, events: int, files: int, keys: int
+    spark: Any, contenders: list[str], tmp: str, events: int, files: int, keys: int, rounds: int = 1
 ) -> dict[str, Any]:
     """Run every contender once, untimed, over the same input (``events`` events in ``files``
     Parquet files, ``keys`` distinct keys): whichever contender runs first would otherwise pay
@@ -428,24 +476,47 @@ def warm_up(
     Python workers), and each contender's first timed run its own code path's JIT compilation
     (the JVM compiles a method after thousands of calls: a tiny input leaves the contender's
     hot loops interpreted, and its first timed run seconds slower than the next ones). The
-    input is identical for every contender. Returns the settings and each warm-up's wall
-    seconds."""
+    input is identical for every contender; ``rounds`` runs them all that many times, in
+    order. Returns the settings, each contender's warm-up wall seconds (summed over the rounds)
+    and the JVM's JIT and GC time during them."""
     data = os.path.join(tmp, "warm-up")
     used = write_input(data, events, keys, files, seed=0)
     took = {}
-    for name in contenders:
+    jvm: dict[str, dict[str, float]] = {}
+    for name in [c for _ in range(rounds) for c in contenders]:
         work = tempfile.mkdtemp(dir=tmp)
+        before = jvm_counters(spark)
         t0 = time.perf_counter()
         res = run_contender(spark, name, source(spark, data), work)
-        took[name] = time.perf_counter() - t0
+        took[name] = took.get(name, 0.0) + time.perf_counter() - t0
+        spent = jvm_delta(before, jvm_counters(spark))
+        jvm[name] = {k: jvm.get(name, {}).get(k, 0.0) + v for k, v in spent.items()}
         check(name, res, used)
         shutil.rmtree(work, ignore_errors=True)
     shutil.rmtree(data, ignore_errors=True)
+    settle = jit_settle(spark)
     print(
-        f"[warm-up] {events:,} events in {files} files, {keys:,} keys: "
-        + ", ".join(f"{n} {s:.1f} s" for n, s in took.items())
+        f"[warm-up] {rounds} x {events:,} events in {files} files, {keys:,} keys: "
+        + ", ".join(
+            f"{n} {s:.1f} s" + (f" (JIT {jvm[n]['jit_ms']:,.0f} ms)" if jvm[n] else "")
+            for n, s in took.items()
+        )
+        + (
+            f"; then the JIT went quiet in {settle['waited_s']:.1f} s "
+            f"({settle['jit_ms']:,.0f} ms compiling)"
+            if settle
+            else ""
+        )
     )
-    return {"events": events, "files": files, "keys": keys, "wall_s": took}
+    return {
+        "events": events,
+        "files": files,
+        "keys": keys,
+        "rounds": rounds,
+        "wall_s": took,
+        "jvm": jvm,
+        "jit_settle": settle,
+    }
 
 
 def rotations(contenders: list[str], repeat: int) -> list[list[str]]:
@@ -476,7 +547,10 @@ def bench_pipeline(spark: Any, args: argparse.Namespace, tmp: str) -> dict[str, 
                     files = min(args.slow_batches, args.batches)
                 used = keys if files is None else np.concatenate(per_file[:files])
                 work = tempfile.mkdtemp(dir=tmp)
+                before = jvm_counters(spark)
                 res = run_contender(spark, name, source(spark, data, files), work)
+                # JIT compilation and GC in the driver JVM during the run (read outside wall_s)
+                res["jvm"] = jvm_delta(before, jvm_counters(spark))
                 check(name, res, used)
                 # after the query ended and before the next one: outside any timing
                 res["stages"] = stage_breakdown(
@@ -497,6 +571,11 @@ def bench_pipeline(spark: Any, args: argparse.Namespace, tmp: str) -> dict[str, 
                     f"steady {res['steady_events_per_s']:>10,.0f}"
                     + ("" if files is None else f"  (first {files} batches only)")
                 )
+                if res["jvm"]:
+                    print(
+                        f"    JVM during the run: JIT {res['jvm']['jit_ms']:,.0f} ms, GC "
+                        f"{res['jvm']['gc_ms']:,.0f} ms ({res['jvm']['gc_count']:.0f} collections)"
+                    )
                 if "steady" in res["stages"]:
                     print(f"    {_stages_line(res['stages']['steady'])}")
                 else:
@@ -818,8 +897,16 @@ def main() -> None:
     parser.add_argument(
         "--warm-up-files",
         type=int,
-        default=3,
+        default=10,
+        # measured: 300k events in 3 files left the first timed run compiling 2-4x the JIT time
+        # of the later ones; the same events (or 100k) in 10 files did not
         help="Parquet files (micro-batches) of the warm-up input",
+    )
+    parser.add_argument(
+        "--warm-up-rounds",
+        type=int,
+        default=1,
+        help="times every contender runs over the warm-up input (all of them, in turn)",
     )
     parser.add_argument("--only", default="pipeline,hot")
     parser.add_argument("--hot-sizes", default="100000,1000000,10000000")
@@ -866,6 +953,7 @@ def main() -> None:
                     args.warm_up_events,
                     args.warm_up_files,
                     int(args.keys.split(",")[0]),
+                    args.warm_up_rounds,
                 )
                 if args.warm_up
                 else None
