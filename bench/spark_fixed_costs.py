@@ -11,7 +11,11 @@ belongs to neither), and their order alternates between repeats.
 
 Batch: ``keyed_process(...).collect()`` over ``--batch-rows`` rows against
 ``groupBy(k).count().collect()`` (goal: within 1.5x), with one output row per key as
-``groupBy`` (the count emitted by a timer at the end of the input) and one per record.
+``groupBy`` (the count emitted by a timer at the end of the input) and one per record. Spark's
+floor beside them: the same placement as streamstate (``place(df, ["k"], 2, 128)``) and a
+``mapInArrow`` pass-through yielding one one-row batch per input batch, collected; what Spark
+itself costs any Python ``mapInArrow`` job over the placed rows. Its ratio to ``groupBy`` splits
+streamstate's ratio into Spark's floor and streamstate's own work (streamstate / floor).
 
     python bench/spark_fixed_costs.py [--events 100000] [--batches 3] [--keys 10000]
         [--batch-rows 100000] [--repeat 2]
@@ -120,6 +124,28 @@ class FinalCount(CountPerKey):
         yield ctx.get_current_key(), self.n.value()
 
 
+def _pass_through(batches: Any) -> Any:
+    """Reads every Arrow batch and yields one row per batch (its row count): the least a
+    ``mapInArrow`` task can do."""
+    import pyarrow as pa
+
+    for batch in batches:
+        yield pa.RecordBatch.from_pydict({"n": pa.array([batch.num_rows], pa.int64())})
+
+
+def spark_floor_ms(df: Any, rows: int) -> float:
+    """Spark's floor under a batch ``keyed_process(...).collect()``: streamstate's placement
+    (key group column, ``repartitionById``) and a Python ``mapInArrow`` pass-through, collected;
+    no state, no function, no output rows beyond one per Arrow batch. Milliseconds."""
+    from streamstate.spark.placement import place
+
+    t0 = time.perf_counter()
+    got = place(df, ["k"], 2, 128).mapInArrow(_pass_through, "n long").collect()
+    took = (time.perf_counter() - t0) * 1e3
+    assert sum(r["n"] for r in got) == rows, "the pass-through lost rows"
+    return took
+
+
 def batch_collect(spark: Any, rows: int, keys: int) -> dict[str, Any]:
     """``keyed_process(...).collect()`` (one output row per key, and one per record) against
     ``groupBy(k).count().collect()`` over the same cached input."""
@@ -143,10 +169,13 @@ def batch_collect(spark: Any, rows: int, keys: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     jvm_rows = df.groupBy("k").count().collect()
     out["jvm_groupby_ms"] = jvm = (time.perf_counter() - t0) * 1e3
+    out["floor_ms"] = spark_floor_ms(df, rows)
     df.unpersist()
     assert len(jvm_rows) == min(keys, rows)
     out["ratio"] = out["streamstate_per_key_ms"] / jvm
     out["ratio_per_record"] = out["streamstate_per_record_ms"] / jvm
+    out["floor_ratio"] = out["floor_ms"] / jvm
+    out["ratio_over_floor"] = out["streamstate_per_key_ms"] / out["floor_ms"]
     return out
 
 
@@ -208,7 +237,26 @@ def main() -> None:
                 f"{b['streamstate_per_record_ms']:6.0f} ms; groupBy {b['jvm_groupby_ms']:6.0f} "
                 f"ms: {b['ratio']:.2f}x (goal <= 1.5), per record {b['ratio_per_record']:.2f}x"
             )
+            print(
+                f"[batch {r}] Spark's floor (placement + mapInArrow pass-through) "
+                f"{b['floor_ms']:6.0f} ms: {b['floor_ratio']:.2f}x groupBy; streamstate one row "
+                f"per key {b['ratio']:.2f}x = floor {b['floor_ratio']:.2f}x * own work "
+                f"{b['ratio_over_floor']:.2f}x"
+            )
             results["runs"].append(run)
+        batch = [run["batch"] for run in results["runs"]]
+        # medians of the times over the repeats, and the ratios of those medians
+        m = {k: statistics.median(b[k] for b in batch) for k in batch[0] if k.endswith("_ms")}
+        m["ratio"] = m["streamstate_per_key_ms"] / m["jvm_groupby_ms"]
+        m["floor_ratio"] = m["floor_ms"] / m["jvm_groupby_ms"]
+        m["ratio_over_floor"] = m["streamstate_per_key_ms"] / m["floor_ms"]
+        results["batch_medians"] = m
+        print(
+            f"[batch] medians over {len(batch)} repeats: groupBy {m['jvm_groupby_ms']:.0f} ms, "
+            f"Spark's floor {m['floor_ms']:.0f} ms ({m['floor_ratio']:.2f}x), streamstate one row "
+            f"per key {m['streamstate_per_key_ms']:.0f} ms ({m['ratio']:.2f}x, "
+            f"{m['ratio_over_floor']:.2f}x the floor)"
+        )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         spark.stop()
