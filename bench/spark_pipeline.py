@@ -197,11 +197,13 @@ def run_streamstate(spark: Any, src: Any, backend: str, work: str) -> dict[str, 
     from streamstate.spark import FileSink
 
     query, wall, out = _count_query(src, backend, work)
+    host_cpu = hosts_cpu(query.batches)  # before stop() ends the hosts
     query.stop()
     table = FileSink(out).read_arrow()
     progress = [p for p in query.recent_progress if p["numInputRows"] > 0]
     return {
         "wall_s": wall,
+        "hosts_cpu_s": host_cpu,
         "run_id": progress[0]["runId"] if progress else None,
         "batch_ids": [p["batchId"] for p in progress],
         "rows": sum(b.get("rows", 0) for b in query.batches),
@@ -404,6 +406,83 @@ def jvm_counters(spark: Any) -> dict[str, float] | None:
         return None
 
 
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _proc_stats() -> dict[int, tuple[int, float]]:
+    """pid -> (parent pid, CPU seconds so far: user + system) of every process (Linux)."""
+    out = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        out[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS)
+    return out
+
+
+def jvm_pid(spark: Any) -> int | None:
+    """The driver JVM's pid (classic sessions; None on Spark Connect or any failure)."""
+    if not hasattr(spark, "_jsc"):
+        return None
+    try:
+        return int(spark._jvm.java.lang.ProcessHandle.current().pid())
+    except Exception:  # measurement only
+        return None
+
+
+def process_cpu(jvm: int | None) -> dict[str, float]:
+    """CPU seconds so far of the driver JVM (``local[2]``: every Spark task runs in it), its
+    descendants (Spark's Python workers: ``mapInArrow`` tasks forwarding to the state hosts,
+    Spark's Python stateful operators) and this driver process. {} when unavailable."""
+    if jvm is None or not os.path.isdir("/proc"):
+        return {}
+    stats = _proc_stats()
+    if jvm not in stats:
+        return {}
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in stats.items():
+        children.setdefault(ppid, []).append(pid)
+    workers, todo = 0.0, list(children.get(jvm, []))
+    while todo:
+        pid = todo.pop()
+        workers += stats[pid][1]
+        todo.extend(children.get(pid, []))
+    return {
+        "jvm": stats[jvm][1],
+        "python_workers": workers,
+        "driver": stats.get(os.getpid(), (0, 0.0))[1],
+    }
+
+
+def hosts_cpu(batches: list[dict[str, Any]]) -> float | None:
+    """CPU seconds of the query's state hosts since they started (read before the query
+    stops them): every host of a run is started for that run. None when unavailable."""
+    pids = {int(s["host_pid"]) for b in batches for s in b.get("subtasks", []) if s.get("host_pid")}
+    if not pids or not os.path.isdir("/proc"):
+        return None
+    stats = _proc_stats()
+    return sum(stats[p][1] for p in pids if p in stats)
+
+
+def cpu_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {k: after[k] - before[k] for k in before if k in after}
+
+
+def _cpu_line(cpu: dict[str, float], wall_s: float) -> str:
+    names = (
+        ("jvm", "JVM"),
+        ("python_workers", "Python workers"),
+        ("state_hosts", "state hosts"),
+        ("driver", "driver"),
+    )
+    parts = [f"{label} {cpu[k]:.1f} s" for k, label in names if k in cpu]
+    return f"CPU: {', '.join(parts)} (total {sum(cpu.values()):.1f} s in {wall_s:.1f} s wall)"
+
+
 def jit_settle(spark: Any, quiet_s: float = 1.0, limit_s: float = 30.0) -> dict[str, float]:
     """Wait until the driver JVM's JIT compilers go quiet (no compilation time added over
     ``quiet_s``), at most ``limit_s``: the compilations a warm-up queued finish here rather
@@ -540,6 +619,7 @@ def bench_pipeline(spark: Any, args: argparse.Namespace, tmp: str) -> dict[str, 
         per_file = np.array_split(keys, args.batches)
         runs: dict[str, list[dict[str, Any]]] = {c: [] for c in contenders}
         print(f"\n[pipeline] {args.events:,} events, {n_keys:,} keys, {args.batches} batches")
+        pid = jvm_pid(spark)
         for r, order in enumerate(rotations(contenders, args.repeat)):
             for position, name in enumerate(order):
                 files = None
@@ -548,9 +628,14 @@ def bench_pipeline(spark: Any, args: argparse.Namespace, tmp: str) -> dict[str, 
                 used = keys if files is None else np.concatenate(per_file[:files])
                 work = tempfile.mkdtemp(dir=tmp)
                 before = jvm_counters(spark)
+                cpu_before = process_cpu(pid)
                 res = run_contender(spark, name, source(spark, data, files), work)
                 # JIT compilation and GC in the driver JVM during the run (read outside wall_s)
                 res["jvm"] = jvm_delta(before, jvm_counters(spark))
+                # CPU seconds per process kind: where a query's work went on the shared cores
+                res["cpu_s"] = cpu_delta(cpu_before, process_cpu(pid))
+                if res.get("hosts_cpu_s") is not None and res["cpu_s"]:
+                    res["cpu_s"]["state_hosts"] = res["hosts_cpu_s"]
                 check(name, res, used)
                 # after the query ended and before the next one: outside any timing
                 res["stages"] = stage_breakdown(
@@ -576,6 +661,8 @@ def bench_pipeline(spark: Any, args: argparse.Namespace, tmp: str) -> dict[str, 
                         f"    JVM during the run: JIT {res['jvm']['jit_ms']:,.0f} ms, GC "
                         f"{res['jvm']['gc_ms']:,.0f} ms ({res['jvm']['gc_count']:.0f} collections)"
                     )
+                if res["cpu_s"]:
+                    print(f"    {_cpu_line(res['cpu_s'], res['wall_s'])}")
                 if "steady" in res["stages"]:
                     print(f"    {_stages_line(res['stages']['steady'])}")
                 else:
@@ -602,6 +689,9 @@ def bench_pipeline(spark: Any, args: argparse.Namespace, tmp: str) -> dict[str, 
                 # Spark's stages of a steady micro-batch: the median over the repeats of
                 # each run's median over its batches >= 1
                 "stages": _median_stages(rs),
+                # CPU seconds per process kind: the median over the repeats
+                "cpu_s": _median_cpu(rs),
+                "wall_s": statistics.median(r["wall_s"] for r in rs),
                 "runs": rs,
             }
             for name, rs in runs.items()
@@ -619,9 +709,19 @@ def bench_pipeline(spark: Any, args: argparse.Namespace, tmp: str) -> dict[str, 
         for name, v in summary.items():
             if v["stages"] is not None:
                 print(f"  stages {name:<28}{_stages_line(v['stages'])}")
+        for name, v in summary.items():
+            if v["cpu_s"]:
+                print(f"  cpu    {name:<28}{_cpu_line(v['cpu_s'], v['wall_s'])}")
         for label, value in ratios.items():
             print(f"  {label:<54}{value:>8.2f}" + ("" if label.endswith(", s") else "x"))
     return out
+
+
+def _median_cpu(runs: list[dict[str, Any]]) -> dict[str, float]:
+    kinds = [r["cpu_s"] for r in runs if r.get("cpu_s")]
+    if not kinds:
+        return {}
+    return {k: statistics.median(c.get(k, 0.0) for c in kinds) for k in kinds[0]}
 
 
 def _median_stages(runs: list[dict[str, Any]]) -> dict[str, float] | None:
