@@ -385,7 +385,7 @@ def _bench_row_cache(
             "runs_wall_cpu_s": samples,
         }
     floor = _point_read_floor(rc, pairs, args.repeat)
-    usage = rc.instance._row_cache.get_usage() if rc.instance._row_cache is not None else 0
+    usage = rc.instance.row_cache_usage()
     hw = out["value_get_update_row_cache"]["heap_ns"]
     print(
         f"  {'point read, row cache':<26}{'':>9}{floor:>12.0f}{floor / hw:>6.1f}x"

@@ -66,7 +66,7 @@ def _check(backends: list[Any], keys: range) -> None:
     assert seen == len(keys)
 
 
-# ---- configuration ------------------------------------------------------------------------------
+# ---- configuration -----------------------------------------------------------------------------
 
 
 def test_row_cache_size_flows_from_the_state_backend() -> None:
@@ -109,7 +109,7 @@ def test_each_instance_has_its_own_row_cache(make_rocks: Any) -> None:
     assert not make_rocks(0, 1).instance.has_row_cache
 
 
-# ---- no stale reads -------------------------------------------------------------------------------
+# ---- no stale reads ----------------------------------------------------------------------------
 
 
 def test_update_and_delete_are_never_hidden_by_the_row_cache(make_rocks: Any) -> None:

@@ -359,6 +359,10 @@ class RocksDBInstance:
         """True when RocksDB's row cache is on (range deletions are then refused)."""
         return self._row_cache is not None
 
+    def row_cache_usage(self) -> int:
+        """Bytes held by the row cache (0 without one)."""
+        return int(self._row_cache.get_usage()) if self._row_cache is not None else 0
+
     def delete_range(self, begin: bytes, end: bytes) -> None:
         """Delete ``[begin, end)`` in every column family (one atomic batch, or with a row
         cache, batches of point deletions: only used while restoring a fresh instance)."""
