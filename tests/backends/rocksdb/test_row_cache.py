@@ -188,6 +188,13 @@ def test_range_tombstones_of_a_restored_base_are_compacted_away(
         assert [cf.get(k) for k in gone] == [None] * len(gone)
     kept = [k for k in foreign if cached.key_group_range.contains(k[0])]
     assert [cf.get(k) for k in kept] == [foreign[k] for k in kept]
+    # the compacted files are new: the next checkpoint uploads them and restores from them
+    again = make_rocks(1, 2, **ROW_CACHE)
+    restore_native(again, store, checkpoint([cached], store, 3))
+    assert raw_content(again) == raw_content(cached)
+    assert sorted(again.get_keys("v", VOID_NAMESPACE)) == sorted(
+        k for k in range(400) if again.key_group_range.contains(assign_to_key_group(k, MAX_P))
+    )
 
 
 def test_savepoint_restore_with_a_row_cache(make_rocks: Any) -> None:
