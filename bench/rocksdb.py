@@ -5,7 +5,9 @@ Questions, each answered with medians of interleaved runs and a ratio against it
 1. ``ops``: per-operation cost of value, list and map state on ``--keys`` keys (default 1M) that
    already hold state, visited in random order (RocksDB vs heap; Flink's heap is 2-17x faster
    than its RocksDB; our goal: RocksDB at most 6x heap on ValueState get+update). A skewed
-   variant (90% of accesses to 10% of the keys) shows the write-back cache at work.
+   variant (90% of accesses to 10% of the keys) shows the write-back cache at work. Two more
+   rows of value get+update: a write-back cache holding every key, and RocksDB's row cache
+   (``row_cache_size``) sized to hold the working set (``--row-cache-bytes-per-key``).
 2. ``list_encoding``: ListState as one value per list appended in the cache (read-modify-write
    on a miss; what the backend does) vs one RocksDB key per element with a sequence suffix
    (blind puts, prefix scan on read; a prototype here).
@@ -338,8 +340,63 @@ def bench_ops(args: argparse.Namespace, wd: Workdir) -> dict[str, Any]:
         f"  {name:<26}{hw:>9.0f}{rw:>12.0f}{rw / hw:>6.1f}x{hc:>10.0f}{rc:>13.0f}{rc / hc:>6.1f}x"
     )
     big.dispose()
+    out.update(_bench_row_cache(args, wd, h, pairs))
     h.dispose()
     gc.unfreeze()
+    return out
+
+
+def _bench_row_cache(
+    args: argparse.Namespace, wd: Workdir, h: HeapKeyedStateBackend, pairs: list[tuple[int, int]]
+) -> dict[str, Any]:
+    """value get+update with RocksDB's row cache sized for the working set (default write-back
+    cache in front), and rocksdict's point read with it, against the heap of the same run."""
+    n = len(pairs)
+    size = args.row_cache_bytes_per_key * n
+    rc = rocks(wd, row_cache_size=size)
+    _populate(rc, pairs)
+    # the row cache caches lookups in SST files only: start from the flushed state, as a
+    # long-running job whose state outgrew its memtables
+    for name in rc.instance.column_family_names():
+        rc.instance.column_family(name).cf.flush()  # type: ignore[union-attr]
+    gc.freeze()
+    out: dict[str, Any] = {}
+    # reads first (the state is all in SST files), then get+update (every key rewritten per run)
+    for op in ("value_get", "value_get_update"):
+        samples: dict[str, list[tuple[float, float]]] = {"heap": [], "rocksdb": []}
+        for _ in range(args.repeat):
+            samples["heap"].append(_timed(_op_runner(h, op, pairs)))
+            samples["rocksdb"].append(_timed(_op_runner(rc, op, pairs)))
+        hw, hc = _medians(samples["heap"], n)
+        rw, rcpu = _medians(samples["rocksdb"], n)
+        name = f"{op}_row_cache"
+        print(
+            f"  {name:<26}{hw:>9.0f}{rw:>12.0f}{rw / hw:>6.1f}x{hc:>10.0f}{rcpu:>13.0f}"
+            f"{rcpu / hc:>6.1f}x"
+        )
+        out[name] = {
+            "row_cache_size": size,
+            "heap_ns": hw,
+            "rocksdb_ns": rw,
+            "ratio": rw / hw,
+            "heap_cpu_ns": hc,
+            "rocksdb_cpu_ns": rcpu,
+            "cpu_ratio": rcpu / hc,
+            "runs_wall_cpu_s": samples,
+            # what the row cache holds after the op (after reads: one entry per key)
+            "row_cache_usage": rc.instance.row_cache_usage(),
+        }
+    floor = _point_read_floor(rc, pairs, args.repeat)
+    usage = rc.instance.row_cache_usage()
+    hw = out["value_get_update_row_cache"]["heap_ns"]
+    reads = out["value_get_row_cache"]["row_cache_usage"]
+    print(
+        f"  {'point read, row cache':<26}{'':>9}{floor:>12.0f}{floor / hw:>6.1f}x"
+        f"  (row cache {size / 2**20:.0f} MiB: {reads / 2**20:.0f} MiB used after the reads,"
+        f" {usage / 2**20:.0f} MiB at the end)"
+    )
+    rc.dispose()
+    out["rocksdb_point_read_row_cache"] = {"ns": floor, "vs_heap_value_get_update": floor / hw}
     return out
 
 
@@ -672,6 +729,12 @@ def main() -> None:
     parser.add_argument("--big-keys", type=int, default=50_000_000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="skip the larger-than-memory run")
+    parser.add_argument(
+        "--row-cache-bytes-per-key",
+        type=int,
+        default=256,
+        help="row_cache_size of the row-cache case, per key (default: holds every key)",
+    )
     parser.add_argument("--only", default="ops,list_encoding,big,incremental,rescale")
     parser.add_argument(
         "--out", default=os.path.join(os.path.dirname(__file__), "results", "rocksdb.json")

@@ -106,6 +106,9 @@ class RocksDBStateBackend(StateBackend):
     #: directory for the subtasks' RocksDB instances (a temporary directory if None)
     working_dir: str | None = None
     block_cache_size: int = 64 * 1024 * 1024
+    #: RocksDB's row cache per subtask (bytes; 0 = off, as in Flink): warm point reads skip
+    #: the block search; see docs/architecture.md
+    row_cache_size: int = 0
     write_buffer_size: int = 32 * 1024 * 1024
     #: "lz4", "zstd", "snappy" or "none"
     compression: str = "lz4"
@@ -116,6 +119,12 @@ class RocksDBStateBackend(StateBackend):
 
     def __post_init__(self) -> None:
         self.name = "rocksdb"
+        for size in ("block_cache_size", "row_cache_size", "write_buffer_size"):
+            value = getattr(self, size)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(
+                    f"RocksDBStateBackend.{size} must be an integer >= 0 (bytes), got {value!r}"
+                )
         if self.compression not in ("lz4", "zstd", "snappy", "none"):
             raise ValueError(
                 f"RocksDBStateBackend.compression must be lz4, zstd, snappy or none, got "

@@ -30,8 +30,10 @@ from rocksdict import (
     AccessType,
     BlockBasedIndexType,
     BlockBasedOptions,
+    BottommostLevelCompaction,
     Cache,
     Checkpoint,
+    CompactOptions,
     DBCompressionType,
     Options,
     Rdict,
@@ -61,6 +63,10 @@ class RocksDBConfig:
 
     #: LRU block cache shared by all column families (bytes)
     block_cache_size: int = 64 * 1024 * 1024
+    #: RocksDB's row cache (bytes; 0 = off): caches point-lookup results per SST file, so a
+    #: warm ``get`` skips the index, filter and data block search. RocksDB refuses range
+    #: deletions while it is on, so the backend then deletes key ranges entry by entry
+    row_cache_size: int = 0
     #: memtable size per column family (bytes)
     write_buffer_size: int = 32 * 1024 * 1024
     #: upper bound of all memtables of the instance together (bytes; 0 = no bound)
@@ -87,7 +93,13 @@ class RocksDBConfig:
         if isinstance(options, RocksDBConfig):
             return options
         config = cls()
-        for field in ("block_cache_size", "write_buffer_size", "compression", "incremental"):
+        for field in (
+            "block_cache_size",
+            "row_cache_size",
+            "write_buffer_size",
+            "compression",
+            "incremental",
+        ):
             if hasattr(options, field):
                 setattr(config, field, getattr(options, field))
         names = {f.name for f in dataclasses.fields(cls)}
@@ -107,17 +119,22 @@ class RocksDBConfig:
                 f"RocksDB compression must be one of {sorted(_COMPRESSION)}, got "
                 f"{self.compression!r}"
             )
-        for name in ("block_cache_size", "write_buffer_size", "cache_entries"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"RocksDB option {name} must be >= 0, got {getattr(self, name)}")
+        for name in ("block_cache_size", "row_cache_size", "write_buffer_size", "cache_entries"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"RocksDB option {name} must be an integer, got {value!r}")
+            if value < 0:
+                raise ValueError(f"RocksDB option {name} must be >= 0, got {value}")
         if self.write_buffer_size < 64 * 1024:
             raise ValueError(
                 f"RocksDB write_buffer_size must be at least 64 KiB, got {self.write_buffer_size}"
             )
 
-    def db_options(self, cache: Cache | None) -> Options:
+    def db_options(self, cache: Cache | None, row_cache: Cache | None = None) -> Options:
         """Options of the database and of every column family (raw mode)."""
         opts = Options(raw_mode=True)
+        if row_cache is not None:
+            opts.set_row_cache(row_cache)
         opts.create_if_missing(True)
         opts.create_missing_column_families(True)
         table = BlockBasedOptions()
@@ -228,7 +245,10 @@ class RocksDBInstance:
         self._db: Rdict | None = None
         self._column_families: dict[str, ColumnFamily] = {}
         self._cache = Cache(config.block_cache_size) if config.block_cache_size > 0 else None
-        self._options = config.db_options(self._cache)
+        # one row cache per instance, like the block cache: a subtask's memory stays its own
+        # (RocksDB would also tell instances sharing one apart: its keys carry a per-open id)
+        self._row_cache = Cache(config.row_cache_size) if config.row_cache_size > 0 else None
+        self._options = config.db_options(self._cache, self._row_cache)
         self._write_options = WriteOptions()
         # a property at runtime; rocksdict's type stub declares it as a method
         self._write_options.disable_wal = config.disable_wal  # type: ignore[method-assign,assignment]
@@ -334,12 +354,67 @@ class RocksDBInstance:
         if len(batch):
             self.db.write(batch)
 
+    @property
+    def has_row_cache(self) -> bool:
+        """True when RocksDB's row cache is on (range deletions are then refused)."""
+        return self._row_cache is not None
+
+    def row_cache_usage(self) -> int:
+        """Bytes held by the row cache (0 without one)."""
+        return int(self._row_cache.get_usage()) if self._row_cache is not None else 0
+
     def delete_range(self, begin: bytes, end: bytes) -> None:
-        """Delete ``[begin, end)`` in every column family, in one atomic batch."""
+        """Delete ``[begin, end)`` in every column family (one atomic batch, or with a row
+        cache, batches of point deletions: only used while restoring a fresh instance)."""
         batch = self.new_batch()
         for cf in self._column_families.values():
+            batch = self.delete_range_into(batch, cf, begin, end)
+        self.write(batch)
+
+    def delete_range_into(
+        self, batch: WriteBatch, cf: ColumnFamily, begin: bytes, end: bytes
+    ) -> WriteBatch:
+        """Add the deletion of ``[begin, end)`` of ``cf`` to ``batch``; returns the batch to
+        go on with (write it when done).
+
+        With a row cache RocksDB refuses range tombstones ("DeleteRange is not compatible with
+        row cache": a cached lookup would ignore a newer tombstone covering it), so the
+        entries are deleted one by one: ``batch`` is written first (its puts must be visible
+        to the scan), then new batches of point deletions follow, written whenever they reach
+        ``restore_batch_bytes``."""
+        if self._row_cache is None:
             batch.delete_range(begin, end, cf.handle)
-        self.db.write(batch)
+            return batch
+        self.write(batch)  # rocksdict consumes a written batch: go on with a new one
+        batch = self.new_batch()
+        handle, limit, size = cf.handle, self.config.restore_batch_bytes, 0
+        for key in cf.scan_keys(begin, end):
+            batch.delete(key, handle)
+            size += len(key)
+            if size >= limit:
+                self.write(batch)
+                batch = self.new_batch()
+                size = 0
+        return batch
+
+    def drop_range_tombstones(self) -> None:
+        """With a row cache, compact away the range tombstones of restored SST files (a base
+        snapshot written without a row cache may hold some); refuses to go on if any stay."""
+        if self._row_cache is None:
+            return
+        for cf in self._column_families.values():
+            if _range_deletions(cf) == 0:
+                continue
+            options = CompactOptions()
+            options.set_bottommost_level_compaction(BottommostLevelCompaction.force())
+            cf._db().compact_range(None, None, options)
+            left = _range_deletions(cf)
+            if left:
+                raise StateBackendError(
+                    f"state {cf.name!r}: the restored RocksDB files keep {left} range "
+                    "deletion(s) after a full compaction, which RocksDB's row cache cannot "
+                    "honour; restore with row_cache_size=0"
+                )
 
     def create_checkpoint(self, target: str) -> None:
         """A native RocksDB checkpoint in ``target`` (memtables flushed, SST files hard-linked)."""
@@ -371,6 +446,16 @@ class RocksDBInstance:
                 db.close()
             finally:
                 del db
+
+
+def _range_deletions(cf: ColumnFamily) -> int:
+    """Range tombstones in the SST files of ``cf`` (from RocksDB's aggregated properties)."""
+    text = cf._db().property_value("rocksdb.aggregated-table-properties") or ""
+    for part in text.split(";"):
+        name, _, value = part.partition("=")
+        if name.strip() == "# range deletions":
+            return int(value)
+    return 0
 
 
 def open_read_only(

@@ -4,7 +4,9 @@ From **incremental checkpoints** (:func:`restore_incremental`): the new subtask'
 is intersected with every old subtask's range. The old snapshot with the largest overlap becomes
 the *base*: its files are downloaded (and verified) straight into the working directory and
 opened; the key groups outside the new range are dropped with one ``delete_range`` per column
-family (two ranges: below and above). Every other overlapping snapshot is downloaded into a
+family (two ranges: below and above; with ``row_cache_size`` > 0 RocksDB refuses range deletions,
+so the entries are deleted one by one and any range tombstone the base's files carry is compacted
+away first). Every other overlapping snapshot is downloaded into a
 temporary directory, opened read-only, and the key groups of the new range are copied in key
 order, in WriteBatches of ``restore_batch_bytes``. Without rescaling the base is the whole
 answer, and its uploaded files are reused by the next incremental checkpoint.
@@ -194,6 +196,7 @@ def restore_incremental(
     download_snapshot(store, base, instance.db_path, base_where)
     stats["base_files"] = len(base.shared)
     instance.open()
+    instance.drop_range_tombstones()
     n = backend.key_layout.kg_bytes
     if base_range.start < new_range.start:
         instance.delete_range(key_group_bound(0, n), key_group_bound(new_range.start, n))

@@ -56,7 +56,8 @@ class BlockWriter:
 
         self.name = name
         self.instance = backend.instance
-        self.handle = backend.instance.column_family(name).handle
+        self.cf = backend.instance.column_family(name)
+        self.handle = self.cf.handle
         self.is_map = kind == "map"
         self.layout = KeyLayout(
             backend.max_parallelism,
@@ -70,8 +71,9 @@ class BlockWriter:
         #: key groups already written (a later full block of one replaces it)
         self.written: set[int] = set()
 
-    def apply(self, batch: Any, block: Any, where: str) -> int:
-        """Write one block into ``batch``; returns its entries."""
+    def apply(self, batch: Any, block: Any, where: str) -> tuple[int, Any]:
+        """Write one block into ``batch``; returns its entries and the batch to go on with
+        (with a row cache, deleting a key range writes ``batch`` and starts a new one)."""
         kg = block.key_group
         try:
             keys, nss, states = self.codec.decode(block.entries)
@@ -89,35 +91,39 @@ class BlockWriter:
             ) from None
         handle = self.handle
         if block.removed is None and kg in self.written:  # a full block replaces the group
-            batch.delete_range(
-                key_group_bound(kg, self.kg_bytes), key_group_bound(kg + 1, self.kg_bytes), handle
+            batch = self.instance.delete_range_into(
+                batch,
+                self.cf,
+                key_group_bound(kg, self.kg_bytes),
+                key_group_bound(kg + 1, self.kg_bytes),
             )
         self.written.add(kg)
         composite = self.layout.composite
         for key, ns in gone:
-            self._delete_entry(batch, composite(kg, key, ns))
+            batch = self._delete_entry(batch, composite(kg, key, ns))
         if not self.is_map:
             serialize = self.serializer.serialize
             for key, ns, state in zip(keys, namespaces, states, strict=True):
                 batch.put(composite(kg, key, ns), serialize(state), handle)
-            return len(keys)
+            return len(keys), batch
         sk = self.serializer.key.serialize  # type: ignore[attr-defined]
         sv = self.serializer.value.serialize  # type: ignore[attr-defined]
         for key, ns, mapping in zip(keys, namespaces, states, strict=True):
             prefix = composite(kg, key, ns)
             if block.removed is not None:
-                self._delete_entry(batch, prefix)  # an upserted map replaces the old one
+                batch = self._delete_entry(batch, prefix)  # an upserted map replaces the old one
             for uk, v in mapping.items():
                 batch.put(prefix + sk(uk), sv(v), handle)
-        return len(keys)
+        return len(keys), batch
 
-    def _delete_entry(self, batch: Any, ck: bytes) -> None:
+    def _delete_entry(self, batch: Any, ck: bytes) -> Any:
         if self.is_map:
             end = prefix_successor(ck)
             if end is not None:
-                batch.delete_range(ck, end, self.handle)
+                batch = self.instance.delete_range_into(batch, self.cf, ck, end)
         else:
             batch.delete(ck, self.handle)
+        return batch
 
 
 def _builtin(meta: dict[str, Any]) -> bool:
@@ -158,7 +164,8 @@ def restore_files(backend: RocksDBParts, files: Sequence[KeyedStateRestore]) -> 
             if writer is None:
                 backend.restored.defer(name, f)
                 continue
-            written += writer.apply(batch, block, str(f.path))
+            count, batch = writer.apply(batch, block, str(f.path))
+            written += count
             if batch.size_in_bytes() >= instance.config.restore_batch_bytes:
                 instance.write(batch)
                 batch = instance.new_batch()
@@ -190,7 +197,8 @@ def restore_deferred_state(
         for f in files:
             for block in f.blocks():
                 if block.state["name"] == name:
-                    written += writer.apply(batch, block, str(f.path))
+                    count, batch = writer.apply(batch, block, str(f.path))
+                    written += count
     except CorruptCheckpointError as exc:
         raise StateMigrationException(str(exc)) from None
     instance.write(batch)
