@@ -153,32 +153,29 @@ class _Operation(NamedTuple):
     returns: bool = True
 
 
-_TEMPLATE = """
+_SAMPLED_BODY = """
+    op = self._{name}
+    {prepare}
+    result = op.timed(self._original.{method}{args})
+    {key_size}
+    {value_size}
+    return {result}
+"""
+
+_TEMPLATE = (
+    """
 def {method}(self{sig}):
     left = self._{name}_left - 1
     if left:
         self._{name}_left = left
         return self._original.{method}({params})
-    self._{name}_left = self._interval
-    op = self._{name}
-    {prepare}
-    result = op.timed(self._original.{method}{args})
-    {key_size}
-    {value_size}
-    return {result}
-"""
+    self._{name}_left = self._interval"""
+    + _SAMPLED_BODY
+)
 """The one sampled method every operation is generated from: count down, and on the sampled
 call time the decorated state's method and record the sizes."""
 
-_SAMPLED_TEMPLATE = """
-def {method}(self{sig}):
-    op = self._{name}
-    {prepare}
-    result = op.timed(self._original.{method}{args})
-    {key_size}
-    {value_size}
-    return {result}
-"""
+_SAMPLED_TEMPLATE = "\ndef {method}(self{sig}):" + _SAMPLED_BODY
 """The sampled call alone, for the compiled countdown (``_sampling.c``): it calls the decorated
 state's bound method directly and this function every ``interval``-th time."""
 
