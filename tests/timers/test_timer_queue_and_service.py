@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
-import io
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from memory_restore import MemoryRestore
 from streamstate.backends.heap.backend import HeapKeyedStateBackend
-from streamstate.backends.restore import KeyedStateRestore, RestoredBlock
 from streamstate.backends.timer_queues import TimerRestore
-from streamstate.checkpoint.format import KeyedSnapshotReader, write_keyed_snapshot
 from streamstate.errors import (
     KeyGroupOutOfRangeError,
     NoCurrentKeyError,
@@ -271,38 +269,6 @@ def timers_from_snapshot(snapshot) -> dict[str, list]:
             for key, ns, ts in entries:
                 out.setdefault(names[index], []).append((kg, key, ns, ts))
     return out
-
-
-class MemoryRestore(KeyedStateRestore):
-    """A keyed snapshot file in memory, as a restoring backend of ``key_groups`` reads it."""
-
-    def __init__(self, data, key_groups):
-        self._data = data
-        self._key_groups = key_groups
-        self.path = "memory"
-        reader = self._reader()
-        self.kind = reader.kind
-        self.key_serializer = reader.key_serializer
-        self.max_parallelism = reader.max_parallelism
-        self.states = reader.states
-
-    def _reader(self):
-        return KeyedSnapshotReader(
-            io.BytesIO(self._data), "memory", len(self._data), self._key_groups
-        )
-
-    @staticmethod
-    def write(snapshot) -> bytes:
-        """The snapshot file of ``snapshot`` (which is released)."""
-        out = io.BytesIO()
-        write_keyed_snapshot(snapshot, out, path="memory")
-        return out.getvalue()
-
-    def blocks(self):
-        reader = self._reader()
-        for kg, records in reader.read(self._key_groups):
-            for r in records:
-                yield RestoredBlock(kg, reader.states[r.state_id], r.count, r.entries, r.removed)
 
 
 @pytest.mark.parametrize("service_first", [True, False], ids=["service-first", "restore-first"])

@@ -6,14 +6,13 @@ would clash with ``tests/conftest.py`` under ``--doctest-modules``.
 
 from __future__ import annotations
 
-import io
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import pytest
 
+from memory_restore import MemoryRestore
 from streamstate.backends.base import RestoreInput
-from streamstate.backends.restore import KeyedStateRestore, RestoredBlock
 from streamstate.backends.rocksdb.backend import RocksDBKeyedStateBackend
 from streamstate.backends.rocksdb.incremental import (  # noqa: F401 - SharedFile: doctest
     IncrementalStateHandle,
@@ -22,7 +21,6 @@ from streamstate.backends.rocksdb.incremental import (  # noqa: F401 - SharedFil
 from streamstate.backends.rocksdb.instance import RocksDBConfig
 from streamstate.backends.rocksdb.restore import NativeRestoreFile
 from streamstate.backends.rocksdb.storage import CheckpointStorageFileStore, SnapshotFileStore
-from streamstate.checkpoint.format import KeyedSnapshotReader, write_keyed_snapshot
 from streamstate.checkpoint.storage import FileSystemCheckpointStorage
 from streamstate.keygroups import KeyGroupRange, compute_key_group_range_for_operator_index
 from streamstate.serializers import serializer_for
@@ -143,39 +141,9 @@ def restore_native(
     return backend.restore_statistics
 
 
-class MemoryRestore(KeyedStateRestore):
-    """A keyed snapshot file held in memory, as a restoring backend of ``key_groups`` reads it."""
-
-    def __init__(self, data: bytes, key_groups: KeyGroupRange) -> None:
-        self._data = data
-        self._key_groups = key_groups
-        self.path = "memory"
-        reader = self._reader()
-        self.kind = reader.kind
-        self.key_serializer = reader.key_serializer
-        self.max_parallelism = reader.max_parallelism
-        self.states = reader.states
-
-    def _reader(self) -> KeyedSnapshotReader:
-        return KeyedSnapshotReader(
-            io.BytesIO(self._data), "memory", len(self._data), self._key_groups
-        )
-
-    def blocks(self) -> Iterator[RestoredBlock]:
-        reader = self._reader()
-        for kg, records in reader.read(self._key_groups):
-            for r in records:
-                yield RestoredBlock(kg, reader.states[r.state_id], r.count, r.entries, r.removed)
-
-
 def snapshot_files(snapshots: Iterable[Any]) -> list[bytes]:
     """The snapshot file of each keyed snapshot (savepoints; the snapshots are released)."""
-    files = []
-    for snapshot in snapshots:
-        out = io.BytesIO()
-        write_keyed_snapshot(snapshot, out, path="memory")
-        files.append(out.getvalue())
-    return files
+    return [MemoryRestore.write(snapshot) for snapshot in snapshots]
 
 
 def restore_files(backend: Any, files: Iterable[bytes]) -> None:
