@@ -285,8 +285,13 @@ class _MetricsTrackingState:
     __slots__ = ("__dict__", "_descriptor", "_group", "_interval", "_original")
 
     _prefix = ""
-    #: the sampled calls alone, per method (used with the compiled countdown)
+    #: the sampled calls alone, per method (used with the compiled countdown), made from
+    #: ``_prefix`` for each subclass
     _sampled: dict[str, Callable[..., Any]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._sampled = _sampled_methods(cls._prefix)
 
     def __init__(
         self,
@@ -389,7 +394,6 @@ _AGGREGATING = _methods("aggregating_state")
 class MetricsTrackingValueState(_MetricsTrackingState, InternalValueState[Any]):
     __slots__ = (*_slots("value_state"), "_serializer")
     _prefix = "value_state"
-    _sampled = _sampled_methods("value_state")
 
     def _set_serializers(self, descriptor: Any) -> None:
         self._serializer = descriptor.serializer
@@ -402,7 +406,6 @@ class MetricsTrackingValueState(_MetricsTrackingState, InternalValueState[Any]):
 class MetricsTrackingListState(_MetricsTrackingState, InternalListState[Any]):
     __slots__ = (*_slots("list_state"), "_element", "_list")
     _prefix = "list_state"
-    _sampled = _sampled_methods("list_state")
 
     def _set_serializers(self, descriptor: Any) -> None:
         self._element = descriptor.element_serializer
@@ -419,7 +422,6 @@ class MetricsTrackingListState(_MetricsTrackingState, InternalListState[Any]):
 class MetricsTrackingMapState(_MetricsTrackingState, InternalMapState[Any, Any]):
     __slots__ = (*_slots("map_state"), "_dict", "_key", "_value")
     _prefix = "map_state"
-    _sampled = _sampled_methods("map_state")
 
     def _set_serializers(self, descriptor: Any) -> None:
         self._key = descriptor.key_serializer
@@ -441,7 +443,6 @@ class MetricsTrackingMapState(_MetricsTrackingState, InternalMapState[Any, Any])
 class MetricsTrackingReducingState(_MetricsTrackingState, InternalReducingState[Any]):
     __slots__ = (*_slots("reducing_state"), "_serializer")
     _prefix = "reducing_state"
-    _sampled = _sampled_methods("reducing_state")
 
     def _set_serializers(self, descriptor: Any) -> None:
         self._serializer = descriptor.serializer
@@ -455,7 +456,6 @@ class MetricsTrackingReducingState(_MetricsTrackingState, InternalReducingState[
 class MetricsTrackingAggregatingState(_MetricsTrackingState, InternalAggregatingState[Any, Any]):
     __slots__ = _slots("aggregating_state")
     _prefix = "aggregating_state"
-    _sampled = _sampled_methods("aggregating_state")
 
     get = _AGGREGATING["get"]
     add = _AGGREGATING["add"]
