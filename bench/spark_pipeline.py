@@ -634,8 +634,9 @@ def bench_pipeline(spark: Any, args: argparse.Namespace, tmp: str) -> dict[str, 
                 res["jvm"] = jvm_delta(before, jvm_counters(spark))
                 # CPU seconds per process kind: where a query's work went on the shared cores
                 res["cpu_s"] = cpu_delta(cpu_before, process_cpu(pid))
-                if res.get("hosts_cpu_s") is not None and res["cpu_s"]:
-                    res["cpu_s"]["state_hosts"] = res["hosts_cpu_s"]
+                hosts = res.pop("hosts_cpu_s", None)  # read by run_streamstate before stop()
+                if hosts is not None and res["cpu_s"]:
+                    res["cpu_s"]["state_hosts"] = hosts
                 check(name, res, used)
                 # after the query ended and before the next one: outside any timing
                 res["stages"] = stage_breakdown(
