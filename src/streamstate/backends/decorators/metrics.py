@@ -285,12 +285,15 @@ class _MetricsTrackingState:
     __slots__ = ("__dict__", "_descriptor", "_group", "_interval", "_original")
 
     _prefix = ""
-    #: the sampled calls alone, per method (used with the compiled countdown), made from
-    #: ``_prefix`` for each subclass
+    #: the sampled calls alone, per method (used with the compiled countdown)
     _sampled: dict[str, Callable[..., Any]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Give a state kind's decorator (``_prefix``) its generated methods, one per row of
+        :data:`_OPERATIONS` (before ``ABCMeta`` checks them), and their sampled calls."""
         super().__init_subclass__(**kwargs)
+        for method, fn in _methods(cls._prefix).items():
+            setattr(cls, method, fn)
         cls._sampled = _sampled_methods(cls._prefix)
 
     def __init__(
@@ -384,23 +387,12 @@ class _MetricsTrackingState:
         return f"{type(self).__name__}({self._original!r})"
 
 
-_VALUE = _methods("value_state")
-_LIST = _methods("list_state")
-_MAP = _methods("map_state")
-_REDUCING = _methods("reducing_state")
-_AGGREGATING = _methods("aggregating_state")
-
-
 class MetricsTrackingValueState(_MetricsTrackingState, InternalValueState[Any]):
     __slots__ = (*_slots("value_state"), "_serializer")
     _prefix = "value_state"
 
     def _set_serializers(self, descriptor: Any) -> None:
         self._serializer = descriptor.serializer
-
-    value = _VALUE["value"]
-    update = _VALUE["update"]
-    clear = _VALUE["clear"]
 
 
 class MetricsTrackingListState(_MetricsTrackingState, InternalListState[Any]):
@@ -410,13 +402,6 @@ class MetricsTrackingListState(_MetricsTrackingState, InternalListState[Any]):
     def _set_serializers(self, descriptor: Any) -> None:
         self._element = descriptor.element_serializer
         self._list = ListSerializer(descriptor.element_serializer)
-
-    get = _LIST["get"]
-    add = _LIST["add"]
-    add_all = _LIST["add_all"]
-    update = _LIST["update"]
-    merge_namespaces = _LIST["merge_namespaces"]
-    clear = _LIST["clear"]
 
 
 class MetricsTrackingMapState(_MetricsTrackingState, InternalMapState[Any, Any]):
@@ -428,17 +413,6 @@ class MetricsTrackingMapState(_MetricsTrackingState, InternalMapState[Any, Any])
         self._value = descriptor.value_serializer
         self._dict = descriptor.serializer
 
-    get = _MAP["get"]
-    put = _MAP["put"]
-    put_all = _MAP["put_all"]
-    remove = _MAP["remove"]
-    contains = _MAP["contains"]
-    items = _MAP["items"]
-    keys = _MAP["keys"]
-    values = _MAP["values"]
-    is_empty = _MAP["is_empty"]
-    clear = _MAP["clear"]
-
 
 class MetricsTrackingReducingState(_MetricsTrackingState, InternalReducingState[Any]):
     __slots__ = (*_slots("reducing_state"), "_serializer")
@@ -447,20 +421,10 @@ class MetricsTrackingReducingState(_MetricsTrackingState, InternalReducingState[
     def _set_serializers(self, descriptor: Any) -> None:
         self._serializer = descriptor.serializer
 
-    get = _REDUCING["get"]
-    add = _REDUCING["add"]
-    merge_namespaces = _REDUCING["merge_namespaces"]
-    clear = _REDUCING["clear"]
-
 
 class MetricsTrackingAggregatingState(_MetricsTrackingState, InternalAggregatingState[Any, Any]):
     __slots__ = _slots("aggregating_state")
     _prefix = "aggregating_state"
-
-    get = _AGGREGATING["get"]
-    add = _AGGREGATING["add"]
-    merge_namespaces = _AGGREGATING["merge_namespaces"]
-    clear = _AGGREGATING["clear"]
 
 
 _DECORATORS: dict[StateKind, type[_MetricsTrackingState]] = {
