@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py $(EXTENSIONS) | 
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: demo test lint bench install clean
+.PHONY: demo test check lint bench install clean
 
 $(STAMP): pyproject.toml setup.py $(EXTENSIONS)
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,12 @@ demo: $(STAMP)
 # pytest exits 5 when it collects no test; that is reported, not hidden.
 test: $(STAMP)
 	@$(PY) -m pytest -q --durations=20; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
+
+# the fast tier: no Spark, no other process, nothing slow (<= 90 s on a 2-core machine)
+CHECK_MARKERS := not spark and not cluster and not subprocess and not slow
+check: $(STAMP)
+	@$(PY) -m pytest -q -m "$(CHECK_MARKERS)" --durations=10; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
 
 lint: $(STAMP)

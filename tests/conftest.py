@@ -32,6 +32,16 @@ class ManualClock(Clock):
         self.time += ms
 
 
+#: fixtures that start another process (tests using them are marked ``subprocess``)
+SUBPROCESS_FIXTURES = frozenset({"s3_server", "s3_bucket"})
+
+
+def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
+    for item in items:
+        if SUBPROCESS_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.subprocess)
+
+
 @pytest.fixture
 def clock() -> ManualClock:
     return ManualClock()
@@ -82,7 +92,7 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """moto's S3 server on a free 127.0.0.1 port for the whole session (stopped by pid)."""
     pytest.importorskip("moto.server")
     pytest.importorskip("s3fs")
-    from s3_server import start
+    from support.s3_server import start
 
     server = start(str(tmp_path_factory.mktemp("moto") / "moto.log"))
     yield server

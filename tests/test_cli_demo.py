@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from streamstate.cli import app
@@ -28,6 +29,7 @@ def test_fresh_refuses_to_delete_a_directory_that_is_not_a_demo(tmp_path: Path) 
     assert (tmp_path / "precious.txt").exists()
 
 
+@pytest.mark.subprocess
 def test_demo_is_reachable_as_python_dash_m(tmp_path: Path) -> None:
     import subprocess
     import sys

@@ -191,6 +191,7 @@ _PROBE = (
 )
 
 
+@pytest.mark.subprocess
 def test_assignment_is_identical_across_processes() -> None:
     outputs = set()
     for seed in ("1", "2", "random"):

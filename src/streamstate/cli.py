@@ -29,7 +29,6 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from streamstate.checkpoint.format import KeyedSnapshotReader
 from streamstate.checkpoint.metadata import SubtaskStateHandle
 from streamstate.checkpoint.native import (
     MANIFEST_KIND,
@@ -45,6 +44,8 @@ from streamstate.checkpoint.storage import (
     open_location,
 )
 from streamstate.errors import CheckpointError
+from streamstate.format.keyed_file import KeyedSnapshotReader
+from streamstate.format.meta import StateMetaSnapshot
 from streamstate.keygroups import KeyGroupRange
 
 __all__ = ["app", "main"]
@@ -129,7 +130,7 @@ def _print_checkpoint(console: Console, cp: CompletedCheckpoint) -> None:
     table = Table(title=f"{cp.directory}: subtasks")
     for col in ("operator", "subtask", "key groups", "files", "states", "entries", "size"):
         table.add_column(col, justify="right" if col in ("subtask", "entries", "size") else "left")
-    states: dict[tuple[str, str], dict[str, Any]] = {}
+    states: dict[tuple[str, str], StateMetaSnapshot] = {}
     for name, op in cp.metadata.operators.items():
         for sub in op.subtasks:
             kinds = [f.kind for f in sub.keyed]
@@ -162,10 +163,10 @@ def _print_checkpoint(console: Console, cp: CompletedCheckpoint) -> None:
             st.add_row(
                 op_name,
                 state_name,
-                meta["kind"],
-                escape(_ser(meta["namespace_serializer"])),
-                escape(_ser(meta["state_serializer"])),
-                "yes" if meta.get("ttl") else "",
+                meta.kind,
+                escape(_ser(meta.namespace_serializer)),
+                escape(_ser(meta.state_serializer)),
+                "yes" if meta.ttl else "",
             )
         console.print(st)
 
@@ -181,11 +182,11 @@ def _ser(snap: dict[str, Any]) -> str:
 
 def _state_rows(
     cp: CompletedCheckpoint, operator: str, sub: SubtaskStateHandle
-) -> dict[tuple[str, str], dict[str, Any]]:
+) -> dict[tuple[str, str], StateMetaSnapshot]:
     if is_native(sub):
         restore = NativeKeyedStateRestore(cp, sub.keyed[0], KeyGroupRange(*sub.key_group_range))
         try:
-            return {(operator, s["name"]): s for s in restore.states}
+            return {(operator, s.name): s for s in restore.states}
         except CheckpointError:
             return {}
         finally:
@@ -194,7 +195,7 @@ def _state_rows(
     try:
         with cp.storage.open_read(resolved) as f:
             reader = KeyedSnapshotReader(f, cp.storage.url_of(resolved))
-            return {(operator, s["name"]): s for s in reader.states}
+            return {(operator, s.name): s for s in reader.states}
     except CheckpointError:
         return {}
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from _support import AllKinds, all_kinds_records
 from typer.testing import CliRunner
 
-from streamstate.checkpoint.format import KeyedSnapshotReader
 from streamstate.cli import app
+from streamstate.format.keyed_file import KeyedSnapshotReader
 from streamstate.runtime.local import LocalRunner
+from support.checkpoint import AllKinds, all_kinds_records
 
 cli = CliRunner()
 

@@ -11,18 +11,18 @@ from typing import Any
 
 import fsspec
 import pytest
-from _support import AllKinds, all_kinds_records, runner_content, sigkill_when
 from fsspec.implementations.memory import MemoryFileSystem
 
 from streamstate import ValueStateDescriptor
-from streamstate.checkpoint.format import KeyedSnapshotReader
 from streamstate.checkpoint.storage import FileSystemCheckpointStorage, MemoryCheckpointStorage
 from streamstate.errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError
+from streamstate.format.keyed_file import KeyedSnapshotReader
 from streamstate.namespace import VOID_NAMESPACE
 from streamstate.runtime.local import LocalRunner
+from support.checkpoint import AllKinds, all_kinds_records, runner_content, sigkill_when
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
-HERE = str(Path(__file__).resolve().parent)
+TESTS = str(Path(__file__).resolve().parents[1])
 
 
 def _runner(storage: Any, p: int = 2) -> LocalRunner:
@@ -60,8 +60,8 @@ def _assert_restores_checkpoint_1(storage: Any, expected: dict[Any, Any]) -> Non
 CHILD = textwrap.dedent(
     """
     import sys, time
-    sys.path[:0] = [{src!r}, {here!r}]
-    from _support import AllKinds, all_kinds_records
+    sys.path[:0] = [{src!r}, {tests!r}]
+    from support.checkpoint import AllKinds, all_kinds_records
     import streamstate.checkpoint.writer as writer
     from streamstate.checkpoint.storage import FileSystemCheckpointStorage
     from streamstate.runtime.local import LocalRunner
@@ -90,10 +90,11 @@ CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.subprocess
 def test_sigkill_during_an_asynchronous_write(tmp_path: Path) -> None:
     marker = tmp_path / "writing"
     script = tmp_path / "child.py"
-    script.write_text(CHILD.format(src=SRC, here=HERE))
+    script.write_text(CHILD.format(src=SRC, tests=TESTS))
     sigkill_when(script, [str(tmp_path / "ck"), str(marker)], marker, "writing checkpoint 2")
     storage = FileSystemCheckpointStorage(str(tmp_path / "ck"))
     partial = list((tmp_path / "ck" / "job" / "chk-2").rglob("*.state"))

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _support import AllKinds, all_kinds_records
 
 from streamstate.checkpoint.coordinator import CheckpointCoordinator
 from streamstate.checkpoint.metadata import CheckpointMetadata
@@ -19,9 +18,10 @@ from streamstate.checkpoint.storage import (
 )
 from streamstate.errors import CheckpointFencedError
 from streamstate.runtime.local import LocalRunner
+from support.checkpoint import AllKinds, all_kinds_records
 
 
-@pytest.fixture(params=["local", "memory", "s3"])
+@pytest.fixture(params=["local", "memory", pytest.param("s3", marks=pytest.mark.subprocess)])
 def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
     if request.param == "local":
         return FileSystemCheckpointStorage(str(tmp_path / "ck"))

@@ -7,23 +7,14 @@ import struct
 from typing import Any
 
 import pytest
-from _support import ListSource, group_by_key_group
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from streamstate.backends.snapshot import (
-    DELTA_SNAPSHOT,
-    DeltaEntries,
-    SourcesKeyedStateSnapshot,
-    StateMetaInfo,
-)
-from streamstate.checkpoint.codec import CODECS, StateCodec
-from streamstate.checkpoint.format import (
-    FORMAT_VERSION,
-    KeyedSnapshotReader,
-    write_keyed_snapshot,
-)
 from streamstate.errors import CheckpointError, CorruptCheckpointError
+from streamstate.format.codec import CODECS, StateCodec
+from streamstate.format.keyed_file import FORMAT_VERSION, KeyedSnapshotReader, write_keyed_snapshot
+from streamstate.format.meta import StateMetaInfo
+from streamstate.format.snapshot import DELTA_SNAPSHOT, DeltaEntries, SourcesKeyedStateSnapshot
 from streamstate.keygroups import KeyGroupRange, assign_to_key_group
 from streamstate.namespace import VOID_NAMESPACE
 from streamstate.serializers import (
@@ -35,6 +26,7 @@ from streamstate.serializers import (
     TypeSerializer,
     VoidNamespaceSerializer,
 )
+from support.checkpoint import ListSource, group_by_key_group
 
 # (state serializer, value strategy) per state kind
 KINDS: dict[str, tuple[TypeSerializer[Any], st.SearchStrategy[Any]]] = {

@@ -7,7 +7,6 @@ import time
 from typing import Any
 
 import pytest
-from _support import Average, runner_content
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -26,6 +25,7 @@ from streamstate.errors import CheckpointError
 from streamstate.namespace import VOID_NAMESPACE
 from streamstate.runtime.local import LocalRunner
 from streamstate.serializers import Int64Serializer
+from support.checkpoint import Average, runner_content
 
 N_OPS = 12
 

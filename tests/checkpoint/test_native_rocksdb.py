@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _support import AllKinds, all_kinds_records, runner_content, sigkill_when
 from typer.testing import CliRunner
 
 from streamstate import KeyedProcessFunction, RocksDBStateBackend, ValueStateDescriptor
@@ -23,9 +22,10 @@ from streamstate.cli import app
 from streamstate.errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError
 from streamstate.runtime.local import LocalRunner
 from streamstate.serializers import PickleSerializer
+from support.checkpoint import AllKinds, all_kinds_records, runner_content, sigkill_when
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
-HERE = str(Path(__file__).resolve().parent)
+TESTS = str(Path(__file__).resolve().parents[1])
 
 
 class Count(KeyedProcessFunction):
@@ -335,8 +335,8 @@ def test_the_cli_inspects_and_verifies_native_checkpoints(tmp_path: Path) -> Non
 CHILD = textwrap.dedent(
     """
     import sys, time
-    sys.path[:0] = [{src!r}, {here!r}]
-    from _support import AllKinds, all_kinds_records
+    sys.path[:0] = [{src!r}, {tests!r}]
+    from support.checkpoint import AllKinds, all_kinds_records
     from streamstate.backends.rocksdb.storage import CheckpointStorageFileStore
     from streamstate.checkpoint.storage import FileSystemCheckpointStorage
     from streamstate.runtime.local import LocalRunner
@@ -365,10 +365,11 @@ CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.subprocess
 def test_sigkill_during_an_upload_keeps_the_last_checkpoint(tmp_path: Path) -> None:
     marker = tmp_path / "uploading"
     script = tmp_path / "child.py"
-    script.write_text(CHILD.format(src=SRC, here=HERE))
+    script.write_text(CHILD.format(src=SRC, tests=TESTS))
     sigkill_when(script, [str(tmp_path / "ck"), str(marker)], marker, "uploading checkpoint 2")
     storage = FileSystemCheckpointStorage(str(tmp_path / "ck"))
     orphans = [p for p in storage.walk_files("shared") if "-2-" in posixpath.basename(p)]

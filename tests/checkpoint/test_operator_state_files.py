@@ -21,7 +21,6 @@ from streamstate.backends.operator import (
     OperatorStateMode,
     OperatorStateSnapshot,
 )
-from streamstate.backends.restore import RestoredSerializer
 from streamstate.checkpoint.operator_format import (
     OperatorStateReader,
     read_operator_state,
@@ -29,6 +28,7 @@ from streamstate.checkpoint.operator_format import (
 )
 from streamstate.checkpoint.storage import MemoryCheckpointStorage
 from streamstate.errors import CheckpointError, CorruptCheckpointError, StateMigrationException
+from streamstate.format.restore import RestoredSerializer
 from streamstate.runtime.local import LocalRunner
 from streamstate.serializers import Int64Serializer, StrSerializer
 

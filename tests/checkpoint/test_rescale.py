@@ -6,12 +6,12 @@ import dataclasses
 from typing import Any
 
 import pytest
-from _support import AllKinds, all_kinds_records, runner_content
 
 from streamstate.backends.factory import state_backend_from
 from streamstate.checkpoint.storage import MemoryCheckpointStorage
 from streamstate.errors import MaxParallelismMismatchError
 from streamstate.runtime.local import LocalRunner
+from support.checkpoint import AllKinds, all_kinds_records, runner_content
 
 OLD = [1, 2, 3, 4, 7]
 NEW = [1, 2, 3, 5, 8]

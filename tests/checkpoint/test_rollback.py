@@ -7,12 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _support import AllKinds, all_kinds_records, runner_content
 
 from streamstate.checkpoint.rollback import plan_rollback, rollback, spark_checkpoint_of
 from streamstate.checkpoint.storage import FileSystemCheckpointStorage
 from streamstate.errors import CheckpointError
 from streamstate.runtime.local import LocalRunner
+from support.checkpoint import AllKinds, all_kinds_records, runner_content
 
 
 def _job(tmp_path: Path, backend: str) -> tuple[FileSystemCheckpointStorage, dict[str, Any]]:

@@ -6,12 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from _support import AllKinds, all_kinds_records, runner_content
 
 from streamstate import KeyedProcessFunction, ValueStateDescriptor
 from streamstate.checkpoint.native import SST_KIND
 from streamstate.checkpoint.storage import FileSystemCheckpointStorage
 from streamstate.runtime.local import LocalRunner
+from support.checkpoint import AllKinds, all_kinds_records, runner_content
 
 
 class Count(KeyedProcessFunction):

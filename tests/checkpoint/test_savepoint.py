@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _support import AllKinds, all_kinds_records, runner_content
 
 from streamstate import (
     HeapStateBackend,
@@ -20,6 +19,7 @@ from streamstate import (
 from streamstate.checkpoint.storage import FileSystemCheckpointStorage, MemoryCheckpointStorage
 from streamstate.errors import StateMigrationException
 from streamstate.runtime.local import LocalRunner
+from support.checkpoint import AllKinds, all_kinds_records, runner_content
 
 
 def _runner(storage: Any, p: int, **kw: Any) -> LocalRunner:

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _support import AllKinds, all_kinds_records, runner_content
 
 from streamstate.checkpoint.metadata import METADATA_VERSION
 from streamstate.checkpoint.storage import (
@@ -19,6 +18,7 @@ from streamstate.checkpoint.storage import (
 )
 from streamstate.errors import CheckpointNotFoundError, CorruptCheckpointError
 from streamstate.runtime.local import LocalRunner
+from support.checkpoint import AllKinds, all_kinds_records, runner_content
 
 
 def _runner(storage: Any, p: int = 2, **kw: Any) -> LocalRunner:

@@ -8,7 +8,6 @@ from typing import Any
 
 import msgspec
 import pytest
-from _support import AllKinds, all_kinds_records, runner_content
 
 from streamstate.checkpoint.coordinator import CheckpointCoordinator
 from streamstate.checkpoint.metadata import SubtaskStateHandle
@@ -16,6 +15,7 @@ from streamstate.checkpoint.storage import MemoryCheckpointStorage
 from streamstate.checkpoint.writer import SubtaskCheckpointer
 from streamstate.errors import CheckpointError
 from streamstate.runtime.local import LocalRunner
+from support.checkpoint import AllKinds, all_kinds_records, runner_content
 
 
 def _runner(storage: Any, p: int = 2) -> LocalRunner:

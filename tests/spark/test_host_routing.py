@@ -16,7 +16,6 @@ import msgspec
 import pytest
 from data import final_counts, make_batches, running_counts, write_batches
 from functions import Count
-from test_state_host import Driver, _wait_gone, begin_header, user_batch
 
 from streamstate.spark import FileSink, keyed_process, read_state
 from streamstate.spark.host_client import connect, ping, run_batch, shutdown
@@ -25,6 +24,9 @@ from streamstate.spark.security import new_secret, node_id
 from streamstate.spark.state_host import host_id
 from streamstate.spark.streaming import KeyedStreamingQuery
 from streamstate.spark.subtask import BatchResult
+from support.state_host import Driver, begin_header, user_batch, wait_gone
+
+pytestmark = pytest.mark.subprocess
 
 
 def _private(path: Any) -> str:
@@ -145,7 +147,7 @@ def test_the_driver_retires_a_host_its_subtask_left_and_only_that_process(
     assert not query._retire(0, {**t0["location"], "pid": 1}, "wrong pid")
     assert ping(msgspec.structs.replace(nodes.spec, run_dir=nodes.node_a), nodes.secret)
     assert query._retire(0, t0["location"], "moved")
-    _wait_gone(int(r0.stats["host_pid"]))
+    wait_gone(int(r0.stats["host_pid"]))
 
 
 def _source(spark: Any, directory: str) -> Any:
@@ -194,7 +196,7 @@ def test_streaming_batches_follow_their_hosts_across_nodes(spark: Any, tmp_path:
     assert len(pids) == 3
     assert query.host_locations[1]["node"] == node_id(node_a)
     for pid in pids:  # stop() reached the host on node A over TCP too
-        _wait_gone(int(pid))
+        wait_gone(int(pid))
     out = FileSink(str(tmp_path / "out")).read_arrow().to_pylist()
     assert sorted((r["user"], r["n"]) for r in out) == running_counts(batches)
     state = read_state(spark, str(tmp_path / "ck"), state="n").collect()

@@ -22,7 +22,6 @@ from typing import Any
 import msgspec
 import pytest
 from functions import Count
-from test_state_host import Driver
 
 from streamstate.spark.host_client import connect, run_batch
 from streamstate.spark.job import JobSpec
@@ -30,6 +29,9 @@ from streamstate.spark.protocol import Connection
 from streamstate.spark.security import MAGIC, client_handshake, new_secret, run_dir
 from streamstate.spark.state_host import host_paths
 from streamstate.spark.subtask import BatchResult, job_storage
+from support.state_host import Driver
+
+pytestmark = pytest.mark.subprocess
 
 
 def _touch(path: str) -> None:

@@ -218,9 +218,9 @@ def test_a_batch_an_older_run_committed_first_is_adopted_by_the_newer_run(tmp_pa
     the holder of the newest epoch, continues from it (same input, same base) instead of
     failing; nothing is overwritten and the counts stay exact."""
     from functions import Count
-    from test_state_host import Driver
 
     from streamstate.spark.commit import CheckpointLog
+    from support.state_host import Driver
 
     d = Driver(tmp_path, Count())
     try:

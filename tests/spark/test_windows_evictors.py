@@ -4,9 +4,7 @@ oracle and the LocalRunner, on the heap and RocksDB backends."""
 from __future__ import annotations
 
 import random
-import sys
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,9 +19,7 @@ from streamstate.windows import (
     TumblingEventTimeWindows,
     window,
 )
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "windows"))
-from oracle import ContinuousOracle, EvictingOracle
+from support.window_oracle import ContinuousOracle, EvictingOracle
 
 pytestmark = pytest.mark.spark
 

@@ -8,7 +8,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memory_restore import MemoryRestore
 from streamstate.backends.heap.backend import HeapKeyedStateBackend
 from streamstate.backends.timer_queues import TimerRestore
 from streamstate.errors import (
@@ -26,6 +25,7 @@ from streamstate.timers import (
     KeyGroupedTimerQueue,
     UserTimerService,
 )
+from support.memory_restore import MemoryRestore
 
 MAX_P = 16
 

@@ -11,8 +11,8 @@ from streamstate import (
     ValueStateDescriptor,
 )
 from streamstate.backends.base import Clock
-from streamstate.backends.snapshot import StateMetaInfo
 from streamstate.backends.timer_queues import TimerRestore
+from streamstate.format.meta import StateMetaInfo
 from streamstate.keygroups import assign_to_key_group
 from streamstate.runtime.operator import KeyedProcessOperator
 from streamstate.serializers import Int64Serializer, StrSerializer

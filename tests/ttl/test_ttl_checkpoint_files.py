@@ -1,6 +1,6 @@
 """TTL through checkpoint files: expired entries are not written, the TTL config is.
 
-Needs the checkpoint file format (``streamstate.checkpoint.format``, ``LocalRunner.checkpoint``);
+Needs the checkpoint file format (``streamstate.format.keyed_file``, ``LocalRunner.checkpoint``);
 skipped where it is not there yet.
 """
 
@@ -21,8 +21,8 @@ from streamstate import (
 )
 from streamstate.serializers import serializer_from_snapshot
 
-fmt = pytest.importorskip("streamstate.checkpoint.format")
-codec_mod = pytest.importorskip("streamstate.checkpoint.codec")
+fmt = pytest.importorskip("streamstate.format.keyed_file")
+codec_mod = pytest.importorskip("streamstate.format.codec")
 if not hasattr(LocalRunner, "checkpoint"):  # pragma: no cover - depends on the branch
     pytest.skip("LocalRunner has no checkpoints here", allow_module_level=True)
 
@@ -50,18 +50,18 @@ def read_files(directory):
         with open(path, "rb") as f:
             reader = fmt.KeyedSnapshotReader(f, path)
             for meta in reader.states:
-                ttl[meta["name"]] = meta.get("ttl")
+                ttl[meta.name] = meta.ttl
             for _, blocks in reader.read():
                 for block in blocks:
                     meta = reader.states[block.state_id]
                     codec = codec_mod.StateCodec(
                         serializer_from_snapshot(reader.key_serializer),
-                        serializer_from_snapshot(meta["namespace_serializer"]),
-                        serializer_from_snapshot(meta["state_serializer"]),
+                        serializer_from_snapshot(meta.namespace_serializer),
+                        serializer_from_snapshot(meta.state_serializer),
                     )
                     keys, _, values = codec.decode(block.entries)
                     for k, v in zip(keys, values, strict=True):
-                        found.setdefault(meta["name"], {})[k] = v
+                        found.setdefault(meta.name, {})[k] = v
     return found, ttl
 
 

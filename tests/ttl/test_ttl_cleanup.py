@@ -21,8 +21,8 @@ from streamstate.backends.decorators.ttl import (
     sweep,
     ttl_state_serializer,
 )
-from streamstate.backends.snapshot import StateMetaSnapshot
 from streamstate.errors import StateMigrationException
+from streamstate.format.meta import StateMetaSnapshot
 from streamstate.namespace import VOID_NAMESPACE
 from streamstate.serializers import VoidNamespaceSerializer
 

@@ -8,7 +8,6 @@ from collections import Counter
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from oracle import ContinuousOracle, EvictingOracle
 
 from streamstate import AggregateFunction, LocalRunner, OutputTag
 from streamstate.backends.base import Clock
@@ -32,6 +31,7 @@ from streamstate.windows import (
     WindowStagger,
     window,
 )
+from support.window_oracle import ContinuousOracle, EvictingOracle
 
 LATE = OutputTag("late")
 

@@ -7,7 +7,6 @@ from collections import Counter
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from oracle import Oracle
 
 from streamstate import AggregateFunction, LocalRunner, OutputTag, ValueStateDescriptor
 from streamstate.windows import (
@@ -17,6 +16,7 @@ from streamstate.windows import (
     TumblingEventTimeWindows,
     window,
 )
+from support.window_oracle import Oracle
 
 LATE = OutputTag("late")
 

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from streamstate.api.descriptors import StateDescriptor
 from streamstate.api.state import InternalKvState
-from streamstate.backends.snapshot import StateMetaSnapshot
 from streamstate.backends.timer_queues import KeyGroupedTimerQueue, TimerQueues
 from streamstate.errors import (
     KeyGroupOutOfRangeError,
@@ -25,6 +24,7 @@ from streamstate.errors import (
     StateMigrationException,
     UnsupportedKeyTypeError,
 )
+from streamstate.format.meta import StateMetaSnapshot
 from streamstate.keygroups import KeyGroupRange, assign_to_key_group
 from streamstate.namespace import VOID_NAMESPACE
 from streamstate.serializers import (
@@ -36,8 +36,8 @@ from streamstate.serializers import (
 
 if TYPE_CHECKING:
     from streamstate.backends.decorators.ttl_cleanup import TtlCleanupHook
-    from streamstate.backends.restore import KeyedStateRestore
-    from streamstate.backends.snapshot import KeyedStateSnapshot
+    from streamstate.format.restore import KeyedStateRestore
+    from streamstate.format.snapshot import KeyedStateSnapshot
 
 __all__ = [
     "Clock",
@@ -116,7 +116,7 @@ class NativeSnapshotSource(Protocol):
 class RestoreInput:
     """What :meth:`KeyedStateBackend.restore` restores from (SPEC §7).
 
-    ``files``: one :class:`~streamstate.backends.restore.KeyedStateRestore` per snapshot file,
+    ``files``: one :class:`~streamstate.format.restore.KeyedStateRestore` per snapshot file,
     for each old subtask its full snapshot then its deltas. A file may also be a native snapshot
     (:class:`NativeSnapshotSource`); a backend restores those natively when every file is one
     and reads them canonically otherwise. ``reuse_shared_files``: the files are in the storage

@@ -301,7 +301,7 @@ def _decoded(
 ) -> list[Any]:
     """Values of a restored operator state, decoded with the declared serializer when the
     checkpoint left them encoded (types not rebuilt from the checkpoint, e.g. pickle)."""
-    from streamstate.backends.restore import RestoredSerializer
+    from streamstate.format.restore import RestoredSerializer
 
     if isinstance(restored, RestoredSerializer):
         try:

@@ -31,23 +31,20 @@ from typing import Any, Literal
 
 import msgspec
 
-from streamstate.backends.restore import (
-    RestoredBlock,
-    RestoredSerializer,
-    expand_namespaces,
-    is_builtin_snapshot,
-)
-from streamstate.backends.snapshot import (
-    TIMER_STATE_KIND,
-    DeltaEntries,
-    SnapshotSource,
-    StateMetaInfo,
-)
 from streamstate.errors import (
     CorruptCheckpointError,
     KeyGroupOutOfRangeError,
     StateMigrationException,
 )
+from streamstate.format.codec import StateCodec
+from streamstate.format.meta import TIMER_STATE_KIND, StateMetaInfo, StateMetaSnapshot
+from streamstate.format.restore import (
+    RestoredBlock,
+    RestoredSerializer,
+    expand_namespaces,
+    is_builtin_snapshot,
+)
+from streamstate.format.snapshot import DeltaEntries, SnapshotSource
 from streamstate.keygroups import KeyGroupRange
 from streamstate.serializers import Int64Serializer, serializer_from_snapshot
 from streamstate.serializers.base import SerializerSnapshot, TypeSerializer
@@ -343,7 +340,7 @@ class TimerQueues:
 
     def restored_state(
         self,
-        meta: dict[str, Any],
+        meta: StateMetaSnapshot,
         form: EncodedForm,
         serializer: TypeSerializer[Any] | None = None,
     ) -> tuple[TimerQueueState, TypeSerializer[Any] | None]:
@@ -351,8 +348,8 @@ class TimerQueues:
         and the serializer decoding its namespaces (None: they stay encoded in ``form``).
         ``serializer``: the namespace serializer of timers restored as values (in-memory
         snapshots), which a new queue takes."""
-        name = meta["name"]
-        snap = meta["namespace_serializer"]
+        name = meta.name
+        snap = meta.namespace_serializer
         state = self._queues.get(name)
         if state is not None:
             if state.namespace_serializer is not None:
@@ -397,12 +394,12 @@ class TimerRestore:
 
     def _slot(
         self,
-        meta: dict[str, Any],
+        meta: StateMetaSnapshot,
         key_group: int,
         form: EncodedForm,
         serializer: TypeSerializer[Any] | None = None,
     ) -> dict[Any, None]:
-        name = meta["name"]
+        name = meta.name
         entry = self._timers.get(name)
         if entry is None:
             if self.queues.get(name) is None:
@@ -423,17 +420,15 @@ class TimerRestore:
 
     def add_block(self, block: RestoredBlock, where: str) -> None:
         """A timer block of a snapshot file (entries section, see docs/formats.md)."""
-        from streamstate.checkpoint.codec import StateCodec
-
         meta = block.state
-        name = meta["name"]
+        name = meta.name
         current = self._slot(meta, block.key_group, "wire")
         codec = self._codecs.get(name)
         if codec is None:
             state = self._timers[name][0]
             ns = state.namespace_serializer
             if ns is None:
-                ns = RestoredSerializer(meta["namespace_serializer"])
+                ns = RestoredSerializer(meta.namespace_serializer)
             codec = self._codecs[name] = StateCodec(self.key_serializer, ns, Int64Serializer())
         try:
             keys, nss, stamps = codec.decode(block.entries)
@@ -461,16 +456,16 @@ class TimerRestore:
     ) -> None:
         """Decoded ``(key, namespace, timestamp)`` timers of one key group (in-memory keyed
         snapshots: their namespaces are values of ``meta.namespace_serializer``)."""
-        current = self._slot(meta.to_dict(), key_group, "wire", meta.namespace_serializer)
+        current = self._slot(meta.snapshot(), key_group, "wire", meta.namespace_serializer)
         for key, ns, ts in timers:
             current[(int(ts), key, ns)] = None
 
     def add_native(
-        self, meta: dict[str, Any], entries: Iterable[tuple[int, bytes, bytes, int]]
+        self, meta: StateMetaSnapshot, entries: Iterable[tuple[int, bytes, bytes, int]]
     ) -> None:
         """Timers ``(key group, key bytes, namespace bytes, timestamp)`` of a RocksDB manifest
         (serializer bytes); key groups outside this backend's range are skipped (rescaling)."""
-        name = meta["name"]
+        name = meta.name
         key = self.key_serializer.deserialize
         decode_ns = None
         for kg, raw_key, raw_ns, ts in entries:

@@ -21,13 +21,14 @@ import os
 import posixpath
 import shutil
 import tempfile
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING
 
-from streamstate.checkpoint.format import KeyedSnapshotReader, write_keyed_snapshot
 from streamstate.checkpoint.metadata import StateFileHandle, SubtaskStateHandle
 from streamstate.checkpoint.restore import FileKeyedStateRestore
 from streamstate.checkpoint.storage import shared_file_checkpoint_id
 from streamstate.errors import CheckpointError, StateMigrationException
+from streamstate.format.keyed_file import KeyedSnapshotReader, write_keyed_snapshot
+from streamstate.format.meta import StateMetaSnapshot
 from streamstate.keygroups import KeyGroupRange
 
 if TYPE_CHECKING:
@@ -147,7 +148,7 @@ class NativeKeyedStateRestore(FileKeyedStateRestore):
         return self._manifest
 
     @property
-    def states(self) -> list[dict[str, Any]]:  # type: ignore[override]
+    def states(self) -> list[StateMetaSnapshot]:  # type: ignore[override]
         if self._reader is not None:
             return self._reader.states
         m = self.manifest

@@ -12,7 +12,7 @@ own, and the footer records where each starts, so that a reader can hand out any
 without decoding the others (split-distribute redistribution deals out runs of elements).
 
 Elements whose serializer is built in are decoded on read; others stay encoded behind a
-:class:`~streamstate.backends.restore.RestoredSerializer` until the program registers the state
+:class:`~streamstate.format.restore.RestoredSerializer` until the program registers the state
 with its descriptor (pickle is refused unless the program declares it).
 """
 
@@ -30,9 +30,9 @@ from streamstate.backends.operator import (
     OperatorStateMode,
     OperatorStateSnapshot,
 )
-from streamstate.backends.restore import RestoredSerializer, is_builtin_snapshot
-from streamstate.checkpoint.codec import crc32c, crc32c_extend
 from streamstate.errors import CheckpointError, CorruptCheckpointError
+from streamstate.format.codec import crc32c, crc32c_extend
+from streamstate.format.restore import RestoredSerializer, is_builtin_snapshot
 from streamstate.serializers import serializer_from_snapshot
 from streamstate.serializers.base import TypeSerializer
 

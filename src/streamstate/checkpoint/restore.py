@@ -21,13 +21,14 @@ from typing import IO, Any
 
 from streamstate.backends.base import RestoreInput
 from streamstate.backends.operator import OperatorStateSnapshot
-from streamstate.backends.restore import KeyedStateRestore, RestoredBlock
-from streamstate.checkpoint.format import KeyedSnapshotReader
 from streamstate.checkpoint.metadata import OperatorMetadata, StateFileHandle
 from streamstate.checkpoint.operator_format import read_operator_state
 from streamstate.checkpoint.rescale import repartition_operator_state
 from streamstate.checkpoint.storage import CompletedCheckpoint
 from streamstate.errors import CheckpointError, CorruptCheckpointError, MaxParallelismMismatchError
+from streamstate.format.keyed_file import KeyedSnapshotReader
+from streamstate.format.meta import StateMetaSnapshot
+from streamstate.format.restore import KeyedStateRestore, RestoredBlock
 from streamstate.keygroups import KeyGroupRange
 
 __all__ = [
@@ -89,7 +90,7 @@ class FileKeyedStateRestore(KeyedStateRestore):
         return self._open().max_parallelism
 
     @property
-    def states(self) -> list[dict[str, Any]]:  # type: ignore[override]
+    def states(self) -> list[StateMetaSnapshot]:  # type: ignore[override]
         return self._open().states
 
     def blocks(self) -> Iterator[RestoredBlock]:

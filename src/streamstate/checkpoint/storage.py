@@ -43,7 +43,6 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from typing import IO, Any
 
-from streamstate.checkpoint.codec import crc32c_extend
 from streamstate.checkpoint.metadata import (
     CheckpointMetadata,
     decode_metadata,
@@ -55,6 +54,7 @@ from streamstate.errors import (
     CheckpointNotFoundError,
     CorruptCheckpointError,
 )
+from streamstate.format.codec import crc32c_extend
 
 __all__ = [
     "DEFAULT_RETAINED_CHECKPOINTS",

@@ -39,12 +39,12 @@ from typing import Any, Protocol
 
 from streamstate.backends.base import KeyedStateBackend
 from streamstate.backends.operator import OperatorStateBackend, OperatorStateSnapshot
-from streamstate.backends.snapshot import FULL_SNAPSHOT, KeyedStateSnapshot
-from streamstate.checkpoint.format import write_keyed_snapshot
 from streamstate.checkpoint.metadata import StateFileHandle, SubtaskStateHandle
 from streamstate.checkpoint.operator_format import write_operator_state
 from streamstate.checkpoint.storage import CheckpointStorage
 from streamstate.errors import CheckpointError
+from streamstate.format.keyed_file import write_keyed_snapshot
+from streamstate.format.snapshot import FULL_SNAPSHOT, KeyedStateSnapshot
 from streamstate.keygroups import KeyGroupRange
 
 __all__ = [

@@ -199,7 +199,7 @@ def read_state(
             if state in handle.states:
                 reader = keyed_file_restore(cp, handle, sub_range(sub))
                 try:
-                    meta = next((s for s in reader.states if s["name"] == state), None)
+                    meta = next((s for s in reader.states if s.name == state), None)
                 finally:
                     reader.close()
                 break
@@ -212,7 +212,7 @@ def read_state(
             f"(its states: {[n for n in names if not n.startswith('_timers.')]})"
         )
     key_ddl = spark_type_of(op.key_serializer)
-    value_ddl = None if meta.get("ttl") else spark_type_of(meta["state_serializer"])
+    value_ddl = None if meta.ttl else spark_type_of(meta.state_serializer)
     schema = f"key {key_ddl or 'string'}, namespace string, value {value_ddl or 'string'}"
     url = storage.url_of("")
     target = cp.directory

@@ -34,6 +34,7 @@ def test_the_compiled_entry_is_the_one_maps_use() -> None:
     assert cow.StateMapEntry is Compiled
 
 
+@pytest.mark.subprocess
 def test_pure_python_is_selected_by_the_environment_variable() -> None:
     code = (
         "from streamstate.backends.heap import copy_on_write as c; "

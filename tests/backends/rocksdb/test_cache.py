@@ -11,10 +11,6 @@ import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
-from rocks_helpers import (
-    make_rocks_fixture,  # noqa: F401 - fixtures
-    raw_content,
-)
 
 from streamstate import (
     ListStateDescriptor,
@@ -27,6 +23,10 @@ from streamstate.backends.rocksdb.instance import RocksDBConfig
 from streamstate.errors import StateBackendError
 from streamstate.keygroups import KeyGroupRange
 from streamstate.serializers import Int64Serializer, StrSerializer
+from support.rocksdb import (
+    make_rocks_fixture,  # noqa: F401 - fixtures
+    raw_content,
+)
 
 NS = StrSerializer()
 #: RocksDB syncs files on flush; on tmpfs that is free, which keeps the state machine quick

@@ -21,7 +21,7 @@ from streamstate import (
 from streamstate.backends.factory import RocksDBStateBackend
 
 pytest.importorskip("streamstate.checkpoint.coordinator")
-pytest.importorskip("streamstate.checkpoint.format")
+pytest.importorskip("streamstate.format.keyed_file")
 
 from streamstate.runtime.local import LocalRunner
 

@@ -8,15 +8,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from rocks_helpers import (  # noqa: F401 - fixtures
-    SharedStateRegistry,
-    checkpoint,
-    make_rocks_fixture,
-    raw_content,
-    restore_native,
-    store_fixture,
-    stored_files,
-)
 
 from streamstate import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
 from streamstate.backends.rocksdb.incremental import IncrementalManifest
@@ -32,6 +23,15 @@ from streamstate.errors import (
 from streamstate.keygroups import assign_to_key_group, compute_operator_index_for_key_group
 from streamstate.namespace import VOID_NAMESPACE
 from streamstate.serializers import StrSerializer
+from support.rocksdb import (  # noqa: F401 - fixtures
+    SharedStateRegistry,
+    checkpoint,
+    make_rocks_fixture,
+    raw_content,
+    restore_native,
+    store_fixture,
+    stored_files,
+)
 
 V = ValueStateDescriptor("v", int)
 L = ListStateDescriptor("l", int)

@@ -12,7 +12,6 @@ from typing import Any
 
 import msgspec
 import pytest
-from rocks_helpers import file_store, restore_native, stored_files
 from rocksdict import Options, Rdict
 
 from streamstate.backends.rocksdb.backend import RocksDBKeyedStateBackend
@@ -21,6 +20,9 @@ from streamstate.backends.rocksdb.restore import load_manifest
 from streamstate.backends.rocksdb.storage import CheckpointStorageFileStore
 from streamstate.keygroups import KeyGroupRange
 from streamstate.serializers import Int64Serializer
+from support.rocksdb import file_store, restore_native, stored_files
+
+pytestmark = pytest.mark.subprocess
 
 CHILD = os.path.join(os.path.dirname(__file__), "crash_child.py")
 

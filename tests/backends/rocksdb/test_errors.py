@@ -37,6 +37,7 @@ def test_second_backend_on_the_same_directory_is_refused(tmp_path: Any) -> None:
     _backend(path).dispose()  # released on dispose
 
 
+@pytest.mark.subprocess
 def test_directory_locked_by_another_process(tmp_path: Any) -> None:
     path = str(tmp_path / "op-0")
     holder = subprocess.Popen(

@@ -7,7 +7,13 @@ import dataclasses
 from typing import Any
 
 import pytest
-from rocks_helpers import (  # noqa: F401 - fixtures
+
+from streamstate import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
+from streamstate.backends.factory import RocksDBStateBackend
+from streamstate.backends.rocksdb.instance import RocksDBConfig, _range_deletions
+from streamstate.keygroups import assign_to_key_group, compute_operator_index_for_key_group
+from streamstate.namespace import VOID_NAMESPACE
+from support.rocksdb import (  # noqa: F401 - fixtures
     checkpoint,
     make_rocks_fixture,
     raw_content,
@@ -16,12 +22,6 @@ from rocks_helpers import (  # noqa: F401 - fixtures
     snapshot_files,
     store_fixture,
 )
-
-from streamstate import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
-from streamstate.backends.factory import RocksDBStateBackend
-from streamstate.backends.rocksdb.instance import RocksDBConfig, _range_deletions
-from streamstate.keygroups import assign_to_key_group, compute_operator_index_for_key_group
-from streamstate.namespace import VOID_NAMESPACE
 
 V = ValueStateDescriptor("v", int)
 L = ListStateDescriptor("l", int)

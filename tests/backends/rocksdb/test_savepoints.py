@@ -5,12 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from rocks_helpers import (
-    canonical_content,
-    make_rocks_fixture,  # noqa: F401 - fixtures
-    restore_files,
-    snapshot_files,
-)
 
 from streamstate import (
     AggregateFunction,
@@ -21,7 +15,7 @@ from streamstate import (
     ValueStateDescriptor,
 )
 from streamstate.backends.heap.backend import HeapKeyedStateBackend
-from streamstate.backends.snapshot import TIMER_STATE_KIND
+from streamstate.format.meta import TIMER_STATE_KIND
 from streamstate.keygroups import (
     assign_to_key_group,
     compute_key_group_range_for_operator_index,
@@ -29,6 +23,12 @@ from streamstate.keygroups import (
 )
 from streamstate.namespace import VOID_NAMESPACE
 from streamstate.serializers import StrSerializer, serializer_for
+from support.rocksdb import (
+    canonical_content,
+    make_rocks_fixture,  # noqa: F401 - fixtures
+    restore_files,
+    snapshot_files,
+)
 
 MAX_P = 128
 NS = StrSerializer()

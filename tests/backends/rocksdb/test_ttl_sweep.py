@@ -9,11 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from rocks_helpers import canonical_content, make_rocks_fixture  # noqa: F401 - fixtures
 
 from streamstate import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
 from streamstate.keygroups import assign_to_key_group
 from streamstate.namespace import VOID_NAMESPACE
+from support.rocksdb import canonical_content, make_rocks_fixture  # noqa: F401 - fixtures
 
 
 class Hook:

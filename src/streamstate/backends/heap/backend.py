@@ -21,14 +21,10 @@ from streamstate.backends.heap.snapshot import HeapKeyedStateSnapshot, StateTabl
 from streamstate.backends.heap.state_map import StateMap
 from streamstate.backends.heap.state_table import StateTable
 from streamstate.backends.heap.states import STATE_FACTORIES
-from streamstate.backends.restore import KeyedStateRestore
-from streamstate.backends.snapshot import (
-    DELTA_SNAPSHOT,
-    EncodedEntries,
-    SnapshotSource,
-    StateMetaInfo,
-)
 from streamstate.errors import StateBackendError
+from streamstate.format.meta import StateMetaInfo
+from streamstate.format.restore import KeyedStateRestore
+from streamstate.format.snapshot import DELTA_SNAPSHOT, EncodedEntries, SnapshotSource
 from streamstate.keygroups import KeyGroupRange
 from streamstate.serializers.base import TypeSerializer
 

@@ -25,12 +25,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from streamstate.backends.heap.state_map import StateMap, StateSnapshotTransformer
-from streamstate.backends.snapshot import (
-    DeltaEntries,
-    EntryColumns,
-    SnapshotSource,
-    StateMetaInfo,
-)
+from streamstate.format.meta import StateMetaInfo
+from streamstate.format.snapshot import DeltaEntries, EntryColumns, SnapshotSource
 from streamstate.namespace import VOID_NAMESPACE
 
 __all__ = [

@@ -3,7 +3,7 @@
 :class:`HeapRestoreOperation` applies the files handed over by checkpoint restore, in order (for
 each old subtask: its full snapshot, then its deltas), to a fresh heap backend:
 
-* states whose serializers are built-in (:func:`~streamstate.backends.restore.is_builtin_snapshot`)
+* states whose serializers are built-in (:func:`~streamstate.format.restore.is_builtin_snapshot`)
   are decoded at once into state tables, with serializers rebuilt from the checkpoint;
 * timers go into the backend's timer queues (``backends/timer_queues.py``);
 * every other state (records, TTL-wrapped values, pickle) stays encoded in
@@ -24,27 +24,22 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
-from streamstate.backends.restore import (
-    KeyedStateRestore,
-    RestoredSerializer,
-    expand_namespaces,
-    is_builtin_snapshot,
-)
-from streamstate.backends.snapshot import (
-    TIMER_STATE_KIND,
-    EncodedEntries,
-    SnapshotSource,
-    StateMetaInfo,
-    StateMetaSnapshot,
-)
 from streamstate.backends.timer_queues import TimerQueues, TimerRestore
-from streamstate.checkpoint.codec import StateCodec
 from streamstate.errors import (
     CorruptCheckpointError,
     MaxParallelismMismatchError,
     StateAccessError,
     StateMigrationException,
 )
+from streamstate.format.codec import StateCodec
+from streamstate.format.meta import StateMetaInfo, StateMetaSnapshot
+from streamstate.format.restore import (
+    KeyedStateRestore,
+    RestoredSerializer,
+    expand_namespaces,
+    is_builtin_snapshot,
+)
+from streamstate.format.snapshot import EncodedEntries, SnapshotSource
 from streamstate.keygroups import KeyGroupRange
 from streamstate.serializers import serializer_from_snapshot
 from streamstate.serializers.base import TypeSerializer
@@ -277,7 +272,7 @@ class HeapRestoreOperation:
             for f in files:
                 self._check_file(f)
                 for block in f.blocks():
-                    name = block.state["name"]
+                    name = block.state.name
                     plan = plans.get(name)
                     if plan is None:
                         plan = plans[name] = self._plan(
@@ -355,15 +350,14 @@ class HeapRestoreOperation:
 
     def _plan(
         self,
-        description: dict[str, Any],
+        meta: StateMetaSnapshot,
         created_tables: list[str],
         added_meta: list[str],
         pending: RestoredRawStates,
     ) -> tuple[str, Any]:
         backend = self.backend
-        if description["kind"] == TIMER_STATE_KIND:
+        if meta.is_timer:
             return "timer", None
-        meta = StateMetaSnapshot.from_dict(description)
         name = meta.name
         if backend.add_restored_meta(meta):
             added_meta.append(name)

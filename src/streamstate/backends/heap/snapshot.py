@@ -12,12 +12,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from streamstate.backends.heap.state_map import StateMapSnapshot, StateSnapshotTransformer
-from streamstate.backends.snapshot import (
-    EntryColumns,
-    SnapshotSource,
-    SourcesKeyedStateSnapshot,
-    StateMetaInfo,
-)
+from streamstate.format.meta import StateMetaInfo
+from streamstate.format.snapshot import EntryColumns, SnapshotSource, SourcesKeyedStateSnapshot
 
 __all__ = ["HeapKeyedStateSnapshot", "StateTableSnapshotSource"]
 

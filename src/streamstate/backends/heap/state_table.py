@@ -13,8 +13,8 @@ from typing import Any
 
 from streamstate.backends.base import KeyContext
 from streamstate.backends.heap.state_map import StateMap, StateMapSnapshot, StateSnapshotTransformer
-from streamstate.backends.snapshot import StateMetaInfo
 from streamstate.errors import KeyGroupOutOfRangeError, NoCurrentKeyError
+from streamstate.format.meta import StateMetaInfo
 from streamstate.keygroups import KeyGroupRange, assign_to_key_group
 
 __all__ = ["NoCurrentKeyGuard", "StateTable"]

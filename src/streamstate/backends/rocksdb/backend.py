@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 from streamstate.api.descriptors import StateDescriptor, StateKind
 from streamstate.api.state import InternalKvState
 from streamstate.backends.base import Clock, KeyedStateBackend, RestoreInput
-from streamstate.backends.restore import KeyedStateRestore
 from streamstate.backends.rocksdb.cache import MapCache, ValueCache, WriteBackCache
 from streamstate.backends.rocksdb.incremental import UploadTracker
 from streamstate.backends.rocksdb.instance import (
@@ -32,8 +31,9 @@ from streamstate.backends.rocksdb.restore_files import restore_deferred_state, r
 from streamstate.backends.rocksdb.restored import RestoredStates
 from streamstate.backends.rocksdb.snapshot import RocksDBKeyedStateSnapshot, take_snapshot
 from streamstate.backends.rocksdb.states import STATE_FACTORIES, CurrentKeyBytes
-from streamstate.backends.snapshot import StateMetaInfo, StateMetaSnapshot
 from streamstate.errors import InvalidStateNameError, StateBackendError, StateMigrationException
+from streamstate.format.meta import StateMetaInfo, StateMetaSnapshot
+from streamstate.format.restore import KeyedStateRestore
 from streamstate.keygroups import KeyGroupRange
 from streamstate.serializers import serializer_from_snapshot
 from streamstate.serializers.base import TypeSerializer
@@ -282,7 +282,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         """The synchronous phase: flush, bounded TTL sweep, native checkpoint, meta, timers.
 
         Returns a :class:`~streamstate.backends.rocksdb.snapshot.RocksDBKeyedStateSnapshot`,
-        which is a canonical :class:`~streamstate.backends.snapshot.KeyedStateSnapshot` (for
+        which is a canonical :class:`~streamstate.format.snapshot.KeyedStateSnapshot` (for
         savepoints) and can also be uploaded incrementally (``write_incremental``).
         """
         self._check_open()

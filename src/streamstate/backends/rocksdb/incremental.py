@@ -27,6 +27,7 @@ import google_crc32c
 import msgspec
 
 from streamstate.errors import CorruptCheckpointError
+from streamstate.format.meta import StateMetaSnapshot
 
 __all__ = [
     "MANIFEST_MAGIC",
@@ -67,7 +68,7 @@ class PrivateFile(msgspec.Struct, frozen=True, array_like=True):
 class TimerBlock(msgspec.Struct, array_like=True):
     """The timers of one timer queue: ``(key group, key bytes, namespace bytes, timestamp)``."""
 
-    meta: dict[str, Any]
+    meta: StateMetaSnapshot
     entries: list[tuple[int, bytes, bytes, int]]
 
 
@@ -79,8 +80,8 @@ class IncrementalManifest(msgspec.Struct, kw_only=True):
     key_serializer: dict[str, Any]
     max_parallelism: int
     key_group_range: tuple[int, int]
-    #: StateMetaInfo.to_dict() of every state in the database
-    states: list[dict[str, Any]]
+    #: the meta data of every state in the database
+    states: list[StateMetaSnapshot]
     shared: list[SharedFile]
     private: list[PrivateFile]
     timers: list[TimerBlock] = []

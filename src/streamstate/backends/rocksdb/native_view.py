@@ -2,7 +2,7 @@
 
 What ``checkpoint/native.py`` needs to let every other reader (the heap backend, ``read_state``,
 the CLI) read a native snapshot: load and verify its manifest, download its files, and open them
-read-only as a :class:`~streamstate.backends.snapshot.KeyedStateSnapshot`.
+read-only as a :class:`~streamstate.format.snapshot.KeyedStateSnapshot`.
 """
 
 from __future__ import annotations
@@ -24,6 +24,6 @@ def open_native_snapshot(
     these states and no timers (None: everything)."""
     if only_states is not None:
         manifest = msgspec.structs.replace(
-            manifest, states=[d for d in manifest.states if d["name"] in only_states], timers=[]
+            manifest, states=[m for m in manifest.states if m.name in only_states], timers=[]
         )
     return RocksDBKeyedStateSnapshot.of_manifest(manifest, directory)

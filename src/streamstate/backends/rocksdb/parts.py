@@ -17,8 +17,8 @@ from streamstate.backends.rocksdb.incremental import UploadTracker
 from streamstate.backends.rocksdb.instance import ColumnFamily, RocksDBConfig, RocksDBInstance
 from streamstate.backends.rocksdb.keys import KeyLayout
 from streamstate.backends.rocksdb.restored import RestoredStates
-from streamstate.backends.snapshot import StateMetaInfo, StateMetaSnapshot
 from streamstate.backends.timer_queues import TimerQueues
+from streamstate.format.meta import StateMetaInfo, StateMetaSnapshot
 from streamstate.keygroups import KeyGroupRange
 from streamstate.serializers.base import TypeSerializer
 

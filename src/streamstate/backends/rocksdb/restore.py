@@ -30,13 +30,11 @@ from typing import Any
 
 import google_crc32c
 
-from streamstate.backends.restore import KeyedStateRestore, RestoredBlock
 from streamstate.backends.rocksdb.incremental import IncrementalManifest, IncrementalStateHandle
 from streamstate.backends.rocksdb.instance import ColumnFamily, RocksDBInstance, open_read_only
 from streamstate.backends.rocksdb.keys import KeyLayout, key_group_bound
 from streamstate.backends.rocksdb.parts import RocksDBParts
 from streamstate.backends.rocksdb.storage import SnapshotFileStore, crc32c_of_file
-from streamstate.backends.snapshot import StateMetaSnapshot
 from streamstate.backends.timer_queues import TimerRestore
 from streamstate.errors import (
     CheckpointError,
@@ -45,6 +43,8 @@ from streamstate.errors import (
     StateBackendError,
     StateMigrationException,
 )
+from streamstate.format.meta import StateMetaSnapshot
+from streamstate.format.restore import KeyedStateRestore, RestoredBlock
 from streamstate.keygroups import KeyGroupRange
 from streamstate.serializers.base import TypeSerializer
 
@@ -132,9 +132,9 @@ def check_fresh(backend: RocksDBParts) -> None:
         )
 
 
-def remember_states(backend: RocksDBParts, states: Iterable[dict[str, Any]]) -> None:
-    """Record the state descriptions of file headers or manifests (their snapshot form)."""
-    metas = [StateMetaSnapshot.from_dict(d) for d in states]
+def remember_states(backend: RocksDBParts, states: Iterable[StateMetaSnapshot]) -> None:
+    """Record the meta data of the states of file headers or manifests."""
+    metas = list(states)
     backend.restored.remember(metas)
     for meta in metas:
         if backend.restored_state_meta(meta.name) is None:

@@ -1,7 +1,7 @@
 """Restoring the RocksDB backend from the checkpoint storage's keyed snapshot files (SPEC §6.2).
 
 The checkpoint package hands every backend the same thing: one
-``streamstate.backends.restore.KeyedStateRestore`` per file, in the order to apply them (for each
+``streamstate.format.restore.KeyedStateRestore`` per file, in the order to apply them (for each
 old subtask: its full snapshot, then its deltas), each yielding verified, still-encoded blocks of
 the backend's key groups. This module turns those blocks into RocksDB entries:
 
@@ -24,7 +24,6 @@ from typing import Any
 
 import msgspec
 
-from streamstate.backends.restore import KeyedStateRestore, expand_namespaces
 from streamstate.backends.rocksdb.keys import KeyLayout, key_group_bound, prefix_successor
 from streamstate.backends.rocksdb.parts import RocksDBParts
 from streamstate.backends.rocksdb.restore import (
@@ -32,9 +31,11 @@ from streamstate.backends.rocksdb.restore import (
     check_fresh,
     remember_states,
 )
-from streamstate.backends.snapshot import TIMER_STATE_KIND
 from streamstate.backends.timer_queues import TimerRestore
 from streamstate.errors import CorruptCheckpointError, StateMigrationException
+from streamstate.format.codec import StateCodec
+from streamstate.format.meta import StateMetaSnapshot
+from streamstate.format.restore import KeyedStateRestore, expand_namespaces, is_builtin_snapshot
 from streamstate.serializers import serializer_from_snapshot
 from streamstate.serializers.base import TypeSerializer
 
@@ -52,8 +53,6 @@ class BlockWriter:
         namespace_serializer: TypeSerializer[Any],
         state_serializer: TypeSerializer[Any],
     ) -> None:
-        from streamstate.checkpoint.codec import StateCodec
-
         self.name = name
         self.instance = backend.instance
         self.cf = backend.instance.column_family(name)
@@ -126,11 +125,9 @@ class BlockWriter:
         return batch
 
 
-def _builtin(meta: dict[str, Any]) -> bool:
-    from streamstate.backends.restore import is_builtin_snapshot
-
-    return is_builtin_snapshot(meta["namespace_serializer"]) and is_builtin_snapshot(
-        meta["state_serializer"]
+def _builtin(meta: StateMetaSnapshot) -> bool:
+    return is_builtin_snapshot(meta.namespace_serializer) and is_builtin_snapshot(
+        meta.state_serializer
     )
 
 
@@ -146,8 +143,8 @@ def restore_files(backend: RocksDBParts, files: Sequence[KeyedStateRestore]) -> 
         check_compatible(backend, f.max_parallelism, f.key_serializer, str(f.path))
         for block in f.blocks():
             meta = block.state
-            name = meta["name"]
-            if meta["kind"] == TIMER_STATE_KIND:
+            name = meta.name
+            if meta.is_timer:
                 timers.add_block(block, str(f.path))
                 continue
             if name not in writers:
@@ -156,9 +153,9 @@ def restore_files(backend: RocksDBParts, files: Sequence[KeyedStateRestore]) -> 
                     writers[name] = BlockWriter(
                         backend,
                         name,
-                        meta["kind"],
-                        serializer_from_snapshot(meta["namespace_serializer"]),
-                        serializer_from_snapshot(meta["state_serializer"]),
+                        meta.kind,
+                        serializer_from_snapshot(meta.namespace_serializer),
+                        serializer_from_snapshot(meta.state_serializer),
                     )
             writer = writers[name]
             if writer is None:
@@ -170,11 +167,11 @@ def restore_files(backend: RocksDBParts, files: Sequence[KeyedStateRestore]) -> 
                 instance.write(batch)
                 batch = instance.new_batch()
     instance.write(batch)
-    states: dict[str, dict[str, Any]] = {}
+    states: dict[str, StateMetaSnapshot] = {}
     for f in files:
         for meta in f.states:
-            if meta["kind"] != TIMER_STATE_KIND:
-                states.setdefault(meta["name"], meta)
+            if not meta.is_timer:
+                states.setdefault(meta.name, meta)
     remember_states(backend, states.values())
     timers.install()
     return written
@@ -196,7 +193,7 @@ def restore_deferred_state(
     try:
         for f in files:
             for block in f.blocks():
-                if block.state["name"] == name:
+                if block.state.name == name:
                     count, batch = writer.apply(batch, block, str(f.path))
                     written += count
     except CorruptCheckpointError as exc:

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from streamstate.backends.restore import KeyedStateRestore
-from streamstate.backends.snapshot import StateMetaSnapshot
 from streamstate.errors import CorruptCheckpointError
+from streamstate.format.meta import StateMetaSnapshot
+from streamstate.format.restore import KeyedStateRestore
 
 __all__ = ["RestoredStates"]
 

@@ -10,7 +10,7 @@ Asynchronous phase, two ways to write the same :class:`RocksDBKeyedStateSnapshot
 * **incremental checkpoint** (:meth:`~RocksDBKeyedStateSnapshot.write_incremental`): upload the
   SST files that no confirmed earlier checkpoint uploaded, then the manifest
   (``incremental.py``);
-* **canonical** (the :class:`~streamstate.backends.snapshot.KeyedStateSnapshot` interface, for
+* **canonical** (the :class:`~streamstate.format.snapshot.KeyedStateSnapshot` interface, for
   savepoints and the common format writer): open the native checkpoint *read-only* and iterate
   it key group by key group, decoding composite keys back into ``(key, namespace, state)``. A
   rocksdict ``Snapshot`` isolates point reads but not iteration, so the immutable checkpoint is
@@ -43,8 +43,9 @@ from streamstate.backends.rocksdb.instance import ColumnFamily, RocksDBConfig, o
 from streamstate.backends.rocksdb.keys import KeyLayout, key_group_bound, key_group_prefix_bytes
 from streamstate.backends.rocksdb.parts import RegisteredState, RocksDBParts
 from streamstate.backends.rocksdb.storage import SnapshotFileStore, crc32c_of_file
-from streamstate.backends.snapshot import KeyedStateSnapshot, SnapshotSource, StateMetaInfo
 from streamstate.errors import CheckpointError
+from streamstate.format.meta import StateMetaInfo, StateMetaSnapshot
+from streamstate.format.snapshot import KeyedStateSnapshot, SnapshotSource
 from streamstate.keygroups import KeyGroupRange
 from streamstate.serializers import serializer_from_snapshot
 from streamstate.serializers.base import TypeSerializer
@@ -86,12 +87,10 @@ def take_snapshot(backend: RocksDBParts, checkpoint_id: int) -> RocksDBKeyedStat
         target = f"{target}-{uuid.uuid4().hex[:8]}"
     instance.create_checkpoint(target)
     states: list[_SnapshotState] = [
-        _SnapshotState(reg.meta.to_dict(), reg.meta, reg.layout, _full_snapshot_transform(reg))
+        _SnapshotState(reg.meta.snapshot(), reg.meta, reg.layout, _full_snapshot_transform(reg))
         for reg in backend.registered_states()
     ]
-    states.extend(
-        _SnapshotState(m.to_dict(), None, None, None) for m in backend.restored.state_metas()
-    )
+    states.extend(_SnapshotState(m, None, None, None) for m in backend.restored.state_metas())
     timer_sources: list[SnapshotSource] = backend.timer_queues.snapshot_sources()
     return RocksDBKeyedStateSnapshot(
         key_serializer=backend.key_serializer,
@@ -177,38 +176,38 @@ def sweep_ttl(backend: RocksDBParts, reg: RegisteredState) -> int:
 class _SnapshotState:
     """One column family as the snapshot sees it."""
 
-    __slots__ = ("layout", "meta", "meta_dict", "transform")
+    __slots__ = ("layout", "meta", "snapshot_meta", "transform")
 
     def __init__(
         self,
-        meta_dict: dict[str, Any],
+        snapshot_meta: StateMetaSnapshot,
         meta: StateMetaInfo | None,
         layout: KeyLayout | None,
         transform: Callable[[Any], Any] | None,
     ) -> None:
-        self.meta_dict = meta_dict
+        self.snapshot_meta = snapshot_meta
         self.meta = meta
         self.layout = layout
         self.transform = transform
 
     @property
     def name(self) -> str:
-        return str(self.meta_dict["name"])
+        return self.snapshot_meta.name
 
     def resolve(self, key_serializer: TypeSerializer[Any], max_parallelism: int) -> StateMetaInfo:
         """The meta with serializers (rebuilt from the checkpoint for unregistered states)."""
         if self.meta is None:
-            d = self.meta_dict
+            d = self.snapshot_meta
             try:
-                ns = serializer_from_snapshot(d["namespace_serializer"])
-                st = serializer_from_snapshot(d["state_serializer"])
+                ns = serializer_from_snapshot(d.namespace_serializer)
+                st = serializer_from_snapshot(d.state_serializer)
             except Exception as exc:
                 raise CheckpointError(
-                    f"state {d['name']!r} was restored but not registered, and its serializers "
+                    f"state {d.name!r} was restored but not registered, and its serializers "
                     f"cannot be rebuilt from the checkpoint ({exc}); register the state before "
                     "taking a savepoint"
                 ) from exc
-            self.meta = StateMetaInfo(d["name"], d["kind"], ns, st, d.get("ttl"))
+            self.meta = StateMetaInfo(d.name, d.kind, ns, st, d.ttl)
         if self.layout is None:
             self.layout = KeyLayout(
                 max_parallelism,
@@ -439,7 +438,7 @@ class RocksDBKeyedStateSnapshot(KeyedStateSnapshot):
                 key_serializer=self.key_serializer.snapshot(),
                 max_parallelism=self.max_parallelism,
                 key_group_range=self.key_group_range.to_tuple(),
-                states=[s.meta_dict for s in self._states],
+                states=[s.snapshot_meta for s in self._states],
                 shared=shared,
                 private=private,
                 timers=self._timer_blocks(),
@@ -487,7 +486,7 @@ class RocksDBKeyedStateSnapshot(KeyedStateSnapshot):
             for i in range(len(self.key_group_range)):
                 for key, namespace, timestamp in _timer_entries(source, i):
                     entries.append((start + i, ks(key), ns(namespace), int(timestamp)))
-            blocks.append(TimerBlock(source.meta.to_dict(), entries))
+            blocks.append(TimerBlock(source.meta.snapshot(), entries))
         return blocks
 
 
@@ -507,9 +506,9 @@ class _ManifestTimers(SnapshotSource):
         self, block: TimerBlock, key_serializer: TypeSerializer[Any], key_groups: KeyGroupRange
     ) -> None:
         d = block.meta
-        ns = serializer_from_snapshot(d["namespace_serializer"])
+        ns = serializer_from_snapshot(d.namespace_serializer)
         self.meta = StateMetaInfo(
-            d["name"], d["kind"], ns, serializer_from_snapshot(d["state_serializer"]), d.get("ttl")
+            d.name, d.kind, ns, serializer_from_snapshot(d.state_serializer), d.ttl
         )
         self._by_index: dict[int, list[tuple[Any, Any, int]]] = {}
         key, namespace = key_serializer.deserialize, ns.deserialize

@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from memory_restore import MemoryRestore
 from streamstate.backends.base import RestoreInput
 from streamstate.backends.rocksdb.backend import RocksDBKeyedStateBackend
 from streamstate.backends.rocksdb.incremental import (  # noqa: F401 - SharedFile: doctest
@@ -24,6 +23,7 @@ from streamstate.backends.rocksdb.storage import CheckpointStorageFileStore, Sna
 from streamstate.checkpoint.storage import FileSystemCheckpointStorage
 from streamstate.keygroups import KeyGroupRange, compute_key_group_range_for_operator_index
 from streamstate.serializers import serializer_for
+from support.memory_restore import MemoryRestore
 
 RocksFactory = Callable[..., RocksDBKeyedStateBackend]
 

@@ -8,8 +8,8 @@ import io
 from collections.abc import Iterator
 from typing import Any
 
-from streamstate.backends.restore import KeyedStateRestore, RestoredBlock
-from streamstate.checkpoint.format import KeyedSnapshotReader, write_keyed_snapshot
+from streamstate.format.keyed_file import KeyedSnapshotReader, write_keyed_snapshot
+from streamstate.format.restore import KeyedStateRestore, RestoredBlock
 from streamstate.keygroups import KeyGroupRange
 
 

@@ -39,7 +39,7 @@ import lz4.block
 import msgspec
 import zstandard
 
-from streamstate.backends.snapshot import EntryColumns
+from streamstate.format.snapshot import EntryColumns
 from streamstate.serializers.base import TypeSerializer
 
 __all__ = [

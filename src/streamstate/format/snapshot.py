@@ -8,30 +8,24 @@ overhead shrinks while the write progresses (SPEC §5.4).
 
 from __future__ import annotations
 
-import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from streamstate.format.meta import StateMetaInfo
 from streamstate.keygroups import KeyGroupRange
-from streamstate.serializers.base import SerializerSnapshot, TypeSerializer
+from streamstate.serializers.base import TypeSerializer
 
 __all__ = [
     "DELTA_SNAPSHOT",
     "FULL_SNAPSHOT",
-    "TIMER_STATE_KIND",
     "DeltaEntries",
     "EncodedEntries",
     "EntryColumns",
     "KeyedStateSnapshot",
     "SnapshotSource",
     "SourcesKeyedStateSnapshot",
-    "StateMetaInfo",
-    "StateMetaSnapshot",
 ]
-
-TIMER_STATE_KIND = "timer"
-"""Kind of the pseudo-states holding timers; entries are ``(key, namespace, timestamp)``."""
 
 FULL_SNAPSHOT = "full"
 """A snapshot holding every entry of its key groups."""
@@ -95,79 +89,6 @@ class DeltaEntries:
     ) -> None:
         self.upserts = upserts
         self.removed = removed
-
-
-class StateMetaSnapshot:
-    """Meta data of one state as a checkpoint holds it (the snapshot form): name, kind, the
-    serializer snapshots and the TTL configuration. A restore reads it from the file headers
-    (``from_dict``); a registered state's live form, :class:`StateMetaInfo`, writes it
-    (``StateMetaInfo.snapshot``)."""
-
-    __slots__ = ("kind", "name", "namespace_serializer", "state_serializer", "ttl")
-
-    def __init__(
-        self,
-        name: str,
-        kind: str,
-        namespace_serializer: SerializerSnapshot,
-        state_serializer: SerializerSnapshot,
-        ttl: dict[str, Any] | None = None,
-    ) -> None:
-        self.name = name
-        self.kind = kind
-        self.namespace_serializer = namespace_serializer
-        self.state_serializer = state_serializer
-        self.ttl = ttl
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> StateMetaSnapshot:
-        """The meta data of a file header's state description."""
-        return cls(
-            d["name"], d["kind"], d["namespace_serializer"], d["state_serializer"], d.get("ttl")
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        """The state description written into file headers and manifests."""
-        return {
-            "name": self.name,
-            "kind": self.kind,
-            "namespace_serializer": self.namespace_serializer,
-            "state_serializer": self.state_serializer,
-            "ttl": self.ttl,
-        }
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, StateMetaSnapshot) and self.to_dict() == other.to_dict()
-
-    def __repr__(self) -> str:
-        return f"StateMetaSnapshot({self.to_dict()!r})"
-
-
-@dataclasses.dataclass
-class StateMetaInfo:
-    """Name, kind and serializers of one registered state (the live form of its meta data)."""
-
-    name: str
-    #: a StateKind value ("value", "list", "map", "reducing", "aggregating") or "timer"
-    kind: str
-    namespace_serializer: TypeSerializer[Any]
-    #: serializer of the whole stored state of one (key, namespace) (list, dict, value, ...)
-    state_serializer: TypeSerializer[Any]
-    #: StateTtlConfig.to_dict() when the state has TTL (stored values are then TTL-wrapped)
-    ttl: dict[str, Any] | None = None
-
-    def snapshot(self) -> StateMetaSnapshot:
-        """The snapshot form written into checkpoints."""
-        return StateMetaSnapshot(
-            self.name,
-            self.kind,
-            self.namespace_serializer.snapshot(),
-            self.state_serializer.snapshot(),
-            self.ttl,
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return self.snapshot().to_dict()
 
 
 class KeyedStateSnapshot(ABC):

@@ -11,7 +11,7 @@ A block is ``u32 key group | u32 raw length | u32 stored length | stored bytes |
 the CRC covering the 12 frame bytes and the stored bytes. The stored bytes are the block's
 payload compressed on their own (none / lz4 / zstd); the payload is the msgpack array
 ``[key_group, [[state_id, count, entries_section, removed_section_or_nil], ...]]`` whose
-sections are described in :mod:`streamstate.checkpoint.codec`.
+sections are described in :mod:`streamstate.format.codec`.
 
 ``removed = nil`` means the entries are the complete content of the key group for that state
 (always so in full files); a list of removed ``(key, namespace)`` means the entries are upserts
@@ -32,16 +32,8 @@ from typing import IO, Any
 
 import msgspec
 
-from streamstate.backends.snapshot import (
-    DELTA_SNAPSHOT,
-    FULL_SNAPSHOT,
-    DeltaEntries,
-    EncodedEntries,
-    EntryColumns,
-    KeyedStateSnapshot,
-    StateMetaInfo,
-)
-from streamstate.checkpoint.codec import (
+from streamstate.errors import CheckpointError, CorruptCheckpointError
+from streamstate.format.codec import (
     CODECS,
     EntryEncodeError,
     StateCodec,
@@ -50,7 +42,15 @@ from streamstate.checkpoint.codec import (
     crc32c_extend,
     decompress,
 )
-from streamstate.errors import CheckpointError, CorruptCheckpointError
+from streamstate.format.meta import StateMetaInfo, StateMetaSnapshot
+from streamstate.format.snapshot import (
+    DELTA_SNAPSHOT,
+    FULL_SNAPSHOT,
+    DeltaEntries,
+    EncodedEntries,
+    EntryColumns,
+    KeyedStateSnapshot,
+)
 from streamstate.keygroups import KeyGroupRange
 from streamstate.serializers.base import TypeSerializer
 
@@ -372,7 +372,9 @@ class KeyedSnapshotReader:
             self.compression: str = self.header["compression"]
             self.kind: str = self.header["kind"]
             self.checkpoint_id: int = self.header.get("checkpoint_id", 0)
-            self.states: list[dict[str, Any]] = self.header["states"]
+            self.states: list[StateMetaSnapshot] = [
+                StateMetaSnapshot.from_header(d) for d in self.header["states"]
+            ]
             self.key_serializer: dict[str, Any] = self.header["key_serializer"]
         except (msgspec.DecodeError, KeyError, TypeError, ValueError) as exc:
             raise self._corrupt(f"unreadable header ({exc})") from None

@@ -12,14 +12,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
+from streamstate.format.meta import StateMetaSnapshot
 from streamstate.serializers.base import Compatibility, SerializerSnapshot, TypeSerializer
-
-if TYPE_CHECKING:
-    from streamstate.backends.base import NativeSnapshotSource
 
 __all__ = [
     "BUILTIN_SERIALIZER_TYPES",
@@ -123,13 +121,13 @@ class RestoredBlock:
     def __init__(
         self,
         key_group: int,
-        state: dict[str, Any],
+        state: StateMetaSnapshot,
         count: int,
         entries: bytes,
         removed: bytes | None,
     ) -> None:
         self.key_group = key_group
-        #: the state's description from the file header (name, kind, serializer snapshots, ttl)
+        #: the state's meta data from the file header
         self.state = state
         self.count = count
         #: the entries section (docs/formats.md)
@@ -148,8 +146,8 @@ class KeyedStateRestore(ABC):
     #: snapshot of the key serializer that wrote the file
     key_serializer: SerializerSnapshot
     max_parallelism: int
-    #: the file header's state descriptions
-    states: list[dict[str, Any]]
+    #: the meta data of the file's states (from its header)
+    states: list[StateMetaSnapshot]
 
     @abstractmethod
     def blocks(self) -> Iterator[RestoredBlock]:
@@ -159,9 +157,8 @@ class KeyedStateRestore(ABC):
         raises :class:`~streamstate.errors.CorruptCheckpointError` naming the file and key group.
         """
 
-    def native_snapshot(self) -> NativeSnapshotSource | None:
-        """This file as a backend's native snapshot (see
-        :class:`~streamstate.backends.base.NativeSnapshotSource`), or None: canonical only."""
+    def native_snapshot(self) -> Any:
+        """This file as a backend's native snapshot, or None: canonical only."""
         return None
 
 

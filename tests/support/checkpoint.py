@@ -21,7 +21,8 @@ from streamstate import (
     ReducingStateDescriptor,
     ValueStateDescriptor,
 )
-from streamstate.backends.snapshot import SnapshotSource, StateMetaInfo
+from streamstate.format.meta import StateMetaInfo
+from streamstate.format.snapshot import SnapshotSource
 from streamstate.keygroups import KeyGroupRange, assign_to_key_group
 from streamstate.namespace import VOID_NAMESPACE
 from streamstate.runtime.local import LocalRunner
