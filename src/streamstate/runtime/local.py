@@ -35,7 +35,7 @@ from concurrent.futures import wait
 from typing import Any
 
 from streamstate.api.functions import KeyedProcessFunction, OutputTag
-from streamstate.backends.base import Clock, KeyedStateBackend
+from streamstate.backends.base import Clock
 from streamstate.backends.factory import HeapStateBackend, StateBackend, state_backend_from
 from streamstate.errors import CheckpointError, MaxParallelismMismatchError
 from streamstate.keygroups import (
@@ -43,13 +43,7 @@ from streamstate.keygroups import (
     compute_default_max_parallelism,
     compute_operator_index_for_key_group,
 )
-from streamstate.runtime.operator import (
-    _GENERATOR,
-    KeyedProcessOperator,
-    _collect,
-    _note,
-    _short,
-)
+from streamstate.runtime.operator import KeyedProcessOperator, RecordRoute, process_records
 from streamstate.serializers import TypeSerializer, serializer_for
 from streamstate.timers import MIN_WATERMARK
 
@@ -140,8 +134,8 @@ class LocalRunner:
         self._key_groups_of: int = self.max_parallelism
         self._subtask_of_kg: list[KeyedProcessOperator] = []
         # run()'s routes: per key group (built on first use), and per distinct key
-        self._route_of_kg: list[tuple[Any, ...]] = []
-        self._routes: dict[Any, tuple[Any, ...]] = {}
+        self._route_of_kg: list[RecordRoute] = []
+        self._routes: dict[Any, RecordRoute] = {}
 
     # ---- set-up --------------------------------------------------------------------------------
 
@@ -248,37 +242,17 @@ class LocalRunner:
             out.extend(self.advance_watermark(MAX_WATERMARK))
         return out
 
-    def _routes_of_key_groups(self) -> list[tuple[Any, ...]]:
-        """Per key group, what :meth:`_run_fast` needs to hand a record of it to its subtask."""
-        routes = []
-        for kg, op in enumerate(self._subtask_of_kg):
-            backend = op.keyed_backend
-            direct = type(backend).set_current_key is KeyedStateBackend.set_current_key
-            routes.append(
-                (
-                    op.function.process_element,
-                    op._ctx,
-                    backend.ctx if direct else None,
-                    kg - op.key_group_range.start,
-                    backend,
-                    backend.key_selected_listeners,
-                    kg,
-                )
-            )
-        return routes
+    def _routes_of_key_groups(self) -> list[RecordRoute]:
+        """Per key group, the route of its subtask (``KeyedProcessOperator.route``)."""
+        return [op.route(kg) for kg, op in enumerate(self._subtask_of_kg)]
 
     def _run_fast(self, it: Iterator[Any], out: list[Any]) -> None:
-        """The common path of :meth:`run` (no event time): the per-record work of
-        :meth:`_process_into` and ``KeyedProcessOperator.process_element`` written out in one
-        loop, with everything it touches bound to locals.
-
-        Per record it skips what cannot apply or is done once instead: the key group and the
-        subtask are one dict lookup per record (a route cached per distinct key), the key-group
-        range check of ``set_current_key`` is skipped (the routes are built from the same ranges
-        as the backends), operators' outputs are not drained per record (while the loop runs,
-        every operator appends to ``out`` and to the runner's side outputs directly, so the
-        order is the one records and emits happened in), and two Python frames
-        (``process_element`` and ``_collect``) are not entered.
+        """The common path of :meth:`run` (no event time): records go through the record loop
+        (``process_records``) with their routes, the key group and the subtask found with one
+        dict lookup per record (a route cached per distinct key of a cached type). Operators'
+        outputs are not drained per record: while the loop runs, every operator appends to
+        ``out`` and to the runner's side outputs directly, so the order is the one records and
+        emits happened in.
         """
         ops = self.subtasks
         for op in ops:
@@ -287,6 +261,18 @@ class LocalRunner:
             self._collect_side_outputs(op)
         if not self._route_of_kg:
             self._route_of_kg = self._routes_of_key_groups()
+        for op in ops:
+            op.output = out
+            op.side_outputs = self._side_outputs
+        try:
+            process_records(self._routed(it), out)
+        finally:
+            for op in ops:
+                op.output = []
+                op.side_outputs = {}
+
+    def _routed(self, it: Iterator[Any]) -> Iterator[tuple[Any, Any, None, RecordRoute]]:
+        """``(key, record, None, route)`` of each record (no event time on this path)."""
         route_of_kg = self._route_of_kg
         routes = self._routes
         selector = self.key_selector
@@ -294,46 +280,21 @@ class LocalRunner:
         key_group_of = self.key_group_of
         key_groups = self._key_groups
         max_parallelism = self.max_parallelism
-        extend = out.extend
-        generator = _GENERATOR
-        for op in ops:
-            op.output = out
-            op.side_outputs = self._side_outputs
-            op._ctx._ts = None  # no record has a timestamp on this path
-        try:
-            for record in it:
-                key = selector(record)
-                if type(key) in cached_types:
-                    route = routes.get(key)
-                    if route is None:
-                        if len(routes) >= KEY_GROUP_CACHE_LIMIT:
-                            routes.clear()
-                        # the route holds the key group: not cached twice (memory per key)
-                        kg = key_groups.get(key)
-                        if kg is None:
-                            kg = assign_to_key_group(key, max_parallelism)
-                        route = routes[key] = route_of_kg[kg]
-                else:
-                    route = route_of_kg[key_group_of(key)]
-                process_element, ctx, key_ctx, index, backend, listeners, kg = route
-                if key_ctx is None or listeners:
-                    backend.set_current_key(key, kg)
-                else:
-                    key_ctx.key = key
-                    key_ctx.kg_index = index
-                try:  # free in CPython 3.11 unless something is raised
-                    result = process_element(record, ctx)
-                    if result.__class__ is generator:
-                        extend(result)
-                    else:
-                        _collect(out, result, "process_element")
-                except Exception as exc:
-                    _note(exc, f"process_element of key {_short(key)}, record {_short(record)}")
-                    raise
-        finally:
-            for op in ops:
-                op.output = []
-                op.side_outputs = {}
+        for record in it:
+            key = selector(record)
+            if type(key) in cached_types:
+                route = routes.get(key)
+                if route is None:
+                    if len(routes) >= KEY_GROUP_CACHE_LIMIT:
+                        routes.clear()
+                    # the route holds the key group: not cached twice (memory per key)
+                    kg = key_groups.get(key)
+                    if kg is None:
+                        kg = assign_to_key_group(key, max_parallelism)
+                    route = routes[key] = route_of_kg[kg]
+            else:
+                route = route_of_kg[key_group_of(key)]
+            yield key, record, None, route
 
     def advance_watermark(self, watermark: int) -> list[Any]:
         """Advance event time on every subtask, firing due timers; returns their outputs."""
@@ -512,9 +473,7 @@ class LocalRunner:
             self._max_timestamp, cp.metadata.properties.get("max_timestamp", MIN_WATERMARK)
         )
         for op in self.subtasks:
-            op._watermark = max(op._watermark, self.watermark)  # late services start there
-            for service in op.timer_services.values():
-                service.current_watermark = max(service.current_watermark, self.watermark)
+            op.initialize_watermark(self.watermark)  # late services start there
             op.open()
         if same_storage:
             by_index = {s.subtask_index: s for s in op_meta.subtasks}

@@ -8,7 +8,7 @@ and the Spark runtime both drive operators; they differ only in how records reac
 from __future__ import annotations
 
 import types
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from streamstate.api.descriptors import (
@@ -32,7 +32,7 @@ from streamstate.api.functions import (
     TimeDomain,
     TimerService,
 )
-from streamstate.backends.base import Clock, KeyedStateBackend
+from streamstate.backends.base import Clock, KeyContext, KeyedStateBackend
 from streamstate.backends.factory import StateBackend, state_backend_from
 from streamstate.backends.operator import OperatorStateBackend, OperatorStateSnapshot
 from streamstate.errors import StateAccessError
@@ -42,7 +42,13 @@ from streamstate.namespace import VOID_NAMESPACE
 from streamstate.serializers import TypeSerializer, VoidNamespaceSerializer
 from streamstate.timers import MIN_WATERMARK, InternalTimerService, UserTimerService
 
-__all__ = ["InternalOperatorContext", "KeyedProcessOperator", "OperatorSnapshot"]
+__all__ = [
+    "InternalOperatorContext",
+    "KeyedProcessOperator",
+    "OperatorSnapshot",
+    "RecordRoute",
+    "process_records",
+]
 
 _VOID_SERIALIZER = VoidNamespaceSerializer()
 
@@ -223,6 +229,54 @@ class _SnapshotContext(FunctionSnapshotContext):
 
 _GENERATOR = types.GeneratorType
 
+RecordRoute = tuple[
+    Any,
+    _ProcessContext,
+    KeyContext | None,
+    int,
+    KeyedStateBackend,
+    list[Callable[[Any], None]],
+    int | None,
+]
+"""What the record loop needs to hand a record of one key group to its operator
+(:meth:`KeyedProcessOperator.route`): the function's ``process_element``, the operator's
+process context, the backend's key context (None: keys are set through ``set_current_key``),
+the key group's index in the backend's range, the backend, its key-selected listeners and the
+key group."""
+
+
+def process_records(
+    records: Iterable[tuple[Any, Any, int | None, RecordRoute]], out: list[Any]
+) -> None:
+    """The record loop (Flink's ``StreamTask`` input loop): for each ``(key, value, timestamp,
+    route)`` set the current key, call ``process_element`` and collect what it returns into
+    ``out``. Every runtime drives records through it (``KeyedProcessOperator.process_elements``
+    for one subtask, the ``LocalRunner`` for ``p`` subtasks of one process).
+
+    Per record: one tuple unpack, the key set straight on the backend's key context when nothing
+    listens for key changes (the routes are built from the backends' own ranges), the call, and
+    one class comparison for the common ``yield`` case (bench/local_runner.py).
+    """
+    generator = _GENERATOR
+    extend = out.extend
+    for key, value, ts, route in records:
+        process_element, ctx, key_ctx, index, backend, listeners, kg = route
+        if key_ctx is None or listeners:
+            backend.set_current_key(key, kg)
+        else:
+            key_ctx.key = key
+            key_ctx.kg_index = index
+        ctx._ts = ts
+        try:  # zero-cost on 3.11 when nothing is raised
+            result = process_element(value, ctx)
+            if result.__class__ is generator:
+                extend(result)
+            elif result is not None:
+                _collect(out, result, "process_element")
+        except Exception as exc:
+            _note(exc, f"process_element of key {_short(key)}, record {_short(value)}")
+            raise
+
 
 def _collect(out: list[Any], result: Any, where: str) -> None:
     if result.__class__ is _GENERATOR:  # the common case (`yield`) first: one comparison
@@ -314,6 +368,7 @@ class KeyedProcessOperator:
         self.side_outputs: dict[OutputTag, list[Any]] = {}
         self.restored = False
         self._opened = False
+        self._route_of_kg: dict[int | None, RecordRoute] = {}
 
     # ---- lifecycle -----------------------------------------------------------------------------
 
@@ -339,50 +394,52 @@ class KeyedProcessOperator:
 
     # ---- records and timers --------------------------------------------------------------------
 
+    def route(self, key_group: int | None) -> RecordRoute:
+        """How :func:`process_records` hands a record of ``key_group`` to this operator. A key
+        group outside the operator's range gets a route through ``set_current_key``, which
+        refuses it naming the key; so does None, whose key group the backend computes."""
+        backend = self.keyed_backend
+        direct = type(backend).set_current_key is KeyedStateBackend.set_current_key
+        index = -1 if key_group is None else key_group - self.key_group_range.start
+        if not 0 <= index < len(self.key_group_range):
+            direct = False
+        return (
+            self.function.process_element,
+            self._ctx,
+            backend.ctx if direct else None,
+            index,
+            backend,
+            backend.key_selected_listeners,
+            key_group,
+        )
+
+    def _routes(self) -> dict[int | None, RecordRoute]:
+        """:meth:`route` of every key group (and of None), built once: the function and backend
+        of an operator never change."""
+        routes = self._route_of_kg
+        if not routes:
+            routes[None] = self.route(None)
+            for kg in range(self.max_parallelism):
+                routes[kg] = self.route(kg)
+        return routes
+
     def process_element(
         self, key: Any, value: Any, timestamp: int | None = None, key_group: int | None = None
     ) -> None:
         """Process one record of ``key``; outputs accumulate in :attr:`output`."""
-        self.keyed_backend.set_current_key(key, key_group)
-        ctx = self._ctx
-        ctx._ts = timestamp
-        try:
-            _collect(self.output, self.function.process_element(value, ctx), "process_element")
-        except Exception as exc:
-            _note(exc, f"process_element of key {_short(key)}, record {_short(value)}")
-            raise
+        process_records(((key, value, timestamp, self._routes()[key_group]),), self.output)
 
     def process_elements(
         self, keys: Iterable[Any], values: Iterable[Any], timestamps: Iterable[Any], key_groups: Any
     ) -> None:
         """:meth:`process_element` for each ``(key, value, timestamp, key_group)`` of the
-        zipped iterables, in order (same outputs, errors and notes).
-
-        The per-record loop of a batch (the Spark state hosts): the method lookups, the
-        call into :meth:`process_element` and the generator test are done once per batch
-        instead of once per record, which is ~15% of a record's path in the host.
-        """
-        if type(self).process_element is not KeyedProcessOperator.process_element:
-            for key, value, ts, kg in zip(keys, values, timestamps, key_groups, strict=False):
-                self.process_element(key, value, ts, kg)  # a subclass's own per-record path
-            return
-        set_key = self.keyed_backend.set_current_key
-        ctx = self._ctx
-        fn = self.function.process_element
-        out = self.output
-        generator = _GENERATOR
-        for key, value, ts, kg in zip(keys, values, timestamps, key_groups, strict=False):
-            set_key(key, kg)
-            ctx._ts = ts
-            try:  # zero-cost on 3.11 when nothing is raised
-                result = fn(value, ctx)
-                if result.__class__ is generator:
-                    out.extend(result)
-                elif result is not None:
-                    _collect(out, result, "process_element")
-            except Exception as exc:
-                _note(exc, f"process_element of key {_short(key)}, record {_short(value)}")
-                raise
+        zipped iterables, in order (same outputs, errors and notes): the per-record loop of a
+        batch (the Spark state hosts), :func:`process_records`."""
+        routes = self._routes()
+        process_records(
+            zip(keys, values, timestamps, map(routes.__getitem__, key_groups), strict=False),
+            self.output,
+        )
 
     def on_event_time(self, timestamp: int, key: Any, namespace: Any) -> None:
         ctx = self._ctx
@@ -458,6 +515,14 @@ class KeyedProcessOperator:
     @property
     def current_watermark(self) -> int:
         return self._watermark
+
+    def initialize_watermark(self, watermark: int) -> None:
+        """Start at ``watermark`` (a restored checkpoint's) without firing any timer: timer
+        services, including those created later, begin there; the next
+        :meth:`advance_watermark` fires what is due."""
+        self._watermark = max(self._watermark, int(watermark))
+        for service in self.timer_services.values():
+            service.current_watermark = max(service.current_watermark, self._watermark)
 
     def num_timers(self) -> int:
         """Event-time plus processing-time timers of every timer service."""

@@ -21,6 +21,7 @@ __all__ = [
     "Float64Serializer",
     "Int64Serializer",
     "ListSerializer",
+    "MsgpackContainerSerializer",
     "OptionalSerializer",
     "StrSerializer",
     "TupleSerializer",
@@ -154,8 +155,9 @@ class BytesSerializer(TypeSerializer[bytes]):
         return value
 
 
-class _MsgpackSerializer(TypeSerializer[Any]):
-    """Base of container serializers: msgpack bytes decoded against ``wire_type``."""
+class MsgpackContainerSerializer(TypeSerializer[Any]):
+    """Base of container serializers (here and ``ttl.py``): msgpack bytes decoded against
+    ``wire_type``; a subclass gives ``wire_type``, ``to_wire`` and ``from_wire``."""
 
     _encoder: ClassVar[msgspec.msgpack.Encoder] = msgspec.msgpack.Encoder()
 
@@ -174,7 +176,7 @@ class _MsgpackSerializer(TypeSerializer[Any]):
         return self.from_wire(self._dec().decode(data))
 
 
-class OptionalSerializer(_MsgpackSerializer):
+class OptionalSerializer(MsgpackContainerSerializer):
     """``X | None`` for an inner serializer of ``X``.
 
     Reads data written by the inner serializer alone (the value simply was never ``None``).
@@ -227,7 +229,7 @@ class OptionalSerializer(_MsgpackSerializer):
         return Compatibility.COMPATIBLE_AFTER_MIGRATION
 
 
-class TupleSerializer(_MsgpackSerializer):
+class TupleSerializer(MsgpackContainerSerializer):
     """Fixed-arity tuples with one serializer per position."""
 
     type_name = "tuple"
@@ -269,7 +271,7 @@ class TupleSerializer(_MsgpackSerializer):
         )
 
 
-class ListSerializer(_MsgpackSerializer):
+class ListSerializer(MsgpackContainerSerializer):
     """Python lists of one element type."""
 
     type_name = "list"
@@ -313,7 +315,7 @@ class ListSerializer(_MsgpackSerializer):
         return self.element.resolve_compatibility(old["element"])
 
 
-class DictSerializer(_MsgpackSerializer):
+class DictSerializer(MsgpackContainerSerializer):
     """Python dicts with one key type and one value type."""
 
     type_name = "dict"

@@ -17,12 +17,12 @@ from __future__ import annotations
 from typing import Any
 
 from streamstate.serializers.base import Compatibility, SerializerSnapshot, TypeSerializer
-from streamstate.serializers.builtins import _MsgpackSerializer
+from streamstate.serializers.builtins import MsgpackContainerSerializer
 
 __all__ = ["TtlValueSerializer"]
 
 
-class TtlValueSerializer(_MsgpackSerializer):
+class TtlValueSerializer(MsgpackContainerSerializer):
     """``(timestamp, value)`` pairs, the value written by ``inner``.
 
     Compatibility follows the inner serializer: a TTL state restores as long as the user's

@@ -30,7 +30,7 @@ from streamstate.serializers import (
 )
 from streamstate.windows.contents import WINDOW_CONTENTS, infer_serializer
 from streamstate.windows.evictors import Evictor, EvictorContext, TimestampedValue
-from streamstate.windows.operator import WindowOperator, _emit_all
+from streamstate.windows.operator import WindowOperator
 
 __all__ = ["EvictingWindowOperator"]
 
@@ -42,13 +42,13 @@ class _EvictorContext(EvictorContext):
         self._op = op
 
     def get_current_processing_time(self) -> int:
-        return self._op._timers.current_processing_time()  # type: ignore[no-any-return]
+        return self._op.timer_service.current_processing_time()  # type: ignore[no-any-return]
 
     def get_metric_group(self) -> Any:
-        return self._op._internal.metric_group
+        return self._op.metric_group
 
     def get_current_watermark(self) -> int:
-        return self._op._timers.current_watermark  # type: ignore[no-any-return]
+        return self._op.timer_service.current_watermark  # type: ignore[no-any-return]
 
 
 class EvictingWindowOperator(WindowOperator):
@@ -129,7 +129,7 @@ class EvictingWindowOperator(WindowOperator):
             contents = values
         self._ctx.window = window
         result = self.window_function.process(key, window, self._fn_ctx, contents)
-        _emit_all(self._internal, result)
+        self.emit_results(result)
         evictor.evict_after(elements, len(elements), window, ctx)
         if len(elements) != before:  # write back what is left (Flink rewrites the list)
             state.update([(e.timestamp, e.value) for e in elements])

@@ -455,6 +455,21 @@ class WindowOperator(KeyedProcessFunction[Any, Any]):
 
     # ---- output ----------------------------------------------------------------------------
 
+    @property
+    def timer_service(self) -> Any:
+        """The window timers' service (open only): current watermark and processing time."""
+        return self._timers
+
+    @property
+    def metric_group(self) -> Any:
+        """The hosting operator's metric group (open only)."""
+        return self._internal.metric_group
+
+    def emit_results(self, result: Iterable[Any] | None) -> None:
+        """Send what a window function returned (a list, a generator or None) to the hosting
+        operator's main output."""
+        _emit_all(self._internal, result)
+
     def _fire(self, key: Any, window: Any, state: Any) -> None:
         contents = state.get()
         if contents is None:
@@ -465,7 +480,7 @@ class WindowOperator(KeyedProcessFunction[Any, Any]):
             contents = list(contents)  # the function may keep or change it; the state must not
         self._ctx.window = window
         result = self.window_function.process(key, window, self._fn_ctx, contents)
-        _emit_all(self._internal, result)
+        self.emit_results(result)
 
     def __repr__(self) -> str:
         return (
