@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 import numpy as np
 
 from streamstate import KeyedProcessFunction, LocalRunner, ValueStateDescriptor
-from streamstate.backends.factory import RocksDBStateBackend
+from streamstate.backends.rocksdb.factory import RocksDBStateBackend
 from streamstate.keygroups import assign_to_key_group
 
 

@@ -48,7 +48,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 import numpy as np
 
 from streamstate import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
-from streamstate.backends.base import RestoreInput
+from streamstate.backends.base import RestoreInput, RestoreMode
 from streamstate.backends.heap.backend import HeapKeyedStateBackend
 from streamstate.backends.rocksdb.backend import RocksDBKeyedStateBackend
 from streamstate.backends.rocksdb.instance import RocksDBConfig
@@ -694,7 +694,7 @@ def bench_rescale(args: argparse.Namespace, wd: Workdir) -> dict[str, Any]:
             def restore_rocks(new_r: Any = new_r, store: Any = store, hs: Any = handles) -> None:
                 files = tuple(NativeRestoreFile(store, h) for h in hs)
                 for target in new_r:
-                    target.restore(RestoreInput(files, reuse_shared_files=True))
+                    target.restore(RestoreInput(files, RestoreMode.CLAIM))
 
             samples["rocksdb"].append(_timed(restore_rocks))
             for t in new_r:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from streamstate.backends.base import Clock, KeyedStateBackend
-from streamstate.backends.factory import state_backend_from
+from streamstate.backends.registry import state_backend_from
 from streamstate.keygroups import KeyGroupRange
 from streamstate.serializers import serializer_for
 

@@ -14,7 +14,9 @@ Spark moves the data; streamstate keeps the state. The public API:
 
 from streamstate.api import *  # noqa: F403 - the API package defines __all__
 from streamstate.api import __all__ as _api_all
-from streamstate.backends.factory import HeapStateBackend, RocksDBStateBackend, StateBackend
+from streamstate.backends.factory import StateBackend
+from streamstate.backends.heap.factory import HeapStateBackend
+from streamstate.backends.rocksdb.factory import RocksDBStateBackend
 from streamstate.errors import (
     CheckpointError,
     CheckpointFencedError,

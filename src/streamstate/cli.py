@@ -14,7 +14,7 @@ the file and key group of any corruption.
 ``streamstate checkpoints rollback <dir> --to N``: rolls a streaming job back to checkpoint
 ``chk-N``: later checkpoints go, Spark's offset and commit logs are rolled back with them, and
 (with ``--sink``) the parquet sink's later batches, so the restarted query re-runs batch N+1 and
-every later one exactly once (:mod:`streamstate.checkpoint.rollback`).
+every later one exactly once (:mod:`streamstate.spark.rollback`).
 """
 
 from __future__ import annotations
@@ -29,14 +29,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from streamstate.backends.rocksdb.snapshot_strategy import MANIFEST_KIND, SST_KIND
 from streamstate.checkpoint.metadata import SubtaskStateHandle
-from streamstate.checkpoint.native import (
-    MANIFEST_KIND,
-    SST_KIND,
-    NativeKeyedStateRestore,
-    is_native,
-)
 from streamstate.checkpoint.operator_format import OperatorStateReader
+from streamstate.checkpoint.restore import keyed_file_restore
 from streamstate.checkpoint.storage import (
     METADATA_FILE,
     CheckpointStorage,
@@ -108,8 +104,10 @@ def inspect(path: PathArg) -> None:
             continue
         loaded.append(cp)
         files = cp.metadata.files()
-        # a native RocksDB snapshot does not count its entries
-        native_files = any(f.kind == MANIFEST_KIND for f in files)
+        # a backend's native snapshot does not count its entries
+        native_files = any(
+            not sub.is_canonical for op in cp.metadata.operators.values() for sub in op.subtasks
+        )
         taken = datetime.datetime.fromtimestamp(cp.metadata.timestamp / 1000, datetime.UTC)
         overview.add_row(
             d,
@@ -134,7 +132,7 @@ def _print_checkpoint(console: Console, cp: CompletedCheckpoint) -> None:
     for name, op in cp.metadata.operators.items():
         for sub in op.subtasks:
             kinds = [f.kind for f in sub.keyed]
-            native = is_native(sub)
+            native = not sub.is_canonical
             if native:
                 new_files = sum(1 for f in sub.keyed[1:] if f.checkpoint_id == cp.checkpoint_id)
                 chain = f"rocksdb: {len(kinds) - 1} SST ({new_files} new)"
@@ -183,21 +181,16 @@ def _ser(snap: dict[str, Any]) -> str:
 def _state_rows(
     cp: CompletedCheckpoint, operator: str, sub: SubtaskStateHandle
 ) -> dict[tuple[str, str], StateMetaSnapshot]:
-    if is_native(sub):
-        restore = NativeKeyedStateRestore(cp, sub.keyed[0], KeyGroupRange(*sub.key_group_range))
-        try:
-            return {(operator, s.name): s for s in restore.states}
-        except CheckpointError:
-            return {}
-        finally:
-            restore.close()
-    resolved = cp.resolve(sub.keyed[0].path)
     try:
-        with cp.storage.open_read(resolved) as f:
-            reader = KeyedSnapshotReader(f, cp.storage.url_of(resolved))
-            return {(operator, s.name): s for s in reader.states}
+        restore = keyed_file_restore(cp, list(sub.keyed), KeyGroupRange(*sub.key_group_range))[0]
     except CheckpointError:
         return {}
+    try:
+        return {(operator, s.name): s for s in restore.states}
+    except CheckpointError:
+        return {}
+    finally:
+        restore.close()
 
 
 @checkpoints_app.command("verify")
@@ -251,7 +244,7 @@ def rollback_command(
 
     Stop the query first (a running one is fenced anyway): the restarted query re-runs batch
     N+1 and every later one from chk-N."""
-    from streamstate.checkpoint.rollback import plan_rollback, rollback
+    from streamstate.spark.rollback import plan_rollback, rollback
 
     console = Console()
     storage, directory = open_location(path)

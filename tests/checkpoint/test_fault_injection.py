@@ -62,7 +62,7 @@ CHILD = textwrap.dedent(
     import sys, time
     sys.path[:0] = [{src!r}, {tests!r}]
     from support.checkpoint import AllKinds, all_kinds_records
-    import streamstate.checkpoint.writer as writer
+    import streamstate.backends.snapshot_strategy as writer
     from streamstate.checkpoint.storage import FileSystemCheckpointStorage
     from streamstate.runtime.local import LocalRunner
 

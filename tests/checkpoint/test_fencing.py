@@ -106,7 +106,7 @@ def test_concurrent_takeovers_get_distinct_epochs(storage: Any) -> None:
 
 
 def _runner(storage: Any, backend: str) -> LocalRunner:
-    from streamstate.backends.factory import state_backend_from
+    from streamstate.backends.registry import state_backend_from
 
     return LocalRunner(
         AllKinds(),

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import streamstate.checkpoint.writer as writer_module
+import streamstate.backends.snapshot_strategy as writer_module
 from streamstate import (
     AggregatingStateDescriptor,
     KeyedProcessFunction,

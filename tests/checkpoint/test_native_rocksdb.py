@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from streamstate import KeyedProcessFunction, RocksDBStateBackend, ValueStateDescriptor
-from streamstate.checkpoint.native import MANIFEST_KIND, SST_KIND
+from streamstate.backends.rocksdb.snapshot_strategy import MANIFEST_KIND, SST_KIND
 from streamstate.checkpoint.storage import FileSystemCheckpointStorage
 from streamstate.cli import app
 from streamstate.errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError

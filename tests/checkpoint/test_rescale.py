@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from streamstate.backends.factory import state_backend_from
+from streamstate.backends.registry import state_backend_from
 from streamstate.checkpoint.storage import MemoryCheckpointStorage
 from streamstate.errors import MaxParallelismMismatchError
 from streamstate.runtime.local import LocalRunner

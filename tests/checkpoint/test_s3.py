@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from streamstate import KeyedProcessFunction, ValueStateDescriptor
-from streamstate.checkpoint.native import SST_KIND
+from streamstate.backends.rocksdb.snapshot_strategy import SST_KIND
 from streamstate.checkpoint.storage import FileSystemCheckpointStorage
 from streamstate.runtime.local import LocalRunner
 from support.checkpoint import AllKinds, all_kinds_records, runner_content

@@ -224,7 +224,7 @@ def test_timers_of_a_service_created_after_restore_are_kept_and_handed_over(
 ) -> None:
     # both backends restore the timers into their own queues and carry them through checkpoints
     # taken before the service exists (RocksDB natively and from snapshot files)
-    from streamstate.backends.factory import RocksDBStateBackend
+    from streamstate.backends.rocksdb.factory import RocksDBStateBackend
 
     def state_backend() -> Any:  # one per runner (a RocksDB backend locks its directory)
         return RocksDBStateBackend(incremental=False) if backend == "rocksdb-files" else backend

@@ -228,7 +228,7 @@ def test_validate_names_the_problem() -> None:
 def test_window_serializers_are_rebuilt_as_themselves() -> None:
     """A checkpoint's window namespace serializer comes back with the same snapshot, so a state
     restored without its descriptor (a backend switch) stays compatible with the program's."""
-    from streamstate.windows.time_window import (
+    from streamstate.serializers.window_namespaces import (
         GlobalWindow,
         GlobalWindowSerializer,
         TimeWindow,

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from streamstate.backends.base import RestoreInput
+from streamstate.backends.base import RestoreInput, RestoreMode
 from streamstate.backends.rocksdb.backend import RocksDBKeyedStateBackend
 from streamstate.backends.rocksdb.incremental import (  # noqa: F401 - SharedFile: doctest
     IncrementalStateHandle,
@@ -137,7 +137,7 @@ def restore_native(
     (reusing their files, as a restore from the checkpoint storage it writes to); returns the
     restore's statistics."""
     files = tuple(NativeRestoreFile(store, h) for h in handles)
-    backend.restore(RestoreInput(files, reuse_shared_files=True))
+    backend.restore(RestoreInput(files, RestoreMode.CLAIM))
     return backend.restore_statistics
 
 

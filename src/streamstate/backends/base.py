@@ -8,10 +8,11 @@ what the program declares now.
 
 from __future__ import annotations
 
+import enum
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from streamstate.api.descriptors import StateDescriptor
 from streamstate.api.state import InternalKvState
@@ -36,6 +37,7 @@ from streamstate.serializers import (
 
 if TYPE_CHECKING:
     from streamstate.backends.decorators.ttl_cleanup import TtlCleanupHook
+    from streamstate.backends.snapshot_strategy import SnapshotOptions, SnapshotStrategy
     from streamstate.format.restore import KeyedStateRestore
     from streamstate.format.snapshot import KeyedStateSnapshot
 
@@ -43,8 +45,8 @@ __all__ = [
     "Clock",
     "KeyContext",
     "KeyedStateBackend",
-    "NativeSnapshotSource",
     "RestoreInput",
+    "RestoreMode",
     "SystemClock",
     "check_written_value",
 ]
@@ -97,19 +99,14 @@ class KeyContext:
         return self.kg_index + self._start
 
 
-class NativeSnapshotSource(Protocol):
-    """A restore file that is a backend's native snapshot (a RocksDB incremental manifest): a
-    backend that understands it restores from ``store`` + ``incremental_handle`` directly."""
+class RestoreMode(enum.Enum):
+    """Whether a restored snapshot belongs to the job from now on (Flink's restore modes)."""
 
-    @property
-    def store(self) -> Any:
-        """The file store the handle's paths are relative to (``rocksdb.storage.FileStore``)."""
-        ...
-
-    @property
-    def incremental_handle(self) -> Any:
-        """The native snapshot's handle (``rocksdb.incremental.IncrementalStateHandle``)."""
-        ...
+    #: the snapshot is in the storage the backend checkpoints to next: later checkpoints may
+    #: reference its files instead of writing them again (a backend's own incremental files)
+    CLAIM = "claim"
+    #: the snapshot stays someone else's: later checkpoints reference none of its files
+    NO_CLAIM = "no_claim"
 
 
 @dataclass(frozen=True)
@@ -117,15 +114,13 @@ class RestoreInput:
     """What :meth:`KeyedStateBackend.restore` restores from (SPEC §7).
 
     ``files``: one :class:`~streamstate.format.restore.KeyedStateRestore` per snapshot file,
-    for each old subtask its full snapshot then its deltas. A file may also be a native snapshot
-    (:class:`NativeSnapshotSource`); a backend restores those natively when every file is one
-    and reads them canonically otherwise. ``reuse_shared_files``: the files are in the storage
-    the backend checkpoints to next, so a native incremental backend may reference them instead
-    of uploading them again.
+    for each old subtask its full snapshot then its deltas, or its snapshot in the own format
+    of the backend that wrote it (a subclass of that backend's, which it may restore directly;
+    every other backend reads its canonical view). ``mode``: see :class:`RestoreMode`.
     """
 
     files: Sequence[KeyedStateRestore] = field(default_factory=tuple)
-    reuse_shared_files: bool = False
+    mode: RestoreMode = RestoreMode.NO_CLAIM
 
     @classmethod
     def of(cls, source: RestoreInput | Sequence[KeyedStateRestore]) -> RestoreInput:
@@ -133,13 +128,6 @@ class RestoreInput:
         if isinstance(source, RestoreInput):
             return source
         return cls(tuple(source))
-
-    def native_sources(self) -> list[NativeSnapshotSource] | None:
-        """The files as native snapshots if every one is (None otherwise)."""
-        native = [f for f in self.files if f.native_snapshot() is not None]
-        if not native or len(native) != len(self.files):
-            return None
-        return [n for f in native if (n := f.native_snapshot()) is not None]
 
 
 class KeyedStateBackend(ABC):
@@ -149,8 +137,9 @@ class KeyedStateBackend(ABC):
 
     * states: :meth:`_create_internal_state` (the raw state of its storage), :meth:`get_keys`,
       :meth:`num_entries`;
-    * checkpoints: :meth:`snapshot`, :meth:`notify_checkpoint_complete`,
-      :meth:`notify_checkpoint_aborted`, :meth:`forget_uploads`;
+    * snapshots: :meth:`snapshot` (the canonical synchronous phase), :meth:`snapshot_strategy`
+      (how checkpoints are written: a canonical file each unless the backend has its own),
+      :meth:`notify_checkpoint_complete`, :meth:`notify_checkpoint_aborted`;
     * restore: :meth:`restore` (one entry point, a :class:`RestoreInput`);
     * timers: :meth:`create_timer_queue` (the backend owns its timer queues, snapshots them
       with its states and restores them itself);
@@ -158,9 +147,9 @@ class KeyedStateBackend(ABC):
     * lifecycle: :meth:`dispose`.
     """
 
-    #: short name of the backend ("heap", "rocksdb")
+    #: short name of the backend (its package's name, ``streamstate.backends.<name>``)
     backend_name: str = ""
-    #: whether the backend tracks changes for delta snapshots (``snapshot_delta``)
+    #: whether the backend tracks changes, so that its snapshot strategy can write deltas
     incremental: bool = False
 
     def __init__(
@@ -457,26 +446,22 @@ class KeyedStateBackend(ABC):
 
     @abstractmethod
     def snapshot(self, checkpoint_id: int) -> KeyedStateSnapshot:
-        """The synchronous phase of a snapshot; returns what the asynchronous phase writes."""
+        """The synchronous phase of a canonical snapshot; returns what the asynchronous phase
+        writes (savepoints, full checkpoints)."""
 
-    def snapshot_delta(self, checkpoint_id: int) -> KeyedStateSnapshot:
-        """The synchronous phase of a delta snapshot: what changed since the previous one (or
-        :meth:`reset_change_tracking`). Only backends with :attr:`incremental` change tracking."""
-        raise StateBackendError(
-            f"the {self.backend_name} keyed state backend does not track changes for delta "
-            "snapshots"
-        )
+    def snapshot_strategy(self, options: SnapshotOptions) -> SnapshotStrategy:
+        """How this backend's checkpoints are written (Flink's ``SnapshotStrategy``): by default a
+        canonical full file per checkpoint; a backend writing deltas or its own format returns its
+        own. Raises :class:`~streamstate.errors.CheckpointError` for options it cannot honour."""
+        from streamstate.backends.snapshot_strategy import FullSnapshotStrategy
+        from streamstate.errors import CheckpointError
 
-    def reset_change_tracking(self) -> None:
-        """Forget recorded changes: the current state is the base of the next delta (a no-op
-        without change tracking)."""
-        return None
-
-    @property
-    def native_incremental(self) -> bool:
-        """Whether the snapshots are native incremental ones (``write_incremental``, RocksDB)
-        rather than canonical snapshot files."""
-        return False
+        if options.incremental is not None:
+            raise CheckpointError(
+                f"incremental checkpoints need a keyed backend with change tracking "
+                f"(HeapStateBackend(incremental=True)); the {self.backend_name} backend has none"
+            )
+        return FullSnapshotStrategy(self.snapshot, options)
 
     @abstractmethod
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
@@ -485,10 +470,6 @@ class KeyedStateBackend(ABC):
     @abstractmethod
     def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` will never commit: forget what it uploaded."""
-
-    @abstractmethod
-    def forget_uploads(self) -> None:
-        """Checkpoints go to another storage now: reference nothing uploaded so far."""
 
     @abstractmethod
     def restore(self, source: RestoreInput | Sequence[KeyedStateRestore]) -> None:
@@ -505,7 +486,7 @@ class KeyedStateBackend(ABC):
         :meth:`restore` (a queue created after the restore holds its restored timers already).
         The namespace serializer is checked against the checkpoint's.
 
-        Both backends keep their timers in memory (like Flink's heap timers); a backend with
+        The queues are in memory (like Flink's heap timers); a backend with
         timers in its own storage overrides this and snapshots them itself.
         """
         self._check_open()

@@ -16,6 +16,7 @@ from typing import Any
 import msgspec
 
 from streamstate.errors import CorruptCheckpointError
+from streamstate.format.handles import CANONICAL_KINDS, StateFileHandle
 
 __all__ = [
     "METADATA_FORMAT",
@@ -30,36 +31,10 @@ __all__ = [
 ]
 
 METADATA_FORMAT = "streamstate-checkpoint-metadata"
-#: version 2 added the kinds "rocksdb-manifest" and "rocksdb-sst" (native RocksDB snapshots)
+#: version 2 added file kinds of snapshots in a backend's own format ("<backend>-<role>")
 METADATA_VERSION = 2
-#: versions this build reads (a version-1 document is a version-2 one without RocksDB kinds)
+#: versions this build reads (a version-1 document is a version-2 one without such kinds)
 READABLE_METADATA_VERSIONS = (1, 2)
-
-
-class StateFileHandle(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """One written file: where it is and what it must look like."""
-
-    #: relative to the checkpoint (or savepoint) directory; "../shared/..." for shared files
-    path: str
-    size: int
-    #: CRC32C of the whole file
-    checksum: int
-    #: "full" or "delta" (keyed snapshot files), "operator" (operator-state files),
-    #: "rocksdb-manifest" and "rocksdb-sst" (a native RocksDB snapshot: its manifest, then every
-    #: SST file it references)
-    kind: str
-    #: the checkpoint that wrote the file
-    checkpoint_id: int
-    #: inclusive key-group range of a keyed file
-    key_group_range: tuple[int, int] | None = None
-    #: (key group, entries) of the non-empty key groups of a keyed file
-    entries: list[tuple[int, int]] = []
-    #: names of the states in the file
-    states: list[str] = []
-
-    @property
-    def total_entries(self) -> int:
-        return sum(n for _, n in self.entries)
 
 
 class SubtaskStateHandle(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -74,13 +49,19 @@ class SubtaskStateHandle(msgspec.Struct, kw_only=True, omit_defaults=True):
     checkpoint_id: int = 0
     #: snapshot of the key serializer
     key_serializer: dict[str, Any] | None = None
-    #: keyed state: a full snapshot, then the deltas to apply on it, in order; or a RocksDB
-    #: manifest followed by the SST files it references
+    #: keyed state: a full snapshot, then the deltas to apply on it, in order; or a backend's
+    #: snapshot in its own format (its entry file first, then the files it references)
     keyed: list[StateFileHandle] = []
     operator_state: StateFileHandle | None = None
     #: shared files still being written (a background full snapshot): never deleted while a
     #: retained checkpoint lists them
     pending: list[str] = []
+
+    @property
+    def is_canonical(self) -> bool:
+        """Whether the keyed state is in the canonical format (full snapshot and deltas), not a
+        snapshot in a backend's own format."""
+        return not self.keyed or self.keyed[0].kind in CANONICAL_KINDS
 
     def files(self) -> list[StateFileHandle]:
         out = list(self.keyed)

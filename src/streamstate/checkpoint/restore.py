@@ -16,23 +16,21 @@ cannot change.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import IO, Any
+from typing import Any
 
-from streamstate.backends.base import RestoreInput
+from streamstate.backends.base import RestoreInput, RestoreMode
 from streamstate.backends.operator import OperatorStateSnapshot
+from streamstate.backends.registry import backend_format_restore
 from streamstate.checkpoint.metadata import OperatorMetadata, StateFileHandle
 from streamstate.checkpoint.operator_format import read_operator_state
 from streamstate.checkpoint.rescale import repartition_operator_state
 from streamstate.checkpoint.storage import CompletedCheckpoint
 from streamstate.errors import CheckpointError, CorruptCheckpointError, MaxParallelismMismatchError
-from streamstate.format.keyed_file import KeyedSnapshotReader
-from streamstate.format.meta import StateMetaSnapshot
-from streamstate.format.restore import KeyedStateRestore, RestoredBlock
+from streamstate.format.handles import CANONICAL_KINDS, FULL_FILE
+from streamstate.format.restore import FileKeyedStateRestore, KeyedStateRestore
 from streamstate.keygroups import KeyGroupRange
 
 __all__ = [
-    "FileKeyedStateRestore",
     "keyed_file_restore",
     "keyed_restore_files",
     "operator_metadata",
@@ -41,84 +39,23 @@ __all__ = [
 ]
 
 
-class FileKeyedStateRestore(KeyedStateRestore):
-    """One keyed snapshot file of a checkpoint, limited to a key-group range.
-
-    The file is opened on first use and closed once its blocks were read.
-    """
-
-    def __init__(
-        self, checkpoint: CompletedCheckpoint, handle: StateFileHandle, key_groups: KeyGroupRange
-    ) -> None:
-        self.checkpoint = checkpoint
-        self.handle = handle
-        self.key_groups = key_groups
-        self._path = checkpoint.resolve(handle.path)
-        self.path = checkpoint.storage.url_of(self._path)
-        self._file: IO[bytes] | None = None
-        self._reader: KeyedSnapshotReader | None = None
-
-    def _open(self) -> KeyedSnapshotReader:
-        if self._reader is None:
-            f = self.checkpoint.storage.open_read(self._path)
-            try:
-                f.seek(0, 2)
-                size = f.tell()
-                if size != self.handle.size:
-                    kgs = self.key_groups
-                    raise CorruptCheckpointError(
-                        f"corrupt checkpoint file {self.path} (key groups {kgs.start}-{kgs.end}): "
-                        f"it has {size} bytes but the checkpoint metadata says {self.handle.size}"
-                    )
-                self._reader = KeyedSnapshotReader(f, self.path, size, self.key_groups)
-            except BaseException:
-                f.close()
-                raise
-            self._file = f
-        return self._reader
-
-    @property
-    def kind(self) -> str:  # type: ignore[override]
-        return self._open().kind
-
-    @property
-    def key_serializer(self) -> dict[str, Any]:  # type: ignore[override]
-        return self._open().key_serializer
-
-    @property
-    def max_parallelism(self) -> int:  # type: ignore[override]
-        return self._open().max_parallelism
-
-    @property
-    def states(self) -> list[StateMetaSnapshot]:  # type: ignore[override]
-        return self._open().states
-
-    def blocks(self) -> Iterator[RestoredBlock]:
-        reader = self._open()
-        states = reader.states
-        try:
-            for kg, records in reader.read(self.key_groups):
-                for r in records:
-                    yield RestoredBlock(kg, states[r.state_id], r.count, r.entries, r.removed)
-        finally:
-            self.close()
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-        self._file = None
-        self._reader = None
-
-
 def keyed_file_restore(
-    checkpoint: CompletedCheckpoint, handle: StateFileHandle, key_groups: KeyGroupRange
-) -> FileKeyedStateRestore:
-    """The reader of one keyed file handle: a snapshot file, or a native RocksDB manifest."""
-    from streamstate.checkpoint.native import MANIFEST_KIND, NativeKeyedStateRestore
-
-    if handle.kind == MANIFEST_KIND:
-        return NativeKeyedStateRestore(checkpoint, handle, key_groups)
-    return FileKeyedStateRestore(checkpoint, handle, key_groups)
+    checkpoint: CompletedCheckpoint, files: list[StateFileHandle], key_groups: KeyGroupRange
+) -> list[KeyedStateRestore]:
+    """The restore files of one old subtask's keyed state, limited to ``key_groups``: one per
+    canonical file (full snapshot, then deltas), or one for a snapshot in the own format of the
+    backend that wrote it (``streamstate.backends.registry``; its entry file's kind names it)."""
+    if not files:
+        return []
+    kind = files[0].kind
+    if kind in CANONICAL_KINDS:
+        if kind != FULL_FILE:
+            raise CorruptCheckpointError(
+                f"{checkpoint.url}: the keyed state chain {files[0].path} does not start with a "
+                "full snapshot"
+            )
+        return [FileKeyedStateRestore(checkpoint, h, key_groups) for h in files]
+    return [backend_format_restore(checkpoint, files, key_groups)]
 
 
 def operator_metadata(checkpoint: CompletedCheckpoint, operator_name: str) -> OperatorMetadata:
@@ -149,30 +86,22 @@ def keyed_restore_files(
     operator_name: str,
     key_group_range: KeyGroupRange,
     max_parallelism: int,
-) -> list[FileKeyedStateRestore]:
-    """The files a subtask owning ``key_group_range`` reads, in the order to apply them.
-
-    A native RocksDB snapshot is one :class:`~streamstate.checkpoint.native.NativeKeyedStateRestore`
-    (its manifest; the SST files it lists are its own business).
-    """
-    from streamstate.checkpoint.native import NativeKeyedStateRestore, is_native
-
+) -> list[KeyedStateRestore]:
+    """The files a subtask owning ``key_group_range`` reads, in the order to apply them (for each
+    old subtask whose range intersects it: :func:`keyed_file_restore`)."""
     op = operator_metadata(checkpoint, operator_name)
     _check_max_parallelism(checkpoint, op, max_parallelism)
-    files: list[FileKeyedStateRestore] = []
+    files: list[KeyedStateRestore] = []
     for sub in op.subtasks:
         wanted = KeyGroupRange(*sub.key_group_range).intersection(key_group_range)
         if not wanted:
             continue
-        if is_native(sub):
-            files.append(NativeKeyedStateRestore(checkpoint, sub.keyed[0], wanted))
-            continue
-        if sub.keyed and sub.keyed[0].kind != "full":
+        try:
+            files.extend(keyed_file_restore(checkpoint, list(sub.keyed), wanted))
+        except CorruptCheckpointError as exc:
             raise CorruptCheckpointError(
-                f"{checkpoint.url}: the keyed state chain of operator {operator_name!r} subtask "
-                f"{sub.subtask_index} does not start with a full snapshot"
-            )
-        files.extend(FileKeyedStateRestore(checkpoint, h, wanted) for h in sub.keyed)
+                f"operator {operator_name!r} subtask {sub.subtask_index}: {exc}"
+            ) from None
     return files
 
 
@@ -201,15 +130,13 @@ def operator_state_for_subtask(
     return repartition_operator_state(old, parallelism)[subtask_index]
 
 
-def restore_subtask(
-    target: Any, checkpoint: CompletedCheckpoint, *, reuse_shared_files: bool = False
-) -> None:
+def restore_subtask(target: Any, checkpoint: CompletedCheckpoint, *, claim: bool = False) -> None:
     """Restore one subtask (a ``KeyedProcessOperator``, before ``open()``) from ``checkpoint``,
     at whatever parallelism it now has.
 
-    A RocksDB backend restores native RocksDB snapshots natively. With ``reuse_shared_files``
-    (the checkpoint is in the storage the subtask checkpoints to), its next incremental
-    checkpoint references the restored SST files instead of uploading them again.
+    With ``claim`` (the checkpoint is in the storage the subtask checkpoints to:
+    ``RestoreMode.CLAIM``) the backend's next checkpoints may reference the restored files
+    instead of writing them again.
     """
     files = keyed_restore_files(
         checkpoint, target.operator_name, target.key_group_range, target.max_parallelism
@@ -218,7 +145,8 @@ def restore_subtask(
         checkpoint, target.operator_name, target.parallelism, target.subtask_index
     )
     try:
-        target.keyed_backend.restore(RestoreInput(files, reuse_shared_files=reuse_shared_files))
+        mode = RestoreMode.CLAIM if claim else RestoreMode.NO_CLAIM
+        target.keyed_backend.restore(RestoreInput(files, mode))
     finally:
         for f in files:
             f.close()

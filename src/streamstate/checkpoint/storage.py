@@ -79,9 +79,9 @@ EPOCHS_DIR = "_epochs"
 _CHK = re.compile(r"^chk-(\d+)$")
 _EPOCH = re.compile(r"^epoch-(\d+)$")
 _SP = re.compile(r"^sp-(\d+)$")
-#: shared files: incremental chains' ".full.state"/".delta.state" and RocksDB's ".sst", named
-#: "<subtask>-<attempt>-<checkpoint id>-<token>"
-_SHARED = re.compile(r"^\d+-\d+-(\d+)-[0-9a-f]+\.(?:full\.state|delta\.state|sst)$")
+#: shared files (incremental chains' ".full.state"/".delta.state", backends' own files), named
+#: "<subtask>-<attempt>-<checkpoint id>-<token>.<kind>"
+_SHARED = re.compile(r"^\d+-\d+-(\d+)-[0-9a-f]+\.[a-z][a-z.]*$")
 _OBJECT_STORES = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss", "r2"})
 
 
@@ -89,7 +89,7 @@ def shared_file_checkpoint_id(path: str) -> int | None:
     """The id of the checkpoint that wrote a shared file (from its name), or None if the name is
     not one of a shared file.
 
-    >>> shared_file_checkpoint_id("shared/op/0-1-7-0a1b2c3d.sst")
+    >>> shared_file_checkpoint_id("shared/op/0-1-7-0a1b2c3d.delta.state")
     7
     """
     m = _SHARED.match(posixpath.basename(path))

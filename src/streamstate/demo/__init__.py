@@ -28,18 +28,8 @@ __all__ = [
     "DemoRun",
     "EmitHour",
     "generate_events",
-    "main",
     "page_view_batch",
     "page_views_per_hour",
     "run_local",
     "run_streaming",
 ]
-
-
-def main() -> None:
-    """``python -m streamstate.demo [options]``: the same as ``streamstate demo [options]``."""
-    import sys
-
-    from streamstate.cli import app
-
-    app(["demo", *sys.argv[1:]], prog_name="streamstate")

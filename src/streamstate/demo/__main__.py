@@ -1,3 +1,7 @@
-from streamstate.demo import main
+"""``python -m streamstate.demo [options]``: the same as ``streamstate demo [options]``."""
 
-main()
+import sys
+
+from streamstate.cli import app
+
+app(["demo", *sys.argv[1:]], prog_name="streamstate")

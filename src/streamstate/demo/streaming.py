@@ -302,12 +302,10 @@ def run_streaming(
 def _checkpoint_backend(op: Any) -> str | None:
     """The backend that wrote an operator's checkpoint: RocksDB writes native snapshots, the
     heap canonical files (None: no keyed state to tell)."""
-    from streamstate.checkpoint.native import is_native
-
     written = [sub for sub in op.subtasks if sub.keyed]
     if not written:
         return None
-    return "rocksdb" if any(is_native(sub) for sub in written) else "heap"
+    return "rocksdb" if any(not sub.is_canonical for sub in written) else "heap"
 
 
 def _stream(

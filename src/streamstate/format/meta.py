@@ -33,7 +33,7 @@ class StateMetaSnapshot(msgspec.Struct):
     serializer snapshots and the TTL configuration.
 
     It is encoded as the map ``{name, kind, namespace_serializer, state_serializer, ttl}`` in
-    keyed snapshot file headers and RocksDB manifests (docs/formats.md); decoding one of those
+    keyed snapshot file headers and backends' own manifests (docs/formats.md); decoding one of those
     gives this structure directly.
     """
 

@@ -12,18 +12,24 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
-from typing import Any
+from typing import IO, Any, Protocol
 
 import msgspec
 
+from streamstate.errors import CorruptCheckpointError
+from streamstate.format.handles import StateFileHandle
+from streamstate.format.keyed_file import KeyedSnapshotReader
 from streamstate.format.meta import StateMetaSnapshot
+from streamstate.keygroups import KeyGroupRange
 from streamstate.serializers.base import Compatibility, SerializerSnapshot, TypeSerializer
 
 __all__ = [
     "BUILTIN_SERIALIZER_TYPES",
+    "FileKeyedStateRestore",
     "KeyedStateRestore",
     "RestoredBlock",
     "RestoredSerializer",
+    "SnapshotLocation",
     "expand_namespaces",
     "is_builtin_snapshot",
 ]
@@ -157,9 +163,12 @@ class KeyedStateRestore(ABC):
         raises :class:`~streamstate.errors.CorruptCheckpointError` naming the file and key group.
         """
 
-    def native_snapshot(self) -> Any:
-        """This file as a backend's native snapshot, or None: canonical only."""
-        return None
+    #: restore only these states (and no timers), None: everything; a reader of one state sets
+    #: it so that the other states' serializers never matter
+    only_states: set[str] | None = None
+
+    def close(self) -> None:  # noqa: B027 - optional
+        """Release what reading the file holds (an open file, a local copy)."""
 
 
 def expand_namespaces(namespaces: list[Any], n: int) -> list[Any]:
@@ -170,3 +179,93 @@ def expand_namespaces(namespaces: list[Any], n: int) -> list[Any]:
     if len(namespaces) == 1:
         return namespaces * n
     raise ValueError(f"namespace column has {len(namespaces)} values for {n} keys")
+
+
+class SnapshotLocation(Protocol):
+    """Where the files of a snapshot are (a ``CompletedCheckpoint``): its storage and
+    directory, which the paths of its file handles are relative to."""
+
+    @property
+    def storage(self) -> Any:
+        """The checkpoint storage (``open_read``, ``url_of``, ...)."""
+        ...
+
+    @property
+    def directory(self) -> str: ...
+
+    def resolve(self, path: str) -> str:
+        """A handle's path relative to the storage root."""
+        ...
+
+
+class FileKeyedStateRestore(KeyedStateRestore):
+    """One canonical keyed snapshot file of a checkpoint, limited to a key-group range.
+
+    The file is opened on first use and closed once its blocks were read; its size is checked
+    against the handle's.
+    """
+
+    def __init__(
+        self, location: SnapshotLocation, handle: StateFileHandle, key_groups: KeyGroupRange
+    ) -> None:
+        self.location = location
+        self.handle = handle
+        self.key_groups = key_groups
+        self._path = location.resolve(handle.path)
+        self.path = location.storage.url_of(self._path)
+        self._file: IO[bytes] | None = None
+        self._reader: KeyedSnapshotReader | None = None
+
+    def _open(self) -> KeyedSnapshotReader:
+        if self._reader is None:
+            f = self.location.storage.open_read(self._path)
+            try:
+                f.seek(0, 2)
+                size = f.tell()
+                if size != self.handle.size:
+                    kgs = self.key_groups
+                    raise CorruptCheckpointError(
+                        f"corrupt checkpoint file {self.path} (key groups {kgs.start}-{kgs.end}): "
+                        f"it has {size} bytes but the checkpoint metadata says {self.handle.size}"
+                    )
+                self._reader = KeyedSnapshotReader(f, self.path, size, self.key_groups)
+            except BaseException:
+                f.close()
+                raise
+            self._file = f
+        return self._reader
+
+    @property
+    def kind(self) -> str:  # type: ignore[override]
+        return self._open().kind
+
+    @property
+    def key_serializer(self) -> dict[str, Any]:  # type: ignore[override]
+        return self._open().key_serializer
+
+    @property
+    def max_parallelism(self) -> int:  # type: ignore[override]
+        return self._open().max_parallelism
+
+    @property
+    def states(self) -> list[StateMetaSnapshot]:  # type: ignore[override]
+        return self._open().states
+
+    def blocks(self) -> Iterator[RestoredBlock]:
+        reader = self._open()
+        states = reader.states
+        only = self.only_states
+        try:
+            for kg, records in reader.read(self.key_groups):
+                for r in records:
+                    meta = states[r.state_id]
+                    if only is None or meta.name in only:
+                        yield RestoredBlock(kg, meta, r.count, r.entries, r.removed)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+        self._file = None
+        self._reader = None

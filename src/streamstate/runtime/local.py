@@ -29,14 +29,16 @@ Checkpoints, restore and rescale (SPEC §6, §7):
 from __future__ import annotations
 
 import copy as _copy
-import dataclasses
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import wait
 from typing import Any
 
 from streamstate.api.functions import KeyedProcessFunction, OutputTag
 from streamstate.backends.base import Clock
-from streamstate.backends.factory import HeapStateBackend, StateBackend, state_backend_from
+from streamstate.backends.factory import StateBackend
+from streamstate.backends.registry import state_backend_from
+from streamstate.backends.snapshot_strategy import AsyncSnapshotWriter
+from streamstate.checkpoint.writer import SubtaskCheckpointer
 from streamstate.errors import CheckpointError, MaxParallelismMismatchError
 from streamstate.keygroups import (
     assign_to_key_group,
@@ -44,6 +46,7 @@ from streamstate.keygroups import (
     compute_operator_index_for_key_group,
 )
 from streamstate.runtime.operator import KeyedProcessOperator, RecordRoute, process_records
+from streamstate.runtime.stream_task import StreamTask
 from streamstate.serializers import TypeSerializer, serializer_for
 from streamstate.timers import MIN_WATERMARK
 
@@ -109,14 +112,13 @@ class LocalRunner:
                 f"parallelism {parallelism} exceeds max_parallelism {self.max_parallelism}"
             )
         self.state_backend = state_backend_from(state_backend)
-        if incremental_checkpoints and isinstance(self.state_backend, HeapStateBackend):
-            self.state_backend = dataclasses.replace(self.state_backend, incremental=True)
+        if incremental_checkpoints:
+            self.state_backend = self.state_backend.with_change_tracking()
         self.incremental_checkpoints = incremental_checkpoints
         self.checkpoint_compression = checkpoint_compression
         self._storage_ref = checkpoint_storage
         self._storage: Any = None
-        self._checkpointers: list[Any] = []
-        self._writer: Any = None
+        self._writer: AsyncSnapshotWriter | None = None
         self._coordinator: Any = None
         self.key_serializer: TypeSerializer[Any] | None = (
             serializer_for(key_type) if key_type is not None else None
@@ -126,6 +128,8 @@ class LocalRunner:
         self.clock = clock or Clock()
         self.operator_name = operator_name
         self.subtasks: list[KeyedProcessOperator] = []
+        #: the lifecycle of each subtask (``tasks[i].operator is subtasks[i]``)
+        self.tasks: list[StreamTask] = []
         self.watermark = MIN_WATERMARK
         self._max_timestamp = MIN_WATERMARK
         self._side_outputs: dict[OutputTag, list[Any]] = {}
@@ -155,6 +159,8 @@ class LocalRunner:
         assert self.key_serializer is not None
         self._close_checkpointers()
         self.parallelism = parallelism
+        if self._writer is None:
+            self._writer = AsyncSnapshotWriter()
         self.subtasks = [
             KeyedProcessOperator(
                 _copy.deepcopy(self.function),
@@ -167,6 +173,16 @@ class LocalRunner:
                 clock=self.clock,
             )
             for i in range(parallelism)
+        ]
+        self.tasks = [
+            StreamTask(
+                op,
+                lambda: self.checkpoint_storage,
+                compression=self.checkpoint_compression,
+                incremental=self.incremental_checkpoints,
+                writer=self._writer,
+            )
+            for op in self.subtasks
         ]
         mp = self.max_parallelism
         self._subtask_of_kg = [
@@ -344,14 +360,10 @@ class LocalRunner:
 
             storage = checkpoint_storage_from(storage_or_url)
             if storage is not self._storage:
-                moved = self._storage is None or storage.url != self._storage.url
+                # the backends' strategies reference earlier files only in the same storage
                 self._close_checkpointers()
                 self._close_coordinator()
                 self._storage = storage
-                if moved:
-                    # shared files of the old storage cannot be referenced from the new one
-                    for op in self.subtasks:
-                        op.keyed_backend.forget_uploads()
         return self.checkpoint_storage
 
     @property
@@ -368,9 +380,7 @@ class LocalRunner:
             self._coordinator.close()
             self._coordinator = None
 
-    def _subtask_checkpointers(self) -> list[Any]:
-        from streamstate.checkpoint.writer import AsyncSnapshotWriter, SubtaskCheckpointer
-
+    def _started_tasks(self) -> list[StreamTask]:
         if not self.subtasks:
             if self.key_serializer is None:
                 raise CheckpointError(
@@ -378,20 +388,11 @@ class LocalRunner:
                     "given, so the subtasks do not exist"
                 )
             self._start(self.parallelism)
-        if not self._checkpointers:
-            if self._writer is None:
-                self._writer = AsyncSnapshotWriter()
-            self._checkpointers = [
-                SubtaskCheckpointer(
-                    self.checkpoint_storage,
-                    op,
-                    compression=self.checkpoint_compression,
-                    incremental=self.incremental_checkpoints,
-                    writer=self._writer,
-                )
-                for op in self.subtasks
-            ]
-        return self._checkpointers
+        return self.tasks
+
+    def _subtask_checkpointers(self) -> list[SubtaskCheckpointer]:
+        """Each subtask's checkpointer (created with the backend's snapshot strategy)."""
+        return [t.checkpointer for t in self._started_tasks()]
 
     def _properties(self) -> dict[str, Any]:
         return {"watermark": self.watermark, "max_timestamp": self._max_timestamp}
@@ -403,9 +404,9 @@ class LocalRunner:
         ``_metadata`` is committed once every subtask's files are written.
         """
         storage = self._use_storage(storage_or_url)
-        checkpointers = self._subtask_checkpointers()
+        tasks = self._started_tasks()
         checkpoint_id = storage.next_checkpoint_id()
-        futures = [c.checkpoint(checkpoint_id) for c in checkpointers]
+        futures = [t.checkpoint(checkpoint_id) for t in tasks]
         try:
             handles = [f.result() for f in futures]
             completed = self.checkpoint_coordinator.commit(
@@ -417,20 +418,20 @@ class LocalRunner:
         except BaseException:
             # the checkpoint will never commit: its uploads must not be referenced later
             wait(futures)
-            for op in self.subtasks:
-                op.notify_checkpoint_aborted(checkpoint_id)
+            for t in tasks:
+                t.notify_checkpoint_aborted(checkpoint_id)
             raise
-        for op in self.subtasks:
-            op.notify_checkpoint_complete(checkpoint_id)
+        for t in tasks:
+            t.notify_checkpoint_complete(checkpoint_id)
         return completed
 
     def savepoint(self, storage_or_url: Any = None) -> Any:
         """A self-contained savepoint under ``<job>/savepoints/sp-<id>``; returns it."""
         storage = self._use_storage(storage_or_url)
-        checkpointers = self._subtask_checkpointers()
+        tasks = self._started_tasks()
         savepoint_id = storage.next_savepoint_id()
         directory = storage.savepoint_directory(savepoint_id)
-        futures = [c.savepoint(directory, savepoint_id) for c in checkpointers]
+        futures = [t.savepoint(directory, savepoint_id) for t in tasks]
         handles = [f.result() for f in futures]
         return self.checkpoint_coordinator.commit(
             savepoint_id,
@@ -446,7 +447,7 @@ class LocalRunner:
         ``checkpoint``: None (the latest complete checkpoint of the runner's storage), an id, a
         ``CompletedCheckpoint``, or the path/URL of a checkpoint or savepoint directory.
         """
-        from streamstate.checkpoint.restore import operator_metadata, restore_subtask
+        from streamstate.checkpoint.restore import operator_metadata
         from streamstate.checkpoint.storage import resolve_checkpoint
         from streamstate.serializers import serializer_from_snapshot
 
@@ -461,26 +462,20 @@ class LocalRunner:
             self.max_parallelism = op_meta.max_parallelism
         if self.key_serializer is None and op_meta.key_serializer is not None:
             self.key_serializer = serializer_from_snapshot(op_meta.key_serializer)
-        for op in self.subtasks:
-            op.dispose()
+        for t in self.tasks:
+            t.dispose()
         self._create_subtasks(self.parallelism)
-        same_storage = not cp.is_savepoint and cp.storage.url == self.checkpoint_storage.url
-        for op in self.subtasks:
-            restore_subtask(op, cp, reuse_shared_files=same_storage)
-        watermark = cp.metadata.properties.get("watermark", MIN_WATERMARK)
-        self.watermark = max(self.watermark, watermark)
+        properties = cp.metadata.properties
+        self.watermark = max(self.watermark, properties.get("watermark", MIN_WATERMARK))
         self._max_timestamp = max(
-            self._max_timestamp, cp.metadata.properties.get("max_timestamp", MIN_WATERMARK)
+            self._max_timestamp, properties.get("max_timestamp", MIN_WATERMARK)
         )
-        for op in self.subtasks:
-            op.initialize_watermark(self.watermark)  # late services start there
-            op.open()
-        if same_storage:
-            by_index = {s.subtask_index: s for s in op_meta.subtasks}
-            for c, op in zip(self._subtask_checkpointers(), self.subtasks, strict=True):
-                handle = by_index.get(op.subtask_index)
-                if handle is not None:
-                    c.resume(handle)
+        same_storage = not cp.is_savepoint and cp.storage.url == self.checkpoint_storage.url
+        for t in self.tasks:
+            # late timer services start at the watermark too
+            t.restore(cp, claim=same_storage, watermark=self.watermark)
+        for t in self.tasks:
+            t.open()
 
     def rescale(self, new_parallelism: int) -> Any:
         """Checkpoint, rebuild the subtasks at ``new_parallelism`` and restore them; returns
@@ -496,18 +491,17 @@ class LocalRunner:
         return cp
 
     def _close_checkpointers(self) -> None:
-        for c in self._checkpointers:
-            c.close()
-        self._checkpointers = []
+        for t in self.tasks:
+            t.close_checkpointer()
 
     def close(self) -> None:
-        self._close_checkpointers()
         self._close_coordinator()
+        for t in self.tasks:
+            t.dispose()
         if self._writer is not None:
             self._writer.close()
             self._writer = None
-        for op in self.subtasks:
-            op.dispose()
+        self.tasks = []
         self.subtasks = []
 
     def __enter__(self) -> LocalRunner:

@@ -33,8 +33,9 @@ from streamstate.api.functions import (
     TimerService,
 )
 from streamstate.backends.base import Clock, KeyContext, KeyedStateBackend
-from streamstate.backends.factory import StateBackend, state_backend_from
+from streamstate.backends.factory import StateBackend
 from streamstate.backends.operator import OperatorStateBackend, OperatorStateSnapshot
+from streamstate.backends.registry import state_backend_from
 from streamstate.errors import StateAccessError
 from streamstate.keygroups import compute_key_group_range_for_operator_index
 from streamstate.metrics import MetricGroup

@@ -150,7 +150,10 @@ def serializer_from_snapshot(
     if t in ("time_window", "global_window"):
         # subclasses of StructSerializer with their own type: rebuilt as themselves, so that
         # their snapshot (and compatibility checks against it) stays the same
-        from streamstate.windows.time_window import GlobalWindowSerializer, TimeWindowSerializer
+        from streamstate.serializers.window_namespaces import (
+            GlobalWindowSerializer,
+            TimeWindowSerializer,
+        )
 
         return TimeWindowSerializer() if t == "time_window" else GlobalWindowSerializer()
     if t == "struct":

@@ -216,6 +216,5 @@ def load_function(blob: bytes, sha: str, where: str) -> Any:
 
 def src_path() -> str:
     """The directory that holds the ``streamstate`` package (for workers' PYTHONPATH)."""
-    import streamstate
-
-    return os.path.dirname(os.path.dirname(os.path.abspath(streamstate.__file__)))
+    # this file is <src>/streamstate/spark/job.py
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -96,11 +96,12 @@ def _read_subtask(
     value_ddl: str | None,
     storage_options: dict[str, Any],
 ) -> Iterator[dict[str, Any]]:
-    """Rows of ``state`` in the key groups of old subtask ``subtask``."""
+    """Rows of ``state`` in the key groups of old subtask ``subtask``: its files restored into a
+    heap backend through the public restore path, read back from the backend's snapshot."""
     from streamstate.backends.heap.backend import HeapKeyedStateBackend
-    from streamstate.checkpoint.native import NativeKeyedStateRestore
     from streamstate.checkpoint.restore import keyed_restore_files, operator_metadata
     from streamstate.checkpoint.storage import FileSystemCheckpointStorage
+    from streamstate.format.snapshot import EncodedEntries
     from streamstate.keygroups import KeyGroupRange
     from streamstate.namespace import VoidNamespace
     from streamstate.serializers import serializer_from_snapshot
@@ -115,37 +116,44 @@ def _read_subtask(
     key_snapshot = op.key_serializer or handle.key_serializer
     assert key_snapshot is not None, f"{checkpoint_url}: no key serializer for {operator!r}"
     key_serializer = serializer_from_snapshot(key_snapshot)
-    backend = HeapKeyedStateBackend(
-        key_serializer, op.max_parallelism, kg_range, table_kind="nested_maps"
-    )
+    # copy-on-write tables: the snapshot read below shares the restored entries, copying none
+    backend = HeapKeyedStateBackend(key_serializer, op.max_parallelism, kg_range)
     files = keyed_restore_files(cp, operator, kg_range, op.max_parallelism)
     for f in files:
-        if isinstance(f, NativeKeyedStateRestore):
-            f.only_states = {state}  # the other states' serializers do not matter here
+        f.only_states = {state}  # the other states' serializers do not matter here
     try:
         backend.restore(files)
     finally:
         for f in files:
             f.close()
-    tables = backend.state_tables()
-    entries: Iterator[tuple[Any, Any, Any]]
-    if state in tables:
-        entries = (e for m in tables[state].key_group_maps() for e in m)
-    else:
-        blocks = backend.encoded_restored_state(state)
-        if blocks is None:
+    snapshot = backend.snapshot(0)
+    try:
+        index = next((i for i, m in enumerate(snapshot.states) if m.name == state), None)
+        if index is None:
             return
-        entries = _raw_entries(blocks, key_serializer)
-        value_ddl = None
-    for key, namespace, value in entries:
-        yield {
-            "key": _to_spark(key, key_ddl),
-            "namespace": None if isinstance(namespace, VoidNamespace) else _json(namespace),
-            "value": _to_spark(value, value_ddl),
-        }
+        for kg in kg_range:
+            for i, entries in snapshot.key_group_entries(kg):
+                if i != index:
+                    continue
+                if isinstance(entries, EncodedEntries):  # a serializer that is not built in
+                    rows: Any = _raw_entries(entries, key_serializer)
+                    ddl = None
+                else:
+                    rows, ddl = entries, value_ddl
+                for key, namespace, value in rows:
+                    yield {
+                        "key": _to_spark(key, key_ddl),
+                        "namespace": None
+                        if isinstance(namespace, VoidNamespace)
+                        else _json(namespace),
+                        "value": _to_spark(value, ddl),
+                    }
+    finally:
+        snapshot.release()
+        backend.dispose()
 
 
-def _raw_entries(blocks: list[Any], key_serializer: Any) -> Iterator[tuple[Any, Any, Any]]:
+def _raw_entries(block: Any, key_serializer: Any) -> Iterator[tuple[Any, Any, Any]]:
     """Entries of a state whose serializer is not built in: values decoded generically."""
     from streamstate.namespace import VOID_NAMESPACE
 
@@ -154,19 +162,16 @@ def _raw_entries(blocks: list[Any], key_serializer: Any) -> Iterator[tuple[Any, 
     )
     generic = msgspec.msgpack.Decoder()
     key_decoder = msgspec.msgpack.Decoder(key_serializer.wire_type)
-    for block in blocks:
-        if block is None:
-            continue
-        keys, namespaces, states = section.decode(block.data)
-        if len(namespaces) == 1 and len(keys) != 1:
-            namespaces = namespaces * len(keys)
-        for k, ns, s in zip(keys, namespaces, states, strict=True):
-            namespace = generic.decode(ns)
-            yield (
-                key_serializer.from_wire(key_decoder.decode(k)),
-                VOID_NAMESPACE if namespace in (None, [], {}) else namespace,
-                generic.decode(s),
-            )
+    keys, namespaces, states = section.decode(block.data)
+    if len(namespaces) == 1 and len(keys) != 1:
+        namespaces = namespaces * len(keys)
+    for k, ns, s in zip(keys, namespaces, states, strict=True):
+        namespace = generic.decode(ns)
+        yield (
+            key_serializer.from_wire(key_decoder.decode(k)),
+            VOID_NAMESPACE if namespace in (None, [], {}) else namespace,
+            generic.decode(s),
+        )
 
 
 def read_state(
@@ -195,14 +200,12 @@ def read_state(
     op = operator_metadata(cp, operator)
     meta = None
     for sub in op.subtasks:
-        for handle in sub.keyed:
-            if state in handle.states:
-                reader = keyed_file_restore(cp, handle, sub_range(sub))
-                try:
-                    meta = next((s for s in reader.states if s.name == state), None)
-                finally:
-                    reader.close()
-                break
+        if any(state in handle.states for handle in sub.keyed):
+            reader = keyed_file_restore(cp, list(sub.keyed), sub_range(sub))[0]
+            try:
+                meta = next((s for s in reader.states if s.name == state), None)
+            finally:
+                reader.close()
         if meta is not None:
             break
     if meta is None:

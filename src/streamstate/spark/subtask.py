@@ -90,11 +90,9 @@ def job_storage(job: JobSpec) -> Any:
 
 
 def _state_backend(job: JobSpec, index: int, local_dir: str | None, incremental: bool) -> Any:
-    from streamstate.backends.factory import (
-        HeapStateBackend,
-        RocksDBStateBackend,
-        state_backend_from,
-    )
+    from streamstate.backends.heap.factory import HeapStateBackend
+    from streamstate.backends.registry import state_backend_from
+    from streamstate.backends.rocksdb.factory import RocksDBStateBackend
 
     backend = state_backend_from(job.state_backend)
     options = dict(job.state_backend_options)
@@ -154,7 +152,8 @@ class SubtaskRuntime:
         self.key_serializer = key_serializer_for(self.input_schema, job.key_columns)
         self.row_type = row_class(job.value_columns)
         self.op: Any = None
-        self.checkpointer: Any = None
+        #: the subtask's lifecycle (runtime/stream_task.py) around ``op``
+        self.task: Any = None
         #: the state version held (None: nothing usable), its lineage and attempt
         self.version: int | None = None
         self.lineage: str | None = None
@@ -183,14 +182,15 @@ class SubtaskRuntime:
             if base_attempt is not None and base_attempt == self.attempt:
                 # chk-<base> was committed with this runtime's files (the driver starts batch
                 # base + 1 only after committing it): the next checkpoint may build on them
-                self.op.notify_checkpoint_complete(base)
+                self.task.notify_checkpoint_complete(base)
             elif self.attempt is not None:
                 # another attempt's files may have been committed as chk-<base> (the batch this
                 # runtime checkpointed was superseded): never build on this runtime's uploads
-                self.op.notify_checkpoint_aborted(base)
+                self.task.notify_checkpoint_aborted(base)
             return "hot"
         self._discard()
         op = self._new_operator()
+        task = self._new_task(op)
         how = "empty"
         checkpoint = None
         try:
@@ -203,22 +203,15 @@ class SubtaskRuntime:
                 checkpoint = resolve_checkpoint(self.job.initial_state, self._storage())
                 how = "initial"
             if checkpoint is not None:
-                from streamstate.checkpoint.restore import restore_subtask
-
-                restore_subtask(op, checkpoint, reuse_shared_files=how == "reload")
+                # a reload claims its checkpoint: the next one may build on its files
+                task.restore(checkpoint, claim=how == "reload")
             # the watermark is not advanced here: begin() advances it to the batch's watermark
             # (never below the checkpoint's), and that fires any due timer with its outputs
-            op.open()
+            task.open()
         except BaseException:
-            op.dispose()
+            task.dispose()
             raise
-        self.op = op
-        if how == "reload":
-            self.checkpointer = self._new_checkpointer(op)
-            handle = checkpoint.metadata.operators[self.job.operator].subtasks  # type: ignore[union-attr]
-            mine = [h for h in handle if h.subtask_index == self.index]
-            if mine:
-                self.checkpointer.resume(mine[0])
+        self.op, self.task = op, task
         self.version, self.lineage = base, lineage
         self.attempt = base_attempt
         return how
@@ -258,26 +251,25 @@ class SubtaskRuntime:
             state_backend=_state_backend(job, self.index, self.local_dir, self.incremental),
         )
 
-    def _new_checkpointer(self, op: Any) -> Any:
-        from streamstate.checkpoint.writer import IncrementalPolicy, SubtaskCheckpointer
+    def _new_task(self, op: Any) -> Any:
+        from streamstate.checkpoint.writer import IncrementalPolicy
+        from streamstate.runtime.stream_task import StreamTask
 
         incremental: Any = False
         if op.keyed_backend.incremental:  # change tracking (an incremental heap backend)
             incremental = IncrementalPolicy(max_deltas=self.job.max_deltas)
-        return SubtaskCheckpointer(
-            self._storage(),
+        return StreamTask(
             op,
+            self._storage,
             compression=self.job.compression,
             incremental=incremental,
             unique_names=True,
         )
 
     def _discard(self) -> None:
-        if self.checkpointer is not None:
-            self.checkpointer.close()
-        if self.op is not None:
-            self.op.dispose()
-        self.op = self.checkpointer = None
+        if self.task is not None:
+            self.task.dispose()
+        self.op = self.task = None
         self.version = self.lineage = self.attempt = None
 
     def close(self) -> None:
@@ -367,20 +359,18 @@ class SubtaskRuntime:
         ``savepoint``, relative to the storage root) and stage the outputs."""
         t0 = time.perf_counter()
         self._collect()
-        if self.checkpointer is None:
-            self.checkpointer = self._new_checkpointer(self.op)
-        self.checkpointer.attempt = attempt
+        self.task.checkpointer.attempt = attempt
         if savepoint is None:
-            future = self.checkpointer.checkpoint(batch_id)
+            future = self.task.checkpoint(batch_id)
         else:
-            future = self.checkpointer.savepoint(savepoint, batch_id)
+            future = self.task.savepoint(savepoint, batch_id)
         outputs = self._stage(batch_id, attempt, savepoint)
         side_outputs = self._stage_side(batch_id, attempt, savepoint)
         t1 = time.perf_counter()
         try:
             handle = future.result()
         except BaseException:
-            self.op.notify_checkpoint_aborted(batch_id)  # the batch is dropped
+            self.task.notify_checkpoint_aborted(batch_id)  # the batch is dropped
             raise
         t2 = time.perf_counter()
         self.version, self.lineage, self.attempt = batch_id, new_lineage, attempt

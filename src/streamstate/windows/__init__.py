@@ -8,6 +8,12 @@ returns a ``KeyedProcessFunction`` that the ``LocalRunner`` (and ``streamstate.s
 any keyed function.
 """
 
+from streamstate.serializers.window_namespaces import (
+    GlobalWindow,
+    GlobalWindowSerializer,
+    TimeWindow,
+    TimeWindowSerializer,
+)
 from streamstate.windows.assigners import (
     DynamicEventTimeSessionWindows,
     DynamicProcessingTimeSessionWindows,
@@ -34,12 +40,6 @@ from streamstate.windows.evictors import (
 from streamstate.windows.functions import ProcessWindowFunction, WindowFunction
 from streamstate.windows.merging_window_set import MergingWindowSet
 from streamstate.windows.operator import WindowOperator
-from streamstate.windows.time_window import (
-    GlobalWindow,
-    GlobalWindowSerializer,
-    TimeWindow,
-    TimeWindowSerializer,
-)
 from streamstate.windows.triggers import (
     ContinuousEventTimeTrigger,
     ContinuousProcessingTimeTrigger,

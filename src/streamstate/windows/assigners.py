@@ -21,7 +21,7 @@ from datetime import timedelta
 from typing import Any
 
 from streamstate.serializers.base import TypeSerializer
-from streamstate.windows.time_window import (
+from streamstate.serializers.window_namespaces import (
     GlobalWindow,
     GlobalWindowSerializer,
     TimeWindow,

@@ -8,7 +8,7 @@ void namespace, so it is snapshotted, restored and rescaled with the key like an
 This is Flink's ``MergingWindowSet``.
 
 >>> from streamstate.windows.assigners import EventTimeSessionWindows
->>> from streamstate.windows.time_window import TimeWindow
+>>> from streamstate.serializers.window_namespaces import TimeWindow
 >>> class ListHolder:                        # stands in for the keyed list state
 ...     def __init__(self): self.value = []
 ...     def get(self): return self.value

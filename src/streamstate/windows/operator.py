@@ -44,6 +44,7 @@ from streamstate.serializers import (
     TypeSerializer,
     VoidNamespaceSerializer,
 )
+from streamstate.serializers.window_namespaces import MAX_TIMESTAMP
 from streamstate.windows.assigners import (
     MergingWindowAssigner,
     WindowAssigner,
@@ -52,7 +53,6 @@ from streamstate.windows.assigners import (
 from streamstate.windows.contents import WINDOW_CONTENTS, WindowContents
 from streamstate.windows.functions import InternalWindowFunction, ProcessWindowFunction
 from streamstate.windows.merging_window_set import MergingWindowSet
-from streamstate.windows.time_window import MAX_TIMESTAMP
 from streamstate.windows.triggers import OnMergeContext, Trigger
 
 __all__ = ["WindowOperator"]

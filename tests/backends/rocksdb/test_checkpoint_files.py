@@ -18,7 +18,7 @@ from streamstate import (
     MapStateDescriptor,
     ValueStateDescriptor,
 )
-from streamstate.backends.factory import RocksDBStateBackend
+from streamstate.backends.rocksdb.factory import RocksDBStateBackend
 
 pytest.importorskip("streamstate.checkpoint.coordinator")
 pytest.importorskip("streamstate.format.keyed_file")

@@ -333,6 +333,9 @@ class DictCheckpointStorage:
     def delete(self, path: str) -> None:
         self.files.pop(path, None)
 
+    def url_of(self, path: str) -> str:
+        return f"dict://{id(self)}/{path}"
+
 
 def test_checkpoint_storage_adapter(make_rocks: Any) -> None:
     storage = DictCheckpointStorage()

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from streamstate import ValueStateDescriptor
-from streamstate.backends.factory import RocksDBStateBackend
 from streamstate.backends.rocksdb.backend import RocksDBKeyedStateBackend
+from streamstate.backends.rocksdb.factory import RocksDBStateBackend
 from streamstate.backends.rocksdb.instance import RocksDBConfig
 from streamstate.errors import InvalidStateNameError, StateAccessError, StateBackendError
 from streamstate.keygroups import KeyGroupRange

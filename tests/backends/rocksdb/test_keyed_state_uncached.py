@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from streamstate.backends.base import KeyedStateBackend
-from streamstate.backends.factory import RocksDBStateBackend
+from streamstate.backends.rocksdb.factory import RocksDBStateBackend
 from streamstate.keygroups import KeyGroupRange
 from streamstate.serializers import serializer_for
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from streamstate import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
-from streamstate.backends.factory import RocksDBStateBackend
+from streamstate.backends.rocksdb.factory import RocksDBStateBackend
 from streamstate.backends.rocksdb.instance import RocksDBConfig, _range_deletions
 from streamstate.keygroups import assign_to_key_group, compute_operator_index_for_key_group
 from streamstate.namespace import VOID_NAMESPACE

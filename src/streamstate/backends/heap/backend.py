@@ -21,10 +21,11 @@ from streamstate.backends.heap.snapshot import HeapKeyedStateSnapshot, StateTabl
 from streamstate.backends.heap.state_map import StateMap
 from streamstate.backends.heap.state_table import StateTable
 from streamstate.backends.heap.states import STATE_FACTORIES
+from streamstate.backends.snapshot_strategy import SnapshotOptions, SnapshotStrategy
 from streamstate.errors import StateBackendError
 from streamstate.format.meta import StateMetaInfo
 from streamstate.format.restore import KeyedStateRestore
-from streamstate.format.snapshot import DELTA_SNAPSHOT, EncodedEntries, SnapshotSource
+from streamstate.format.snapshot import DELTA_SNAPSHOT, SnapshotSource
 from streamstate.keygroups import KeyGroupRange
 from streamstate.serializers.base import TypeSerializer
 
@@ -201,6 +202,13 @@ class HeapKeyedStateBackend(KeyedStateBackend):
             kind=DELTA_SNAPSHOT,
         )
 
+    def snapshot_strategy(self, options: SnapshotOptions) -> SnapshotStrategy:
+        """A full file per checkpoint, or an incremental chain of deltas with change tracking
+        (``heap/snapshot_strategy.py``)."""
+        from streamstate.backends.heap.snapshot_strategy import heap_snapshot_strategy
+
+        return heap_snapshot_strategy(self, options)
+
     def reset_change_tracking(self) -> None:
         """Forget recorded changes: the current state is the base of the next delta."""
         for t in self._tables.values():
@@ -231,13 +239,6 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         """Forget the table of ``name`` (a restore that failed midway undoes its tables)."""
         self._tables.pop(name, None)
 
-    def encoded_restored_state(self, name: str) -> list[EncodedEntries | None] | None:
-        """The per-key-group entries of restored state ``name`` still encoded (its serializer
-        is not built in and the program has not registered it), or None."""
-        pending = self._pending_restore
-        state = None if pending is None else pending.states.get(name)
-        return None if state is None else list(state.blocks)
-
     # ---- checkpoints and TTL -------------------------------------------------------------------
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
@@ -245,9 +246,6 @@ class HeapKeyedStateBackend(KeyedStateBackend):
 
     def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
         """Nothing to do: a heap snapshot keeps nothing after it was written."""
-
-    def forget_uploads(self) -> None:
-        """Nothing to do: heap snapshots never reference earlier uploads."""
 
     def register_ttl_cleanup(self, hook: TtlCleanupHook) -> Callable[[], object] | None:
         """Wire the TTL cleanup strategies into the state's table: the snapshot transformer

@@ -6,32 +6,23 @@ WriteBatches, incremental checkpoints of native RocksDB checkpoints, restore and
 key-group ranges. See ``docs/architecture.md`` ("RocksDB backend").
 """
 
-from streamstate.backends.rocksdb.backend import RocksDBKeyedStateBackend
-from streamstate.backends.rocksdb.incremental import (
-    IncrementalManifest,
-    IncrementalStateHandle,
-)
-from streamstate.backends.rocksdb.instance import RocksDBConfig
-from streamstate.backends.rocksdb.native_view import (
-    download_snapshot,
-    load_manifest,
-    open_native_snapshot,
-)
-from streamstate.backends.rocksdb.snapshot import RocksDBKeyedStateSnapshot
-from streamstate.backends.rocksdb.storage import (
-    CheckpointStorageFileStore,
-    SnapshotFileStore,
-)
+from typing import Any
 
-__all__ = [
-    "CheckpointStorageFileStore",
-    "IncrementalManifest",
-    "IncrementalStateHandle",
-    "RocksDBConfig",
-    "RocksDBKeyedStateBackend",
-    "RocksDBKeyedStateSnapshot",
-    "SnapshotFileStore",
-    "download_snapshot",
-    "load_manifest",
-    "open_native_snapshot",
-]
+from streamstate.backends.rocksdb.factory import RocksDBStateBackend
+from streamstate.backends.rocksdb.incremental import MANIFEST_KIND
+
+__all__ = ["SNAPSHOT_KINDS", "STATE_BACKENDS", "RocksDBStateBackend"]
+
+
+def _manifest_restore(location: Any, files: list[Any], key_groups: Any) -> Any:
+    """A checkpoint's manifest (then its SST files) as a restore file."""
+    # imported when a checkpoint holds one: importing the package stays free of rocksdict
+    from streamstate.backends.rocksdb.native_restore import NativeKeyedStateRestore
+
+    return NativeKeyedStateRestore(location, files[0], key_groups)
+
+
+#: the names this backend answers to (``streamstate.backends.registry``)
+STATE_BACKENDS = {"rocksdb": RocksDBStateBackend}
+#: its native snapshots in checkpoints: the manifest, then the SST files it references
+SNAPSHOT_KINDS = {MANIFEST_KIND: _manifest_restore}

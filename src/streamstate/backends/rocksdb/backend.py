@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from streamstate.api.descriptors import StateDescriptor, StateKind
 from streamstate.api.state import InternalKvState
-from streamstate.backends.base import Clock, KeyedStateBackend, RestoreInput
+from streamstate.backends.base import Clock, KeyedStateBackend, RestoreInput, RestoreMode
 from streamstate.backends.rocksdb.cache import MapCache, ValueCache, WriteBackCache
 from streamstate.backends.rocksdb.incremental import UploadTracker
 from streamstate.backends.rocksdb.instance import (
@@ -26,11 +26,16 @@ from streamstate.backends.rocksdb.instance import (
 )
 from streamstate.backends.rocksdb.keys import KeyLayout
 from streamstate.backends.rocksdb.parts import RegisteredState
-from streamstate.backends.rocksdb.restore import migrate_column_family, restore_incremental
+from streamstate.backends.rocksdb.restore import (
+    NativeSnapshotFile,
+    migrate_column_family,
+    restore_incremental,
+)
 from streamstate.backends.rocksdb.restore_files import restore_deferred_state, restore_files
 from streamstate.backends.rocksdb.restored import RestoredStates
 from streamstate.backends.rocksdb.snapshot import RocksDBKeyedStateSnapshot, take_snapshot
 from streamstate.backends.rocksdb.states import STATE_FACTORIES, CurrentKeyBytes
+from streamstate.backends.snapshot_strategy import SnapshotOptions, SnapshotStrategy
 from streamstate.errors import InvalidStateNameError, StateBackendError, StateMigrationException
 from streamstate.format.meta import StateMetaInfo, StateMetaSnapshot
 from streamstate.format.restore import KeyedStateRestore
@@ -262,19 +267,28 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
     def restore(self, source: RestoreInput | Sequence[KeyedStateRestore]) -> None:
         """Restore (before any state is registered): natively if every file is a native RocksDB
         snapshot (download, rescale by key-group ranges), else from the keyed snapshot files
-        (full then deltas per old subtask) like the heap backend."""
+        (full then deltas per old subtask) like the heap backend. In ``RestoreMode.CLAIM`` the
+        next incremental checkpoint references the restored SST files (same storage)."""
         self._check_open()
         restore_input = RestoreInput.of(source)
-        native = restore_input.native_sources()
-        if native is not None:
-            self._restore_native(native[0].store, [n.incremental_handle for n in native])
-            if not restore_input.reuse_shared_files:
-                self.forget_uploads()
+        files = restore_input.files
+        native = [f for f in files if isinstance(f, NativeSnapshotFile)]
+        if native and len(native) == len(files):
+            self.restore_statistics = restore_incremental(
+                self,
+                native[0].store,
+                [f.incremental_handle for f in native],
+                claim=restore_input.mode is RestoreMode.CLAIM,
+            )
             return
-        restore_files(self, restore_input.files)
+        restore_files(self, files)
 
-    def _restore_native(self, store: Any, handles: Sequence[Any]) -> None:
-        self.restore_statistics = restore_incremental(self, store, handles)
+    def snapshot_strategy(self, options: SnapshotOptions) -> SnapshotStrategy:
+        """Native incremental checkpoints, or a canonical file per checkpoint
+        (``rocksdb/snapshot_strategy.py``)."""
+        from streamstate.backends.rocksdb.snapshot_strategy import rocksdb_snapshot_strategy
+
+        return rocksdb_snapshot_strategy(self, options)
 
     # ---- snapshots ---------------------------------------------------------------------------
 
@@ -288,19 +302,9 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         self._check_open()
         return take_snapshot(self, checkpoint_id)
 
-    @property
-    def native_incremental(self) -> bool:
-        """Whether checkpoints use the native incremental format (``write_incremental``)."""
-        return self.config.incremental
-
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` is complete: later checkpoints may reuse its files."""
         self.uploads.complete(checkpoint_id)
-
-    def forget_uploads(self) -> None:
-        """Checkpoints go to another storage now: the next one uploads every file again (the
-        files uploaded so far are in the old storage, and checkpoint ids start over there)."""
-        self.uploads.forget()
 
     def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` will never complete: its files are never reused."""

@@ -30,8 +30,10 @@ from streamstate.errors import CorruptCheckpointError
 from streamstate.format.meta import StateMetaSnapshot
 
 __all__ = [
+    "MANIFEST_KIND",
     "MANIFEST_MAGIC",
     "MANIFEST_VERSION",
+    "SST_KIND",
     "IncrementalManifest",
     "IncrementalStateHandle",
     "PrivateFile",
@@ -40,6 +42,10 @@ __all__ = [
     "UploadTracker",
 ]
 
+MANIFEST_KIND = "rocksdb-manifest"
+"""Kind of a manifest in checkpoint metadata (the SST files it references follow it)."""
+SST_KIND = "rocksdb-sst"
+"""Kind of an SST file of a native snapshot in checkpoint metadata."""
 MANIFEST_MAGIC = b"SSRI"
 MANIFEST_VERSION = 1
 _PREFIX = struct.Struct(">4sHI")
@@ -142,18 +148,20 @@ class IncrementalStateHandle(msgspec.Struct, kw_only=True):
     def files(self) -> list[tuple[str, int, int, str]]:
         """``(path, size, crc32c, kind)`` of every file the snapshot needs: the manifest
         (``"rocksdb-manifest"``) and each SST (``"rocksdb-sst"``), for checkpoint metadata."""
-        return [(self.path, self.size, self.crc32c, "rocksdb-manifest")] + [
-            (f.path, f.size, f.crc32c, "rocksdb-sst") for f in self.shared
+        return [(self.path, self.size, self.crc32c, MANIFEST_KIND)] + [
+            (f.path, f.size, f.crc32c, SST_KIND) for f in self.shared
         ]
 
 
 class UploadTracker:
     """Which uploaded SST files a RocksDB backend's next incremental checkpoint may reference.
 
-    ``write_incremental`` offers each checkpoint's shared files (:meth:`offer`); they become
-    reusable only once the runtime confirms that checkpoint (:meth:`complete`): files of a
-    checkpoint that never completed may be deleted as orphans. An aborted checkpoint's offer is
-    dropped (:meth:`abort`); a move to another storage forgets everything (:meth:`forget`).
+    ``write_incremental`` offers each checkpoint's shared files with the location (the file
+    store's) they were uploaded to (:meth:`offer`); they become reusable only once the runtime
+    confirms that checkpoint (:meth:`complete`): files of a checkpoint that never completed may
+    be deleted as orphans. An aborted checkpoint's offer is dropped (:meth:`abort`). Files are
+    reused only by a checkpoint to the same location (:meth:`reusable`): checkpoints moved to
+    another storage upload everything again.
     """
 
     #: uploads of unconfirmed checkpoints kept for a later confirmation
@@ -162,21 +170,34 @@ class UploadTracker:
     def __init__(self) -> None:
         #: local SST name -> shared file of the last *confirmed* checkpoint
         self.confirmed: dict[str, SharedFile] = {}
-        self._pending: dict[int, dict[str, SharedFile]] = {}
+        #: where the confirmed files are (None: nowhere a checkpoint may reference them)
+        self.location: str | None = None
+        self._pending: dict[int, tuple[str | None, dict[str, SharedFile]]] = {}
         self._last_confirmed = -1
 
-    def offer(self, checkpoint_id: int, shared: Iterable[SharedFile]) -> None:
-        """The shared files checkpoint ``checkpoint_id`` uploaded or referenced."""
+    def reusable(self, location: str | None) -> dict[str, SharedFile]:
+        """The confirmed files a checkpoint to ``location`` may reference."""
+        if location is None or location != self.location:
+            return {}
+        return dict(self.confirmed)
+
+    def offer(self, checkpoint_id: int, shared: Iterable[SharedFile], location: str | None) -> None:
+        """The shared files checkpoint ``checkpoint_id`` uploaded or referenced in
+        ``location``."""
         pending = self._pending
-        pending[checkpoint_id] = {f.name: f for f in shared}
+        pending[checkpoint_id] = (location, {f.name: f for f in shared})
         for old in [c for c in pending if c < checkpoint_id - self.MAX_PENDING]:
             del pending[old]  # never confirmed (a runtime that does not notify)
 
     def complete(self, checkpoint_id: int) -> None:
-        uploads = self._pending.pop(checkpoint_id, None)
-        if uploads is not None and checkpoint_id > self._last_confirmed:
-            self.confirmed = uploads
-            self._last_confirmed = checkpoint_id
+        offered = self._pending.pop(checkpoint_id, None)
+        if offered is not None:
+            location, uploads = offered
+            # checkpoint ids start over in another location
+            if checkpoint_id > self._last_confirmed or location != self.location:
+                self.confirmed = uploads
+                self.location = location
+                self._last_confirmed = checkpoint_id
         for cid in [c for c in self._pending if c < checkpoint_id]:
             del self._pending[cid]
 
@@ -185,10 +206,13 @@ class UploadTracker:
 
     def forget(self) -> None:
         self.confirmed = {}
+        self.location = None
         self._pending.clear()
         self._last_confirmed = -1
 
-    def restored(self, shared: Iterable[SharedFile]) -> None:
-        """The files of the snapshot just restored natively are reusable (they are in the
-        storage the next checkpoint goes to unless :meth:`forget` follows)."""
+    def restored(self, shared: Iterable[SharedFile], location: str | None) -> None:
+        """The files of the snapshot just restored natively, in ``location`` (None: a location
+        no checkpoint may reference them from, ``RestoreMode.NO_CLAIM``)."""
+        self.forget()
         self.confirmed = {f.name: f for f in shared}
+        self.location = location

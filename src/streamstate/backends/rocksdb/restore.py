@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from abc import abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -50,6 +51,7 @@ from streamstate.serializers.base import TypeSerializer
 
 __all__ = [
     "NativeRestoreFile",
+    "NativeSnapshotFile",
     "download_snapshot",
     "load_manifest",
     "migrate_column_family",
@@ -57,7 +59,22 @@ __all__ = [
 ]
 
 
-class NativeRestoreFile(KeyedStateRestore):
+class NativeSnapshotFile(KeyedStateRestore):
+    """A restore file that is a native RocksDB snapshot: a RocksDB backend restores natively
+    when every file is one (from :attr:`store` and :attr:`incremental_handle`)."""
+
+    @property
+    @abstractmethod
+    def store(self) -> SnapshotFileStore:
+        """The file store the handle's paths are relative to."""
+
+    @property
+    @abstractmethod
+    def incremental_handle(self) -> IncrementalStateHandle | str:
+        """The manifest's handle (size and CRC32C are checked on load), or its path."""
+
+
+class NativeRestoreFile(NativeSnapshotFile):
     """One old subtask's native snapshot (a manifest handle or path in ``store``) as a restore
     file: ``RestoreInput([NativeRestoreFile(store, h) for h in handles])``. Native only (it has
     no canonical view): a RocksDB backend restores it natively, any other backend refuses it."""
@@ -85,9 +102,6 @@ class NativeRestoreFile(KeyedStateRestore):
             f"{self.path} is a native RocksDB snapshot without a canonical view; only a RocksDB "
             "backend restores it (from checkpoint storage, every backend reads it)"
         )
-
-    def native_snapshot(self) -> NativeRestoreFile:
-        return self
 
 
 def load_manifest(
@@ -170,8 +184,11 @@ def restore_incremental(
     backend: RocksDBParts,
     store: SnapshotFileStore,
     handles: Sequence[IncrementalStateHandle | str],
+    *,
+    claim: bool = False,
 ) -> dict[str, int]:
-    """Restore ``backend`` (fresh) from the incremental snapshots of every old subtask.
+    """Restore ``backend`` (fresh) from the incremental snapshots of every old subtask. With
+    ``claim`` its next checkpoint to the same store references the base snapshot's files.
 
     Returns counters: ``{"base_files", "copied_entries", "deleted_ranges"}``.
     """
@@ -222,7 +239,7 @@ def restore_incremental(
             timers.add_native(block.meta, block.entries)
     timers.install()
     # the base's files are now files of this database: the next checkpoint references them
-    backend.uploads.restored(base.shared)
+    backend.uploads.restored(base.shared, store.location if claim else None)
     return stats
 
 

@@ -103,6 +103,7 @@ def take_snapshot(backend: RocksDBParts, checkpoint_id: int) -> RocksDBKeyedStat
         states=states,
         timer_sources=timer_sources,
         previous_uploads=dict(backend.uploads.confirmed),
+        previous_location=backend.uploads.location,
         uploads=backend.uploads,
     )
 
@@ -277,6 +278,7 @@ class RocksDBKeyedStateSnapshot(KeyedStateSnapshot):
         states: list[_SnapshotState],
         timer_sources: list[SnapshotSource],
         previous_uploads: dict[str, SharedFile] | None = None,
+        previous_location: str | None = None,
         uploads: UploadTracker | None = None,
     ) -> None:
         self.key_serializer = key_serializer
@@ -288,6 +290,8 @@ class RocksDBKeyedStateSnapshot(KeyedStateSnapshot):
         self.config = config
         #: local SST name -> SharedFile of the last confirmed checkpoint, at snapshot time
         self.previous_uploads: dict[str, SharedFile] = previous_uploads or {}
+        #: where the previous uploads are: a write to another location references none of them
+        self.previous_location = previous_location
         #: where write_incremental offers its uploads (the backend's, for a later confirmation)
         self._uploads = uploads if uploads is not None else UploadTracker()
         self._states = states
@@ -415,10 +419,12 @@ class RocksDBKeyedStateSnapshot(KeyedStateSnapshot):
             shared: list[SharedFile] = []
             private: list[PrivateFile] = []
             uploaded = reused = 0
+            location = store.location
+            previous_uploads = self.previous_uploads if location == self.previous_location else {}
             for name in sorted(os.listdir(self.directory)):
                 local = os.path.join(self.directory, name)
                 if name.endswith(".sst"):
-                    previous = self.previous_uploads.get(name)
+                    previous = previous_uploads.get(name)
                     if previous is not None and previous.size == os.path.getsize(local):
                         shared.append(previous)
                         reused += previous.size
@@ -446,7 +452,7 @@ class RocksDBKeyedStateSnapshot(KeyedStateSnapshot):
             data = manifest.encode()
             store.put_bytes(data, path)
             uploaded += len(data)
-            self._uploads.offer(self.checkpoint_id, shared)
+            self._uploads.offer(self.checkpoint_id, shared, location)
             return IncrementalStateHandle(
                 path=path,
                 size=len(data),

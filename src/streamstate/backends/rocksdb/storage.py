@@ -41,6 +41,11 @@ def crc32c_of_file(path: str) -> tuple[int, int]:
 class SnapshotFileStore(Protocol):
     """Atomic file operations on checkpoint storage (paths relative to the job directory)."""
 
+    @property
+    def location(self) -> str:
+        """Where the files are (a URL): uploads are reused only within one location."""
+        ...
+
     def put_file(self, local_path: str, path: str) -> None:
         """Upload a local file; ``path`` appears complete or not at all."""
 
@@ -72,6 +77,10 @@ class CheckpointStorageFileStore:
 
     def _path(self, path: str) -> str:
         return f"{self.prefix}/{path}" if self.prefix else path
+
+    @property
+    def location(self) -> str:
+        return str(self.storage.url_of(self.prefix))
 
     def put_file(self, local_path: str, path: str) -> None:
         with open(local_path, "rb") as src, self.storage.open_write(self._path(path)) as dst:

@@ -1,4 +1,7 @@
-"""Windows: :class:`TimeWindow` ``[start, end)`` and :class:`GlobalWindow` (SPEC §9).
+"""The namespaces of window state: :class:`TimeWindow` ``[start, end)`` and
+:class:`GlobalWindow` (SPEC §9), with their serializers (here, below the windows package, so
+that a restore rebuilds them from a checkpoint without importing the windows; the public names
+are ``streamstate.windows.TimeWindow`` and ``GlobalWindow``).
 
 Every window has ``max_timestamp()``, the last millisecond that belongs to it. A window is the
 namespace of its state: the window operator sets it on the window's states and
