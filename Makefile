@@ -30,16 +30,18 @@ test: $(STAMP)
 	@$(PY) -m pytest -q --durations=20; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
 
-# the fast tier: no Spark, no other process, nothing slow (<= 90 s on a 2-core machine)
+# the fast tier: no Spark, no other process, nothing slow, on two pytest workers (goal: <= 90 s
+# on a quiet 2-core machine)
 CHECK_MARKERS := not spark and not cluster and not subprocess and not slow
 check: $(STAMP)
-	@$(PY) -m pytest -q -m "$(CHECK_MARKERS)" --durations=10; rc=$$?; \
+	@$(PY) -m pytest -q -n 2 -m "$(CHECK_MARKERS)" --durations=10; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests bench
-	$(VENV)/bin/ruff format --check src tests bench
+	$(VENV)/bin/ruff check src tests bench tools
+	$(VENV)/bin/ruff format --check src tests bench tools
 	$(VENV)/bin/mypy src
+	$(PY) tools/check_imports.py
 
 bench: $(STAMP)
 	$(PY) bench/state_access.py

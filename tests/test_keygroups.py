@@ -132,6 +132,8 @@ def test_ranges_partition_exhaustively_up_to_128() -> None:
             assert owner == expected, (max_p, p)
 
 
+# exhaustive (about half a million pairs): make test runs it; make check samples the pairs below
+@pytest.mark.slow
 def test_ranges_partition_vectorized_for_every_pair_up_to_1024() -> None:
     """All 1 <= p <= max_p <= 1024: the range formula partitions [0, max_p) and agrees with
     compute_operator_index_for_key_group; the vectorized formula is checked against the

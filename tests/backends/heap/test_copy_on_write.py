@@ -867,6 +867,8 @@ class CopyOnWriteMachine(RuleBasedStateMachine):
         assert self.map.highest_required_snapshot_version == 0
 
 
+# about a minute of CPU per entry type (the growth it must reach): make test runs it, make check not
+@pytest.mark.slow
 def test_model_based() -> None:
     GROWTH.update(max_capacity=0, rehashes_seen=0, snapshots_mid_rehash=0)
     run_state_machine_as_test(

@@ -1,0 +1,81 @@
+"""The import rules of docs/architecture.md (``tools/check_imports.py``, run by ``make lint``):
+the source tree obeys them, and the checker finds what breaks them."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _checker() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("check_imports", ROOT / "tools/check_imports.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["check_imports"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def checker() -> ModuleType:
+    return _checker()
+
+
+def test_the_source_tree_obeys_the_rules(
+    checker: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert checker.main() == 0, capsys.readouterr().out
+
+
+def test_a_cycle_is_found_and_an_acyclic_graph_passes(checker: ModuleType) -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert checker.cycles(graph) == [["a", "b", "c"]]
+    assert checker.cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_layers_are_found_by_the_longest_prefix(checker: ModuleType) -> None:
+    demo_main = checker.layer_of("streamstate.demo.__main__")
+    assert (
+        demo_main[0]
+        > checker.layer_of("streamstate.cli")[0]
+        > checker.layer_of("streamstate.demo")[0]
+    )
+    assert (
+        checker.layer_of("streamstate.format.codec")[0]
+        < checker.layer_of("streamstate.backends.base")[0]
+    )
+    assert (
+        checker.layer_of("streamstate.backends.base")[0]
+        < checker.layer_of("streamstate.checkpoint.writer")[0]
+    )
+
+
+def test_an_upward_private_or_lazy_import_is_reported(
+    checker: ModuleType,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    package = tmp_path / "streamstate"
+    (package / "format").mkdir(parents=True)
+    (package / "runtime").mkdir()
+    for init in (package, package / "format", package / "runtime"):
+        (init / "__init__.py").write_text("")
+    (package / "runtime" / "local.py").write_text("def _hidden():\n    return 1\n")
+    (package / "format" / "codec.py").write_text(
+        "def f():\n"
+        "    from streamstate.runtime.local import _hidden  # lazy, upward and private\n"
+        "    return _hidden\n"
+    )
+    monkeypatch.setattr(checker, "ROOT", tmp_path)
+    assert checker.main() == 1
+    out = capsys.readouterr().out
+    assert re.search(r"codec\.py:2: upward import: streamstate\.format\.codec imports", out)
+    assert "private name: streamstate.format.codec imports streamstate.runtime.local._hidden" in out
