@@ -1,6 +1,6 @@
 """Restoring the RocksDB backend from the checkpoint storage's keyed snapshot files (SPEC §6.2).
 
-The checkpoint package hands every backend the same thing: one
+A restore hands every backend the same thing: one
 ``streamstate.format.restore.KeyedStateRestore`` per file, in the order to apply them (for each
 old subtask: its full snapshot, then its deltas), each yielding verified, still-encoded blocks of
 the backend's key groups. This module turns those blocks into RocksDB entries:
@@ -14,7 +14,7 @@ the backend's key groups. This module turns those blocks into RocksDB entries:
   snapshot of the backend is refused with a clear error;
 * timers go into the backend's timer queues (``backends/timer_queues.py``).
 
-The checkpoint package is imported lazily: this module is only used through it.
+The entries are decoded with the canonical format's codec (``streamstate.format``).
 """
 
 from __future__ import annotations

@@ -1,0 +1,10 @@
+"""Helpers shared by several test modules, imported as ``support.<module>`` (``tests/`` is on
+the path, as the directory of the root ``conftest.py``):
+
+* ``checkpoint``: a function using every state kind, records for it, content dumps, SIGKILL;
+* ``rocksdb``: RocksDB backend fixtures, file stores, native restores;
+* ``memory_restore``: a keyed snapshot file held in memory as a restore file;
+* ``window_oracle``: brute-force window oracles;
+* ``s3_server``: the moto S3 server of the ``s3_*`` fixtures;
+* ``state_host``: a stand-in for the Spark driver and one task, to drive a state host.
+"""
