@@ -43,6 +43,7 @@ from streamstate import (
     ListStateDescriptor,
     ValueStateDescriptor,
 )
+from streamstate.backends.heap.snapshot_strategy import HeapSnapshotStrategy
 from streamstate.checkpoint.coordinator import CheckpointCoordinator
 from streamstate.checkpoint.restore import restore_subtask
 from streamstate.checkpoint.storage import FileSystemCheckpointStorage
@@ -210,7 +211,9 @@ def bench_incremental(n: int, repeat: int, root: str) -> dict[str, Any]:
     deltas: list[dict[str, float]] = []
     for _ in range(repeat):
         cid += 1
-        cp_._chain = None  # force a new base: a full checkpoint of the same state
+        strategy = cp_.strategy
+        assert isinstance(strategy, HeapSnapshotStrategy)
+        strategy.start_new_chain()  # force a new base: a full checkpoint of the same state
         fulls.append(_checkpoint(storage, [cp_], cid))
         touched = rng.choice(n, size=max(1, n // 100), replace=False).astype(np.int64)
         tkgs = assign_key_groups(touched, MAX_P).tolist()

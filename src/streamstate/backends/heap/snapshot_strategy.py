@@ -176,6 +176,10 @@ class HeapSnapshotStrategy(SnapshotStrategy):
         full = FullSnapshotStrategy(self.backend.snapshot, SnapshotOptions(self.compression))
         return full.savepoint(checkpoint_id, streams)
 
+    def start_new_chain(self) -> None:
+        """The next checkpoint writes a full snapshot (a new chain), whatever the policy says."""
+        self.broken = True
+
     def resume(self, files: list[StateFileHandle]) -> bool:
         if not files or files[0].kind != FULL_FILE:
             return False
