@@ -354,7 +354,7 @@ class _ContinuousTrigger(Trigger):
 
 class ContinuousEventTimeTrigger(_ContinuousTrigger):
     """Fires every ``interval`` ms of event time while the window is open, and when the
-    watermark passes the window's end (as Flink 1.13.6+).
+    watermark passes the window's end (as Flink 2.3).
 
     The first fire time is ``timestamp - timestamp % interval + interval`` (Java's remainder)
     for the window's first element, then every ``interval``, capped at the window's
@@ -398,14 +398,15 @@ class ContinuousEventTimeTrigger(_ContinuousTrigger):
 
 
 class ContinuousProcessingTimeTrigger(_ContinuousTrigger):
-    """Fires every ``interval`` ms of processing time (as Flink 1.13.6+): the first fire time is
+    """Fires every ``interval`` ms of processing time (as Flink 2.3): the first fire time is
     aligned on the processing time of the window's first element
     (``now - now % interval + interval``), later ones follow every ``interval``, capped at the
     window's ``max_timestamp``; the pending fire time is the reducing state ``fire-time`` (min).
 
-    One deviation: once the window fired at its ``max_timestamp``, no further timer is
-    registered at that same time (Flink would register it again while firing it, which fires
-    again at once, forever, for an event-time window that the watermark has not closed)."""
+    A processing-time timer at the window's ``max_timestamp`` fires the window and leaves the
+    fire time as it is, so no timer follows it. An event-time window that processing time has
+    already passed therefore fires once, at its first element's timer, and not for the elements
+    after it (they find a fire time set); the watermark then cleans it up."""
 
     def _register_timer(self, ctx: TriggerContext, time: int) -> None:
         ctx.register_processing_time_timer(time)
@@ -426,11 +427,12 @@ class ContinuousProcessingTimeTrigger(_ContinuousTrigger):
         return TriggerResult.CONTINUE
 
     def on_processing_time(self, time: int, window: Any, ctx: TriggerContext) -> TriggerResult:
+        if time == window.max_timestamp():
+            return TriggerResult.FIRE
         state = ctx.get_partitioned_state(self.state_descriptor)
         if state.get() == time:
             state.clear()
-            if time < window.max_timestamp():
-                self._register_next(time, window, ctx, state)
+            self._register_next(time, window, ctx, state)
             return TriggerResult.FIRE
         return TriggerResult.CONTINUE
 
