@@ -10,9 +10,13 @@ from streamstate.backends.base import Clock
 from streamstate.windows import (
     ContinuousProcessingTimeTrigger,
     CountTrigger,
+    EventTimeSessionWindows,
     Evictor,
     GlobalWindows,
+    NeverTrigger,
     ProcessWindowFunction,
+    SlidingEventTimeWindows,
+    SlidingProcessingTimeWindows,
     TimestampedValue,
     TumblingEventTimeWindows,
     window,
@@ -177,3 +181,19 @@ class _Sum(AggregateFunction):
 
     def merge(self, a, b):
         return a + b
+
+
+# ---- other points where Flink 2.3 decides -------------------------------------------------------
+
+
+def test_never_trigger_does_not_merge_as_flinks():
+    assert not NeverTrigger().can_merge()
+    with pytest.raises(ValueError, match="merges windows"):
+        window(EventTimeSessionWindows.with_gap(5)).trigger(NeverTrigger()).reduce(lambda a, b: a)
+
+
+def test_sliding_event_time_windows_refuse_more_than_ten_million_windows_per_element():
+    SlidingEventTimeWindows.of(10_000_000, 1)  # exactly the limit
+    with pytest.raises(ValueError, match="size / slide <= 10000000"):
+        SlidingEventTimeWindows.of(10_000_001 * 3, 3)
+    SlidingProcessingTimeWindows.of(10_000_001 * 3, 3)  # Flink checks event time only

@@ -214,6 +214,11 @@ class TumblingProcessingTimeWindows(TumblingEventTimeWindows):
         return False
 
 
+#: the most windows one element may be in, ``size // slide``, for sliding event-time windows
+#: (Flink 2.3 refuses more; its processing-time windows do not check)
+MAX_SLIDING_WINDOWS_PER_ELEMENT = 10_000_000
+
+
 class SlidingEventTimeWindows(WindowAssigner):
     """Windows of ``size`` starting every ``slide``; an element is in ``ceil(size / slide)``."""
 
@@ -222,6 +227,11 @@ class SlidingEventTimeWindows(WindowAssigner):
             raise ValueError(
                 f"{type(self).__name__} needs 0 < size, 0 < slide and |offset| < slide, got "
                 f"size={size}, slide={slide}, offset={offset}"
+            )
+        if self.is_event_time() and size // slide > MAX_SLIDING_WINDOWS_PER_ELEMENT:
+            raise ValueError(
+                f"{type(self).__name__} needs size / slide <= {MAX_SLIDING_WINDOWS_PER_ELEMENT} "
+                f"(windows per element), got size={size}, slide={slide}"
             )
         self.size = size
         self.slide = slide

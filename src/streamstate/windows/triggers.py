@@ -265,7 +265,8 @@ class PurgingTrigger(Trigger):
 
 
 class NeverTrigger(Trigger):
-    """Never fires (the default of ``GlobalWindows``)."""
+    """Never fires (the default of ``GlobalWindows.create()``); as Flink's, it does not support
+    merging windows."""
 
     def on_element(
         self, element: Any, timestamp: int | None, window: Any, ctx: TriggerContext
@@ -277,12 +278,6 @@ class NeverTrigger(Trigger):
 
     def on_event_time(self, time: int, window: Any, ctx: TriggerContext) -> TriggerResult:
         return TriggerResult.CONTINUE
-
-    def can_merge(self) -> bool:
-        return True
-
-    def on_merge(self, window: Any, ctx: OnMergeContext) -> None:
-        return None
 
     def clear(self, window: Any, ctx: TriggerContext) -> None:
         return None
