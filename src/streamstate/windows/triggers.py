@@ -25,6 +25,7 @@ __all__ = [
     "ContinuousProcessingTimeTrigger",
     "CountTrigger",
     "DeltaTrigger",
+    "EndOfStreamTrigger",
     "EventTimeTrigger",
     "NeverTrigger",
     "OnMergeContext",
@@ -281,6 +282,32 @@ class NeverTrigger(Trigger):
 
     def clear(self, window: Any, ctx: TriggerContext) -> None:
         return None
+
+
+class EndOfStreamTrigger(Trigger):
+    """Fires once, when the input ends (the default of
+    ``GlobalWindows.create_with_end_of_stream_trigger()``, Flink's
+    ``GlobalWindows.EndOfStreamTrigger``).
+
+    Every element registers an event-time timer at the window's ``max_timestamp`` (the end of
+    time for a ``GlobalWindow``), which only the final watermark of a bounded input reaches: the
+    end of ``LocalRunner.run`` and of a Spark batch-mode job. A streaming query that never ends
+    never fires it. It keeps no state; it does not support merging windows."""
+
+    def on_element(
+        self, element: Any, timestamp: int | None, window: Any, ctx: TriggerContext
+    ) -> TriggerResult:
+        ctx.register_event_time_timer(window.max_timestamp())
+        return TriggerResult.CONTINUE
+
+    def on_processing_time(self, time: int, window: Any, ctx: TriggerContext) -> TriggerResult:
+        return TriggerResult.CONTINUE
+
+    def on_event_time(self, time: int, window: Any, ctx: TriggerContext) -> TriggerResult:
+        return TriggerResult.FIRE if time == window.max_timestamp() else TriggerResult.CONTINUE
+
+    def clear(self, window: Any, ctx: TriggerContext) -> None:
+        return None  # as Flink's: its one timer is at the end of input
 
 
 def _min(a: int, b: int) -> int:
