@@ -1,5 +1,5 @@
-"""Evicting windows and continuous triggers in Spark batch mode, against the brute-force window
-oracle and the LocalRunner, on the heap and RocksDB backends."""
+"""Evicting windows, continuous and end-of-stream triggers in Spark batch mode, against the
+brute-force window oracle and the LocalRunner, on the heap and RocksDB backends."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from streamstate import LocalRunner
 from streamstate.spark import keyed_process
 from streamstate.windows import (
     ContinuousEventTimeTrigger,
+    GlobalWindows,
     ProcessWindowFunction,
     SlidingEventTimeWindows,
     TimeEvictor,
@@ -99,3 +100,24 @@ def test_continuous_trigger_in_batch_mode_matches_the_oracle(spark: Any) -> None
     got = _spark_rows(spark, fn, events, "rocksdb")
     assert got == _expected(oracle.fired)
     assert max(got.values()) > 1  # each window fired at 30, 60, 90 and its end: 4 times
+
+
+class KeyTotals(ProcessWindowFunction):
+    def process(self, key, context, elements):
+        items = list(elements)
+        yield (key, len(items), sum(e[2] for e in items))
+
+
+def test_end_of_stream_trigger_fires_when_the_batch_input_ends(spark: Any) -> None:
+    """Without event time: the end of a batch-mode job's input is the final watermark."""
+    events = _events(200, 5)
+    fn = window(GlobalWindows.create_with_end_of_stream_trigger()).process(KeyTotals(), ELEMENT)
+    df = spark.createDataFrame(events, "k string, ts long, v long")
+    out = keyed_process(
+        df, key="k", function=fn, output_schema="k string, n long, total long", parallelism=2
+    )
+    expected = Counter()
+    for k in {e[0] for e in events}:
+        mine = [e for e in events if e[0] == k]
+        expected[(k, len(mine), sum(e[2] for e in mine))] += 1
+    assert Counter(tuple(r) for r in out.collect()) == expected

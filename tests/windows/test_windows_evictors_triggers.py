@@ -400,8 +400,8 @@ def test_continuous_processing_time_trigger(backend):
 
 
 def test_continuous_processing_time_trigger_on_an_event_time_window_fires_once_at_the_end():
-    """At the window's max timestamp the fire time is not registered again (Flink would fire
-    that same timer again and again until the watermark closes the window)."""
+    """The timer at the window's max timestamp fires without registering another (Flink 2.3),
+    although the watermark has not closed the window."""
     clock = FakeClock(0)
     fn = (
         window(TumblingEventTimeWindows.of(10))

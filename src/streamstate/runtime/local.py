@@ -254,7 +254,8 @@ class LocalRunner:
                 self._process_into(record, out)
         elif self.subtasks:
             self._run_fast(it, out)
-        if final_watermark and self.subtasks and self.timestamp_assigner is not None:
+        if final_watermark and self.subtasks:
+            # also without timestamps: Flink's bounded sources end with the final watermark
             out.extend(self.advance_watermark(MAX_WATERMARK))
         return out
 

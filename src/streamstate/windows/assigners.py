@@ -18,7 +18,7 @@ import random
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from datetime import timedelta
-from typing import Any
+from typing import Any, Self
 
 from streamstate.serializers.base import TypeSerializer
 from streamstate.serializers.window_namespaces import (
@@ -29,6 +29,7 @@ from streamstate.serializers.window_namespaces import (
     merge_time_windows,
 )
 from streamstate.windows.triggers import (
+    EndOfStreamTrigger,
     EventTimeTrigger,
     NeverTrigger,
     ProcessingTimeTrigger,
@@ -89,7 +90,7 @@ class WindowAssigner(ABC):
         """Whether windows are in event time (watermarks) or processing time."""
 
     def __repr__(self) -> str:
-        params = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
+        params = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if k[0] != "_")
         return f"{type(self).__name__}({params})"
 
 
@@ -115,44 +116,11 @@ def _event_timestamp(timestamp: int | None, who: str) -> int:
     return timestamp
 
 
-class TumblingEventTimeWindows(WindowAssigner):
-    """Fixed-size, non-overlapping event-time windows ``[k*size + offset, (k+1)*size + offset)``."""
-
-    def __init__(self, size: int, offset: int = 0) -> None:
-        if size <= 0 or abs(offset) >= size:
-            raise ValueError(
-                f"{type(self).__name__} needs 0 < size and |offset| < size, got size={size}, "
-                f"offset={offset}"
-            )
-        self.size = size
-        self.offset = offset
-
-    @classmethod
-    def of(cls, size: int | timedelta, offset: int | timedelta = 0) -> TumblingEventTimeWindows:
-        return cls(_millis(size, "size"), _millis(offset, "offset"))
-
-    def _timestamp(self, timestamp: int | None, context: Any) -> int:
-        return _event_timestamp(timestamp, type(self).__name__)
-
-    def assign_windows(self, element: Any, timestamp: Any, context: Any) -> list[TimeWindow]:
-        ts = self._timestamp(timestamp, context)
-        start = TimeWindow.get_window_start_with_offset(ts, self.offset % self.size, self.size)
-        return [TimeWindow(start, start + self.size)]
-
-    def get_default_trigger(self, *_: Any) -> Trigger:
-        return EventTimeTrigger.create()
-
-    def get_window_serializer(self) -> TypeSerializer[Any]:
-        return TimeWindowSerializer()
-
-    def is_event_time(self) -> bool:
-        return True
-
-
 class WindowStagger(enum.Enum):
-    """How the panes of processing-time tumbling windows are staggered across subtasks (Flink's
-    ``WindowStagger``); the offset is chosen once per subtask, at its first element, and added
-    to the assigner's offset. It is not checkpointed: a restored subtask chooses again."""
+    """How the panes of tumbling windows are staggered across subtasks (Flink's
+    ``WindowStagger``); the offset is chosen once per subtask, at its first element, from the
+    processing time, and added to the assigner's offset. It is not checkpointed: a restored
+    subtask chooses again."""
 
     #: no stagger: every subtask's windows start together
     ALIGNED = "aligned"
@@ -171,47 +139,91 @@ class WindowStagger(enum.Enum):
         return 0
 
 
-class TumblingProcessingTimeWindows(TumblingEventTimeWindows):
-    """Fixed-size, non-overlapping processing-time windows, optionally staggered per subtask
-    (``window_stagger``)."""
+class TumblingEventTimeWindows(WindowAssigner):
+    """Fixed-size, non-overlapping event-time windows ``[k*size + offset, (k+1)*size + offset)``,
+    optionally staggered per subtask (``window_stagger``, as Flink 2.3).
+
+    The stagger offset is chosen from the *processing time* of the subtask's first element and
+    added to ``offset``; windows stay in event time. It lives in this copy of the assigner (each
+    subtask has its own), is not checkpointed, and is chosen again after a restore, a rescale or
+    a restart of the subtask: new elements then go to windows aligned differently from the
+    restored ones, which still fire at their own ends."""
 
     def __init__(
         self, size: int, offset: int = 0, window_stagger: WindowStagger = WindowStagger.ALIGNED
     ) -> None:
-        super().__init__(size, offset)
+        if size <= 0 or abs(offset) >= size:
+            raise ValueError(
+                f"{type(self).__name__} needs 0 < size and |offset| < size, got size={size}, "
+                f"offset={offset}"
+            )
         if not isinstance(window_stagger, WindowStagger):
             raise TypeError(f"expected a WindowStagger, got {window_stagger!r}")
+        self.size = size
+        self.offset = offset
         self.window_stagger = window_stagger
         #: chosen at the first element this copy of the assigner (one subtask's) sees
         self.stagger_offset: int | None = None
+        self._window_offset: int | None = None
 
     @classmethod
-    def of(  # type: ignore[override]
+    def of(
         cls,
         size: int | timedelta,
         offset: int | timedelta = 0,
         window_stagger: WindowStagger = WindowStagger.ALIGNED,
-    ) -> TumblingProcessingTimeWindows:
+    ) -> Self:
         return cls(_millis(size, "size"), _millis(offset, "offset"), window_stagger)
 
     def _timestamp(self, timestamp: int | None, context: Any) -> int:
-        return int(context.get_current_processing_time())
+        return _event_timestamp(timestamp, type(self).__name__)
+
+    def _choose_stagger(self, context: Any) -> int:
+        """The aligned offset ``(offset + stagger) % size``, choosing the stagger (once)."""
+        if self.window_stagger is WindowStagger.ALIGNED:
+            stagger = 0  # needs no clock (nor a context)
+        else:
+            now = int(context.get_current_processing_time())
+            stagger = self.window_stagger.get_stagger_offset(now, self.size)
+        self.stagger_offset = stagger
+        self._window_offset = (self.offset + stagger) % self.size
+        return self._window_offset
 
     def assign_windows(self, element: Any, timestamp: Any, context: Any) -> list[TimeWindow]:
-        now = self._timestamp(timestamp, context)
-        stagger = self.stagger_offset
-        if stagger is None:
-            stagger = self.stagger_offset = self.window_stagger.get_stagger_offset(now, self.size)
-        start = TimeWindow.get_window_start_with_offset(
-            now, (self.offset + stagger) % self.size, self.size
-        )
+        ts = self._timestamp(timestamp, context)
+        offset = self._window_offset
+        if offset is None:
+            offset = self._choose_stagger(context)
+        start = TimeWindow.get_window_start_with_offset(ts, offset, self.size)
         return [TimeWindow(start, start + self.size)]
+
+    def get_default_trigger(self, *_: Any) -> Trigger:
+        return EventTimeTrigger.create()
+
+    def get_window_serializer(self) -> TypeSerializer[Any]:
+        return TimeWindowSerializer()
+
+    def is_event_time(self) -> bool:
+        return True
+
+
+class TumblingProcessingTimeWindows(TumblingEventTimeWindows):
+    """Fixed-size, non-overlapping processing-time windows, optionally staggered per subtask
+    (``window_stagger``)."""
+
+    def _timestamp(self, timestamp: int | None, context: Any) -> int:
+        return int(context.get_current_processing_time())
 
     def get_default_trigger(self, *_: Any) -> Trigger:
         return ProcessingTimeTrigger.create()
 
     def is_event_time(self) -> bool:
         return False
+
+
+#: the most windows one element may be in, ``size // slide``, for sliding event-time windows
+#: (Flink 2.3 refuses more; its processing-time windows do not check)
+MAX_SLIDING_WINDOWS_PER_ELEMENT = 10_000_000
 
 
 class SlidingEventTimeWindows(WindowAssigner):
@@ -222,6 +234,11 @@ class SlidingEventTimeWindows(WindowAssigner):
             raise ValueError(
                 f"{type(self).__name__} needs 0 < size, 0 < slide and |offset| < slide, got "
                 f"size={size}, slide={slide}, offset={offset}"
+            )
+        if self.is_event_time() and size // slide > MAX_SLIDING_WINDOWS_PER_ELEMENT:
+            raise ValueError(
+                f"{type(self).__name__} needs size / slide <= {MAX_SLIDING_WINDOWS_PER_ELEMENT} "
+                f"(windows per element), got size={size}, slide={slide}"
             )
         self.size = size
         self.slide = slide
@@ -359,18 +376,31 @@ class DynamicProcessingTimeSessionWindows(ProcessingTimeSessionWindows):
 
 
 class GlobalWindows(WindowAssigner):
-    """Every element of a key in one :class:`GlobalWindow`; the default trigger never fires,
-    so give a trigger (``CountTrigger.of(n)``, usually wrapped in ``PurgingTrigger``)."""
+    """Every element of a key in one :class:`GlobalWindow`.
+
+    ``create()``'s default trigger never fires, so give a trigger (``CountTrigger.of(n)``,
+    usually wrapped in ``PurgingTrigger``); ``create_with_end_of_stream_trigger()``'s fires once,
+    when a bounded input ends (:class:`EndOfStreamTrigger`)."""
+
+    def __init__(self, end_of_stream: bool = False) -> None:
+        #: whether the default trigger is the :class:`EndOfStreamTrigger`
+        self.end_of_stream = end_of_stream
 
     @classmethod
     def create(cls) -> GlobalWindows:
         return cls()
 
+    @classmethod
+    def create_with_end_of_stream_trigger(cls) -> GlobalWindows:
+        """Global windows that fire when the input ends: at the end of ``LocalRunner.run`` and
+        of a Spark batch-mode job; never in a streaming query, whose input does not end."""
+        return cls(end_of_stream=True)
+
     def assign_windows(self, element: Any, timestamp: Any, context: Any) -> list[GlobalWindow]:
         return [GlobalWindow()]
 
     def get_default_trigger(self, *_: Any) -> Trigger:
-        return NeverTrigger()
+        return EndOfStreamTrigger() if self.end_of_stream else NeverTrigger()
 
     def get_window_serializer(self) -> TypeSerializer[Any]:
         return GlobalWindowSerializer()

@@ -8,7 +8,8 @@ the list of its elements whatever its function: the ``window-contents`` state is
 1. the list is read and ``evictor.evict_before(elements, size, window, ctx)`` removes elements;
 2. the window function runs over what is left (a reduce folds it, ``None`` when nothing is
    left; an aggregate adds it to a new accumulator);
-3. ``evictor.evict_after`` runs, and the remaining elements are written back to the state.
+3. ``evictor.evict_after`` runs, and the list as the evictors left it (elements removed,
+   replaced or reordered) is written back to the state, on every firing.
 
 Everything else (assigners, triggers, lateness, cleanup, session merges, which merge the lists)
 is the :class:`WindowOperator`'s.
@@ -109,7 +110,6 @@ class EvictingWindowOperator(WindowOperator):
         if not stored:
             return  # an empty window does not fire (Flink: its list state is null)
         elements = [TimestampedValue(v, ts) for ts, v in stored]
-        before = len(elements)
         evictor, ctx = self.evictor, self._evictor_ctx
         evictor.evict_before(elements, len(elements), window, ctx)
         values = [e.value for e in elements]
@@ -131,8 +131,9 @@ class EvictingWindowOperator(WindowOperator):
         result = self.window_function.process(key, window, self._fn_ctx, contents)
         self.emit_results(result)
         evictor.evict_after(elements, len(elements), window, ctx)
-        if len(elements) != before:  # write back what is left (Flink rewrites the list)
-            state.update([(e.timestamp, e.value) for e in elements])
+        # written back on every firing, as Flink does: an evictor may have removed, replaced or
+        # reordered elements, and a count would not tell
+        state.update([(e.timestamp, e.value) for e in elements])
 
     def __repr__(self) -> str:
         return (

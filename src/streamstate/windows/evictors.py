@@ -2,8 +2,9 @@
 
 Names and semantics follow Flink's ``CountEvictor``, ``TimeEvictor`` and ``DeltaEvictor``. An
 evictor sees the window's elements as a Python list of :class:`TimestampedValue` in arrival
-order and removes elements from that list in place; what is left is written back to the
-window's state. Each evictor evicts either before the window function
+order and changes that list in place (the built-in ones remove elements; yours may also
+replace or reorder them); after every firing the list as the evictor left it is written back
+to the window's state. Each evictor evicts either before the window function
 (``evict_before``, the default) or after it (``do_evict_after=True``).
 
 >>> from streamstate.windows import TimeWindow

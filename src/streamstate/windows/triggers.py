@@ -25,6 +25,7 @@ __all__ = [
     "ContinuousProcessingTimeTrigger",
     "CountTrigger",
     "DeltaTrigger",
+    "EndOfStreamTrigger",
     "EventTimeTrigger",
     "NeverTrigger",
     "OnMergeContext",
@@ -265,7 +266,8 @@ class PurgingTrigger(Trigger):
 
 
 class NeverTrigger(Trigger):
-    """Never fires (the default of ``GlobalWindows``)."""
+    """Never fires (the default of ``GlobalWindows.create()``); as Flink's, it does not support
+    merging windows."""
 
     def on_element(
         self, element: Any, timestamp: int | None, window: Any, ctx: TriggerContext
@@ -278,14 +280,34 @@ class NeverTrigger(Trigger):
     def on_event_time(self, time: int, window: Any, ctx: TriggerContext) -> TriggerResult:
         return TriggerResult.CONTINUE
 
-    def can_merge(self) -> bool:
-        return True
-
-    def on_merge(self, window: Any, ctx: OnMergeContext) -> None:
-        return None
-
     def clear(self, window: Any, ctx: TriggerContext) -> None:
         return None
+
+
+class EndOfStreamTrigger(Trigger):
+    """Fires once, when the input ends (the default of
+    ``GlobalWindows.create_with_end_of_stream_trigger()``, Flink's
+    ``GlobalWindows.EndOfStreamTrigger``).
+
+    Every element registers an event-time timer at the window's ``max_timestamp`` (the end of
+    time for a ``GlobalWindow``), which only the final watermark of a bounded input reaches: the
+    end of ``LocalRunner.run`` and of a Spark batch-mode job. A streaming query that never ends
+    never fires it. It keeps no state; it does not support merging windows."""
+
+    def on_element(
+        self, element: Any, timestamp: int | None, window: Any, ctx: TriggerContext
+    ) -> TriggerResult:
+        ctx.register_event_time_timer(window.max_timestamp())
+        return TriggerResult.CONTINUE
+
+    def on_processing_time(self, time: int, window: Any, ctx: TriggerContext) -> TriggerResult:
+        return TriggerResult.CONTINUE
+
+    def on_event_time(self, time: int, window: Any, ctx: TriggerContext) -> TriggerResult:
+        return TriggerResult.FIRE if time == window.max_timestamp() else TriggerResult.CONTINUE
+
+    def clear(self, window: Any, ctx: TriggerContext) -> None:
+        return None  # as Flink's: its one timer is at the end of input
 
 
 def _min(a: int, b: int) -> int:
@@ -354,7 +376,7 @@ class _ContinuousTrigger(Trigger):
 
 class ContinuousEventTimeTrigger(_ContinuousTrigger):
     """Fires every ``interval`` ms of event time while the window is open, and when the
-    watermark passes the window's end (as Flink 1.13.6+).
+    watermark passes the window's end (as Flink 2.3).
 
     The first fire time is ``timestamp - timestamp % interval + interval`` (Java's remainder)
     for the window's first element, then every ``interval``, capped at the window's
@@ -398,14 +420,15 @@ class ContinuousEventTimeTrigger(_ContinuousTrigger):
 
 
 class ContinuousProcessingTimeTrigger(_ContinuousTrigger):
-    """Fires every ``interval`` ms of processing time (as Flink 1.13.6+): the first fire time is
+    """Fires every ``interval`` ms of processing time (as Flink 2.3): the first fire time is
     aligned on the processing time of the window's first element
     (``now - now % interval + interval``), later ones follow every ``interval``, capped at the
     window's ``max_timestamp``; the pending fire time is the reducing state ``fire-time`` (min).
 
-    One deviation: once the window fired at its ``max_timestamp``, no further timer is
-    registered at that same time (Flink would register it again while firing it, which fires
-    again at once, forever, for an event-time window that the watermark has not closed)."""
+    A processing-time timer at the window's ``max_timestamp`` fires the window and leaves the
+    fire time as it is, so no timer follows it. An event-time window that processing time has
+    already passed therefore fires once, at its first element's timer, and not for the elements
+    after it (they find a fire time set); the watermark then cleans it up."""
 
     def _register_timer(self, ctx: TriggerContext, time: int) -> None:
         ctx.register_processing_time_timer(time)
@@ -426,11 +449,12 @@ class ContinuousProcessingTimeTrigger(_ContinuousTrigger):
         return TriggerResult.CONTINUE
 
     def on_processing_time(self, time: int, window: Any, ctx: TriggerContext) -> TriggerResult:
+        if time == window.max_timestamp():
+            return TriggerResult.FIRE
         state = ctx.get_partitioned_state(self.state_descriptor)
         if state.get() == time:
             state.clear()
-            if time < window.max_timestamp():
-                self._register_next(time, window, ctx, state)
+            self._register_next(time, window, ctx, state)
             return TriggerResult.FIRE
         return TriggerResult.CONTINUE
 
