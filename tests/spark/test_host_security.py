@@ -1,8 +1,10 @@
-"""Only clients of the same query run may talk to a state host.
+"""Only clients of the same query run may talk to a state host, and only about its own job.
 
 Every attack below reaches a running host over its Unix socket and over TCP: each is refused
-with a line in the host's log, nothing it names is loaded (the "function" of the attacker's
-job would create a marker file when unpickled), and the host goes on serving its job.
+with a line in the host's log naming the peer, nothing it names is loaded (the "function" of
+the attacker's job would create a marker file when unpickled), and the host goes on serving its
+job. A man in the middle who records, changes, replays, reorders, drops or injects sealed frames
+of a real client gets the same.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import msgspec
 import pytest
 from functions import Count
 
+from streamstate.spark.channel import SecureChannel
 from streamstate.spark.host_client import connect, run_batch
 from streamstate.spark.job import JobSpec
 from streamstate.spark.protocol import Connection
@@ -58,7 +61,12 @@ class Host(Driver):
         os.makedirs(run, mode=0o700)
         self.secret = new_secret()
         self.spec = msgspec.structs.replace(
-            self.spec, run_dir=run, bind="127.0.0.1", run="r1", auth_timeout=2.0
+            self.spec,
+            run_dir=run,
+            bind="127.0.0.1",
+            run="r1",
+            auth_timeout=2.0,
+            refusal_log_limit=1000,
         )
         self.marker = str(tmp_path / "attacker-code-ran")
         import cloudpickle
@@ -69,7 +77,7 @@ class Host(Driver):
             self.job, function_path=f"functions/{sha}.pkl", function_sha=sha
         )
         job_storage(self.job).put_atomic(self.trap_job.function_path, blob)
-        got = connect(self.spec, secret=self.secret)
+        got = connect(self.spec, secret=self.secret, job=msgspec.msgpack.encode(self.job))
         assert got is not None
         got[0].close()
         self.pid = got[1]["pid"]
@@ -121,18 +129,21 @@ def host(tmp_path_factory: Any) -> Any:
     h.close()
 
 
+def _begin(job: JobSpec) -> dict[str, Any]:
+    return {
+        "t": "BEGIN",
+        "job": msgspec.msgpack.encode(job),
+        "batch": 0,
+        "base": -1,
+        "lineage": "x",
+        "new_lineage": "y",
+        "attempt": 1,
+    }
+
+
 def _begin_frame(job: JobSpec) -> bytes:
-    head = msgspec.msgpack.encode(
-        {
-            "t": "BEGIN",
-            "job": msgspec.msgpack.encode(job),
-            "batch": 0,
-            "base": -1,
-            "lineage": "x",
-            "new_lineage": "y",
-            "attempt": 1,
-        }
-    )
+    """A BEGIN framed as protocol version 2 did: in clear."""
+    head = msgspec.msgpack.encode(_begin(job))
     return struct.pack("<II", len(head), 0) + head
 
 
@@ -161,36 +172,73 @@ def _random_bytes(h: Host, sock: socket.socket) -> None:
 
 def _huge_header(h: Host, sock: socket.socket) -> None:
     client_handshake(sock, h.secret, h.spec.id)  # even a client holding the secret
-    sock.sendall(struct.pack("<II", 0xFFFFFFFF, 0))
+    sock.sendall(struct.pack("<I", 0xFFFFFFFF))
 
 
 def _huge_body(h: Host, sock: socket.socket) -> None:
-    client_handshake(sock, h.secret, h.spec.id)
-    sock.sendall(struct.pack("<II", 10, 0xFFFFFFF0))
+    keys = client_handshake(sock, h.secret, h.spec.id)
+    SecureChannel(sock, keys)._send_record(struct.pack("<I", 0xFFFFFFF0) + b"\x81\xa1t\xa4DATA")
 
 
 def _truncated_frame(h: Host, sock: socket.socket) -> None:
-    client_handshake(sock, h.secret, h.spec.id)
-    frame = _begin_frame(h.trap_job)
-    sock.sendall(frame[: len(frame) // 2])
+    keys = client_handshake(sock, h.secret, h.spec.id)
+    recorder = _Recorder()
+    Connection(recorder, keys).send(_begin(h.trap_job))  # type: ignore[arg-type]
+    sock.sendall(recorder.data[: len(recorder.data) // 2])
     sock.shutdown(socket.SHUT_WR)
 
 
 def _malformed_begin(h: Host, sock: socket.socket) -> None:
+    keys = client_handshake(sock, h.secret, h.spec.id)
+    Connection(sock, keys).send({"t": "BEGIN", "job": b"\x93not a job", "batch": "zero"})
+
+
+def _plaintext_after_auth(h: Host, sock: socket.socket) -> None:
+    """A relay that let a real handshake through, then speaks for the task in clear."""
     client_handshake(sock, h.secret, h.spec.id)
-    Connection(sock).send({"t": "BEGIN", "job": b"\x93not a job", "batch": "zero"})
+    sock.sendall(_begin_frame(h.trap_job))
+
+
+def _another_function(h: Host, sock: socket.socket) -> None:
+    """A client holding the secret asks the host to run another function on its job."""
+    keys = client_handshake(sock, h.secret, h.spec.id)
+    Connection(sock, keys).send(_begin(h.trap_job))
+
+
+def _another_checkpoint(h: Host, sock: socket.socket) -> None:
+    keys = client_handshake(sock, h.secret, h.spec.id)
+    job = msgspec.structs.replace(h.job, checkpoint_url=h.job.checkpoint_url + "-theirs")
+    Connection(sock, keys).send(_begin(job))
+
+
+def _other_storage_options(h: Host, sock: socket.socket) -> None:
+    keys = client_handshake(sock, h.secret, h.spec.id)
+    job = msgspec.structs.replace(h.job, storage_options={"key": "theirs"})
+    Connection(sock, keys).send(_begin(job))
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.data = bytearray()
+
+    def sendall(self, data: Any) -> None:
+        self.data += bytes(data)
 
 
 ATTACKS = {
-    "no secret": (_no_secret, "not a streamstate client"),
+    "no secret": (_no_secret, "is not a streamstate peer"),
     "wrong secret": (_wrong_secret, "wrong HMAC"),
     "truncated handshake": (_truncated_handshake, "truncated the client's handshake"),
-    "oversized length prefix": (_unauthenticated_huge_prefix, "not a streamstate client"),
-    "random bytes": (_random_bytes, "not a streamstate client"),
-    "oversized header after auth": (_huge_header, "header length 4294967295 is outside"),
+    "oversized length prefix": (_unauthenticated_huge_prefix, "is not a streamstate peer"),
+    "random bytes": (_random_bytes, "is not a streamstate peer"),
+    "oversized header after auth": (_huge_header, "a sealed record of 4294967295 bytes"),
     "oversized body after auth": (_huge_body, "body length 4294967280 exceeds the limit"),
     "truncated frame after auth": (_truncated_frame, "truncated frame"),
     "malformed BEGIN after auth": (_malformed_begin, "malformed BEGIN"),
+    "plaintext frame after auth": (_plaintext_after_auth, "did not verify"),
+    "another function": (_another_function, "BEGIN for another job: its function_sha differ"),
+    "another checkpoint": (_another_checkpoint, "its checkpoint_url differ"),
+    "other storage options": (_other_storage_options, "its storage_options differ"),
 }
 
 
