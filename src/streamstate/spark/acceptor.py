@@ -69,13 +69,14 @@ class RefusalLog:
             else:
                 self._suppressed += 1
 
-    def tick(self) -> None:
-        """Close the window if it is over (says how many refusals were not logged)."""
+    def tick(self, *, final: bool = False) -> None:
+        """Close the window if it is over, or now if ``final`` (the host exits): says how many
+        refusals were not logged."""
         with self._lock:
-            self._roll(time.monotonic())
+            self._roll(time.monotonic(), final)
 
-    def _roll(self, now: float) -> None:
-        if now - self._start < self.window:
+    def _roll(self, now: float, final: bool = False) -> None:
+        if now - self._start < self.window and not final:
             return
         if self._suppressed:
             self._log(

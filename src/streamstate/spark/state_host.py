@@ -489,6 +489,7 @@ def serve(
         while not acceptor.ready.empty():
             with contextlib.suppress(queue.Empty):
                 acceptor.ready.get_nowait()[2].conn.close()
+        refusals.tick(final=True)
         _log(
             f"exit: {stop['why']}; version {host.version}, {host.batches} batches, "
             f"{refusals.total} connections or frames refused"
@@ -536,6 +537,9 @@ def _handle(
                 return None
             try:
                 host.run_batch(conn, begin, job)
+            except ProtocolError as exc:  # a frame inside the batch: the channel is not safe
+                refusals(peer, "frame", f"in batch {begin.batch}: {exc}")
+                return None
             except (EOFError, ConnectionError, TimeoutError) as exc:
                 _log(f"batch {begin.batch} aborted by the task ({exc!r})")
                 return None
