@@ -192,11 +192,7 @@ def _record_type(name: str) -> type:
             f"cannot rebuild the serializer of record type {name!r}: module {module!r} has no "
             f"{qual!r}; register the state with its descriptor instead"
         ) from None
-    if not (
-        isinstance(found, type)
-        and found.__module__ == module
-        and found.__qualname__ == qual
-    ):
+    if not (isinstance(found, type) and found.__module__ == module and found.__qualname__ == qual):
         raise TypeError(
             f"cannot rebuild the serializer of record type {name!r}: it names {found!r}, not a "
             f"class defined in {module!r}"
