@@ -27,6 +27,7 @@ import msgspec
 import pytest
 from functions import Count
 
+from hostile_peers import Peers
 from streamstate.spark.channel import SecureChannel
 from streamstate.spark.host_client import connect, run_batch
 from streamstate.spark.job import JobSpec
@@ -534,77 +535,6 @@ def test_a_recorded_changed_replayed_or_dropped_frame_is_refused(host: Host) -> 
 # ---- availability -------------------------------------------------------------------------------
 
 
-class Peers:
-    """Connections that never complete a handshake: ``silent`` ones send nothing, ``trickling``
-    ones a byte of a plausible handshake every ``every`` seconds. A peer the host closes
-    reconnects (pressure is kept up), at most once per ``every``."""
-
-    def __init__(self, address: str, silent: int, trickling: int, every: float = 0.5) -> None:
-        host, _, port = address.rpartition(":")
-        self.target = (host, int(port))
-        self.every = every
-        self.stop = threading.Event()
-        self.socks: list[socket.socket] = []
-        self.reconnects = 0
-        self._lock = threading.Lock()
-        self._threads = [
-            threading.Thread(target=self._run, args=(kind,), daemon=True)
-            for kind in ["silent"] * silent + ["trickling"] * trickling
-        ]
-        for t in self._threads:
-            t.start()
-
-    def _connect(self) -> socket.socket:
-        sock = socket.create_connection(self.target, timeout=5)
-        with self._lock:
-            self.socks.append(sock)
-        return sock
-
-    def _run(self, kind: str) -> None:
-        while not self.stop.is_set():
-            try:
-                sock = self._connect()
-                sock.settimeout(self.every)
-                payload = iter(MAGIC + os.urandom(100))
-                while not self.stop.is_set():
-                    if kind == "trickling":
-                        sock.sendall(bytes([next(payload)]))
-                    try:
-                        if sock.recv(4096, socket.MSG_PEEK) == b"":
-                            break  # closed by the host: come back
-                        sock.recv(4096)  # the challenge
-                    except TimeoutError:
-                        pass
-            except (OSError, StopIteration):
-                pass
-            with self._lock:
-                self.reconnects += 1
-            self.stop.wait(self.every)
-
-    def open_now(self) -> int:
-        """How many of the peers' current connections the host has not closed."""
-        import select
-
-        n = 0
-        with self._lock:
-            socks = [s for s in self.socks if s.fileno() >= 0]
-        for sock in socks:
-            try:
-                readable, _, _ = select.select([sock], [], [], 0)
-                if not readable or sock.recv(1, socket.MSG_PEEK) != b"":
-                    n += 1
-            except (OSError, ValueError):
-                pass
-        return n
-
-    def close(self) -> None:
-        self.stop.set()
-        for t in self._threads:
-            t.join()
-        for sock in self.socks:
-            sock.close()
-
-
 def test_unauthenticated_peers_cost_a_host_no_batch_time(tmp_path: Any) -> None:
     """30 silent and 5 trickling connections on the host's port (from the address the task
     uses too): batches over TCP and over the Unix socket go on at the speed they had, none
@@ -617,7 +547,7 @@ def test_unauthenticated_peers_cost_a_host_no_batch_time(tmp_path: Any) -> None:
     try:
         h.legit_batch()
         before = [h.legit_batch(route).stats["total_s"] for route in ("tcp", "unix") * 3]
-        peers = Peers(h.tcp, silent=30, trickling=5)
+        peers = Peers([h.tcp], silent=30, trickling=5)
         deadline = time.monotonic() + 10
         while peers.open_now() < 35 and time.monotonic() < deadline:
             time.sleep(0.05)

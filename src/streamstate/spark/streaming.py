@@ -540,13 +540,13 @@ class KeyedStreamingQuery:
         figures["late_records_dropped"] = sum(r.late_records_dropped for r in results)
         figures["side_outputs_dropped"] = sum(r.side_outputs_dropped for r in results)
         figures["restore"] = sorted({r.restore for r in results})
-        # the task's side: connecting (spawn_ms: starting the host, None if it was running)
-        # and streaming the partition to it
+        # the task's side: connecting (spawn_ms: starting the host, None if it was running),
+        # streaming the partition to it, and why it fell back to a host on its own node
         task_timings = {
             int(row["subtask"]): {
                 k: v
                 for k, v in json.loads(row["timings"] or "{}").items()
-                if k in ("connect_ms", "spawn_ms", "stream_ms")
+                if k in ("connect_ms", "spawn_ms", "stream_ms", "fallback")
             }
             for row in rows
         }
