@@ -116,12 +116,19 @@ class Driver:
                 raise AssertionError(f"timed out waiting for {what}:\n{self.tail()}")
             time.sleep(0.1)
 
-    def request(self, run: dict[str, Any], out: str, executors: int) -> None:
-        """Send a driver started with ``serve`` one query (see ``cluster_driver.py``)."""
+    def wait_for_line(self, line: str, since: int, what: str, timeout: float = 240) -> None:
+        """Wait until the driver printed ``line`` after its first ``since`` lines."""
+        self.wait_until(lambda: line in self.lines[since:], what, timeout)
+
+    def request(self, run: dict[str, Any], out: str, executors: int) -> int:
+        """Send a driver started with ``serve`` one query (see ``cluster_driver.py``); returns
+        how many lines it had printed before (for :meth:`wait_for_line`)."""
+        since = len(self.lines)
         assert self.proc.stdin is not None
         self.proc.stdin.write(json.dumps({"run": run, "out": out, "executors": executors}) + "\n")
         self.proc.stdin.flush()
         self.requests += 1
+        return since
 
     def answer(self, out: str, timeout: float = 400) -> dict[str, Any]:
         """The figures of the last query sent with :meth:`request`."""

@@ -13,7 +13,7 @@ it on their records), so only clients of the same query run may reach it:
   HMAC-SHA256 on every connection, Unix or TCP, before a single framed message is read. The
   secret never crosses the connection; fixed-size messages, so nothing unauthenticated is
   parsed beyond comparing bytes. The host's side has no I/O of its own: the host runs many
-  handshakes at once, each with one overall deadline (:mod:`streamstate.spark.host_server`).
+  handshakes at once, each with one overall deadline (:mod:`streamstate.spark.acceptor`).
 * **Session keys** (:func:`session_keys`): HKDF-SHA256 of the secret, salted with both nonces
   and bound to the host id, gives one AES-256-GCM key per direction; every frame after the
   handshake is sealed with them (:mod:`streamstate.spark.channel`).

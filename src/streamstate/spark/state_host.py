@@ -13,8 +13,12 @@ node's run directory and, unless disabled, on TCP (``HostSpec.bind``, an ephemer
 HELLO reports its location (node id, TCP address, socket path), the task puts it in its
 acknowledgement, and the driver tells the next batch's task of that subtask where to send its
 records, on whichever node Spark runs it (:mod:`streamstate.spark.host_client`). Every
-connection is authenticated first (:mod:`streamstate.spark.security`); a refused connection is
-logged and closed and the host goes on serving.
+connection is authenticated first (:mod:`streamstate.spark.security`) by the acceptor thread,
+which runs all pending handshakes at once (:mod:`streamstate.spark.acceptor`); the main thread
+serves authenticated connections one at a time, Unix ones first, over sealed frames
+(:mod:`streamstate.spark.channel`). A refused connection or frame is logged (rate-limited) and
+closed and the host goes on serving. A host serves only the job it was started for
+(:class:`JobPin`).
 
 Lifecycle: the first task that cannot connect spawns the host (:mod:`streamstate.spark.
 host_client`); the host double-forks and calls ``setsid`` (it is neither a child of the worker
@@ -24,7 +28,8 @@ reports ``READY`` or ``ERROR <reason>`` on a pipe to its spawner. It exits on SH
 driver stops the query run), SIGTERM, when the executor JVM it watches exits (a thread waits on
 a ``pidfd``, so even a host busy in a batch exits: no orphan survives its executor), or after
 ``idle_timeout`` seconds without a connection (so a host its subtask left behind on another
-node does not linger). The socket is unlinked on exit.
+node does not linger; refused connections do not count as use). The socket is unlinked on
+exit.
 
 Memory: a host's memory is not accounted by Spark. On YARN or Kubernetes it counts against the
 executor container, so size ``spark.executor.memoryOverhead`` for the state; if
