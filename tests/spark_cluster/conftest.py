@@ -116,7 +116,7 @@ class Driver:
                 raise AssertionError(f"timed out waiting for {what}:\n{self.tail()}")
             time.sleep(0.1)
 
-    def wait_for_line(self, line: str, since: int, what: str, timeout: float = 240) -> None:
+    def wait_for_line(self, line: str, since: int, what: str, timeout: float = 900) -> None:
         """Wait until the driver printed ``line`` after its first ``since`` lines."""
         self.wait_until(lambda: line in self.lines[since:], what, timeout)
 
@@ -130,7 +130,7 @@ class Driver:
         self.requests += 1
         return since
 
-    def answer(self, out: str, timeout: float = 400) -> dict[str, Any]:
+    def answer(self, out: str, timeout: float = 900) -> dict[str, Any]:
         """The figures of the last query sent with :meth:`request`."""
         i = self.requests - 1
         self.wait_until(lambda: f"DONE {i}" in self.lines, f"query {i}", timeout)

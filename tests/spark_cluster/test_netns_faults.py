@@ -96,7 +96,7 @@ def server(net_cluster: LocalCluster, harness: Any, tmp_path_factory: Any) -> It
         conf=NET_CONF,
     )
     try:
-        d.wait_until(lambda: "SERVING" in d.lines, "the driver to start", timeout=300)
+        d.wait_until(lambda: "SERVING" in d.lines, "the driver to start", timeout=900)
         yield d
     finally:
         d.close()
@@ -204,7 +204,7 @@ def test_a_link_cut_mid_batch_and_restored(
     run, batches = _case(tmp_path, seed=12)
     run["pause"] = {"trigger": batches[2][ROWS // 2][1], "marker": marker, "seconds": 3}
     server.request(run, str(tmp_path / "r.json"), executors=3)
-    server.wait_until(lambda: os.path.exists(marker), "micro-batch 2 to be in flight")
+    server.wait_until(lambda: os.path.exists(marker), "micro-batch 2 to be in flight", 900)
     with open(marker) as f:
         _pid, run_dir = f.read().split(" ", 1)
     node = _place_of(net_cluster, run_dir)
@@ -275,7 +275,7 @@ def test_a_node_killed_mid_batch(
     run, batches = _case(tmp_path, seed=15)
     run["pause"] = {"trigger": batches[2][ROWS // 2][1], "marker": marker, "seconds": 5}
     server.request(run, str(tmp_path / "r.json"), executors=3)
-    server.wait_until(lambda: os.path.exists(marker), "micro-batch 2 to be in flight")
+    server.wait_until(lambda: os.path.exists(marker), "micro-batch 2 to be in flight", 900)
     with open(marker) as f:
         _pid, run_dir = f.read().split(" ", 1)
     node = _place_of(net_cluster, run_dir)
@@ -307,7 +307,7 @@ def test_the_driver_killed_while_a_node_is_partitioned(
     run, batches = _case(tmp_path, seed=16, wait_after={"batch": 1, "go": go})
     first = harness.Driver(net_cluster, {"runs": [run]}, str(tmp_path / "d1.json"), conf=NET_CONF)
     try:
-        first.wait_until(lambda: "WAITING 1" in first.lines, "micro-batch 1")
+        first.wait_until(lambda: "WAITING 1" in first.lines, "micro-batch 1", 900)
         name, _ = host_nodes(net_cluster, run["checkpoint"]).most_common(1)[0]
         node = next(n for n in net_cluster.nodes if n.name == name)
         heal.append(node)  # its worker gave up on the master meanwhile: replaced after
@@ -322,7 +322,7 @@ def test_the_driver_killed_while_a_node_is_partitioned(
     second = harness.Driver(
         net_cluster, {"runs": [run], "executors": 2}, str(tmp_path / "d2.json"), conf=NET_CONF
     )
-    (result,) = second.result(timeout=400)
+    (result,) = second.result(timeout=900)
     took = time.monotonic() - t0
     net.restore(node.place)
     # the first driver died in batch 1's sink, before Spark committed it: batch 1 runs again
