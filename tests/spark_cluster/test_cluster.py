@@ -3,7 +3,6 @@ results exact against a pandas oracle, a node lost mid-batch, a node that joins 
 
 from __future__ import annotations
 
-import contextlib
 import glob
 import os
 import random
@@ -109,23 +108,19 @@ def host_ports(cluster: LocalCluster, checkpoint: str) -> list[str]:
 
 
 def _capture() -> Any:
-    """A passive capture of the loopback (root only), checked to see what crosses it."""
+    """A passive capture of the loopback, started (None without root)."""
     if os.geteuid() != 0:
-        return contextlib.nullcontext(None)
+        return None
     from packet_capture import Capture
 
-    return Capture("lo")
+    return Capture("lo").__enter__()
 
 
 def test_streaming_count_on_two_nodes_equals_a_pandas_oracle(
     cluster: LocalCluster, start_driver: Any, tmp_path: Any
 ) -> None:
-    """... and the host connections carry none of the records in clear: a passive capture of
-    the loopback during the queries holds no key of any record on the hosts' ports (it does
-    hold a marker sent in clear on another port: the capture sees what crosses)."""
-    prefix = "sealed-user-key-"  # long: no chance of appearing in ciphertext by accident
-    batches = make_batches(6, 2_000, users=500, seed=1, prefix=prefix)
-    more = make_batches(2, 2_000, users=500, seed=2, prefix=prefix)
+    batches = make_batches(6, 2_000, users=500, seed=1)
+    more = make_batches(2, 2_000, users=500, seed=2)
     write_batches(str(tmp_path / "in"), batches)
     write_batches(str(tmp_path / "more"), more, start=len(batches))
     runs = [
@@ -140,14 +135,7 @@ def test_streaming_count_on_two_nodes_equals_a_pandas_oracle(
     ]
     # the RocksDB job restarts with parallelism 3 and two more files: rescaled on the cluster
     runs.append({**runs[1], "add_files": str(tmp_path / "more"), "parallelism": 3})
-    with _capture() as capture:
-        heap, rocks, rescaled = start_driver(runs=runs).result()
-        if capture is not None:
-            probe = socket.create_server(("127.0.0.1", 0))
-            with socket.create_connection(probe.getsockname()) as c:
-                c.sendall(b"capture-probe-in-clear")
-            probe.close()
-            time.sleep(0.5)
+    heap, rocks, rescaled = start_driver(runs=runs).result()
     expected = oracle(batches)
     final = dict(Counter(u for rows in batches for u, _ in rows))
     for run, result in zip(runs[:2], (heap, rocks), strict=True):
@@ -166,17 +154,6 @@ def test_streaming_count_on_two_nodes_equals_a_pandas_oracle(
     # both nodes ran tasks; no state host outlives the application
     assert all(node.finished_tasks() > 0 for node in cluster.alive_nodes)
     assert not leftover_hosts(cluster)
-    if capture is not None:
-        addresses = [a for r in runs for a in host_ports(cluster, r["checkpoint"])]
-        host_bytes = capture.payload({int(a.rpartition(":")[2]) for a in addresses})
-        subtasks = [s for r in (heap, rocks) for b in r["batches"] for s in b["subtasks"]]
-        tcp_batches = sum(s["route"] == "tcp" for s in subtasks)
-        assert tcp_batches >= 8 and len(host_bytes) > 100_000, (tcp_batches, len(host_bytes))
-        everything = b"".join(b"".join(v) for v in capture.by_port.values())
-        assert b"capture-probe-in-clear" in everything
-        keys = {u.encode() for rows in batches + more for u, _ in rows}
-        assert prefix.encode() not in host_bytes
-        assert not [k for k in keys if k in host_bytes]
 
 
 def test_a_node_lost_mid_batch_costs_a_reload_and_nothing_else(
@@ -270,15 +247,21 @@ def _executor_logs(node: Any) -> str:
     return "".join(out)
 
 
-def test_unauthenticated_peers_cost_a_streaming_job_no_batch_time(
+def test_host_traffic_is_sealed_and_hostile_peers_cost_no_batch_time(
     cluster: LocalCluster, start_driver: Any, tmp_path: Any
 ) -> None:
     """From micro-batch 5 on, 30 silent and 5 trickling connections are kept open on every
     state host's port, from 127.0.0.1 (the address the tasks use too): the median batch time
-    moves by at most 1.5x, and no batch falls back or fails because of them."""
+    moves by at most 1.5x, and no batch falls back or fails because of them.
+
+    And a passive capture of the loopback during the whole query holds none of the records'
+    keys on the hosts' ports, though they carried the records of every subtask-batch routed
+    over TCP (it does hold a marker sent in clear on another port: the capture sees what
+    crosses)."""
     from hostile_peers import Peers
 
-    batches = make_batches(12, 2_000, users=500, seed=5)
+    prefix = "sealed-user-key-"  # long: no chance of appearing in ciphertext by accident
+    batches = make_batches(12, 2_000, users=500, seed=5, prefix=prefix)
     write_batches(str(tmp_path / "in"), batches)
     go = str(tmp_path / "go")
     run = {
@@ -289,13 +272,15 @@ def test_unauthenticated_peers_cost_a_streaming_job_no_batch_time(
         "backend": "heap",
         "wait_after": {"batch": 5, "go": go},
     }
-    driver = start_driver(runs=[run])
-    # (generous waits: on a machine shared with other jobs a driver's start alone took minutes)
-    driver.wait_until(lambda: "WAITING 5" in driver.lines, "micro-batch 5", timeout=900)
-    addresses = host_ports(cluster, run["checkpoint"])
-    assert len(addresses) == 4, addresses
-    peers = Peers(addresses, silent=30, trickling=5)
+    capture = _capture()
+    peers = None
     try:
+        driver = start_driver(runs=[run])
+        # (generous waits: on a machine shared with other jobs a driver's start took minutes)
+        driver.wait_until(lambda: "WAITING 5" in driver.lines, "micro-batch 5", timeout=900)
+        addresses = host_ports(cluster, run["checkpoint"])
+        assert len(addresses) == 4, addresses
+        peers = Peers(addresses, silent=30, trickling=5)
         deadline = time.monotonic() + 30
         while peers.open_now() < 4 * 16 and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -303,8 +288,17 @@ def test_unauthenticated_peers_cost_a_streaming_job_no_batch_time(
             pass
         (result,) = driver.result(timeout=900)
         reconnects = peers.reconnects
+        if capture is not None:
+            probe = socket.create_server(("127.0.0.1", 0))
+            with socket.create_connection(probe.getsockname()) as c:
+                c.sendall(b"capture-probe-in-clear")
+            probe.close()
+            time.sleep(0.5)
     finally:
-        peers.close()
+        if peers is not None:
+            peers.close()
+        if capture is not None:
+            capture.stop()
     assert sink_rows(run["sink"]) == oracle(batches)
     ms = [float(b["batch_ms"]) for b in result["batches"]]
     before, during = statistics.median(ms[1:6]), statistics.median(ms[6:])
@@ -317,3 +311,12 @@ def test_unauthenticated_peers_cost_a_streaming_job_no_batch_time(
     assert not fell_back, routes(result)
     assert all(k == "hot" for ks in restores(result)[1:] for k in ks), routes(result)
     assert reconnects > 100  # the hosts kept dropping them (deadline, per-address cap)
+    if capture is not None:
+        host_bytes = capture.payload({int(a.rpartition(":")[2]) for a in addresses})
+        tcp_batches = sum(s["route"] == "tcp" for b in result["batches"] for s in b["subtasks"])
+        assert tcp_batches >= 8 and len(host_bytes) > 100_000, (tcp_batches, len(host_bytes))
+        everything = b"".join(b"".join(v) for v in capture.by_port.values())
+        assert b"capture-probe-in-clear" in everything
+        keys = {u.encode() for rows in batches for u, _ in rows}
+        assert prefix.encode() not in host_bytes
+        assert not [k for k in keys if k in host_bytes]
