@@ -27,7 +27,6 @@ import msgspec
 import pytest
 from functions import Count
 
-from hostile_peers import Peers
 from streamstate.spark.channel import SecureChannel
 from streamstate.spark.host_client import connect, run_batch
 from streamstate.spark.job import JobSpec
@@ -35,6 +34,7 @@ from streamstate.spark.protocol import Connection
 from streamstate.spark.security import MAGIC, client_handshake, new_secret, run_dir
 from streamstate.spark.state_host import host_paths
 from streamstate.spark.subtask import BatchResult, job_storage
+from support.hostile_peers import Peers
 from support.state_host import Driver
 
 pytestmark = pytest.mark.subprocess
@@ -108,7 +108,7 @@ class Host(Driver):
         """A batch of the job itself (the host must still serve it, hot after the first): from
         this node (``unix``) or from another node over TCP (``tcp``, to ``via`` if given: a
         relay). The result's ``stats`` get the task's ``route`` and ``total_s``."""
-        from test_state_host import begin_header, user_batch
+        from support.state_host import begin_header, user_batch
 
         users = users or ["a", "b", "a"]
         plan = self.log.plan(self.next_batch)

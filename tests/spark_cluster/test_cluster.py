@@ -111,7 +111,7 @@ def _capture() -> Any:
     """A passive capture of the loopback, started (None without root)."""
     if os.geteuid() != 0:
         return None
-    from packet_capture import Capture
+    from support.packet_capture import Capture
 
     return Capture("lo").__enter__()
 
@@ -258,7 +258,7 @@ def test_host_traffic_is_sealed_and_hostile_peers_cost_no_batch_time(
     keys on the hosts' ports, though they carried the records of every subtask-batch routed
     over TCP (it does hold a marker sent in clear on another port: the capture sees what
     crosses)."""
-    from hostile_peers import Peers
+    from support.hostile_peers import Peers
 
     prefix = "sealed-user-key-"  # long: no chance of appearing in ciphertext by accident
     batches = make_batches(12, 2_000, users=500, seed=5, prefix=prefix)
