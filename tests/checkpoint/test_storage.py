@@ -220,3 +220,23 @@ def test_storage_pickles_for_executors(tmp_path: Path) -> None:
     copy = pickle.loads(pickle.dumps(storage))
     assert copy.url == storage.url and copy.retained_checkpoints == 5
     copy.ensure_writable()
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o027])
+def test_a_local_checkpoint_is_private_to_its_owner(tmp_path: Path, umask: int) -> None:
+    """State and pickled functions are in the checkpoint: directories it creates are 0700 and
+    files 0600 (or stricter, as the umask asks), whatever the umask lets others have."""
+    old = os.umask(umask)
+    try:
+        runner = _runner(str(tmp_path / "ck"), operator_name="counter")
+        runner.run(all_kinds_records(30), final_watermark=False)
+        runner.checkpoint()
+        FileSystemCheckpointStorage(str(tmp_path / "ck"), "job").put_if_absent("a/b/c", b"x")
+    finally:
+        os.umask(old)
+    made = [tmp_path / "ck", *(tmp_path / "ck").rglob("*")]
+    assert len(made) > 5
+    for p in made:
+        mode = os.stat(p).st_mode & 0o777
+        want = (0o700 if p.is_dir() else 0o600) & ~umask
+        assert mode == want, (str(p), oct(mode), oct(want))

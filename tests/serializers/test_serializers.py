@@ -203,6 +203,36 @@ def test_pickle_serializer_explicit_opt_in() -> None:
         serializer_from_snapshot(nested.snapshot())
 
 
+def test_a_struct_snapshot_imports_no_module_and_reaches_only_classes(tmp_path: Any) -> None:
+    """A checkpoint names the record type of its state; whoever writes the checkpoint must not
+    make the reader import a module of their choice, nor reach an object that is no class."""
+    import sys
+
+    marker = tmp_path / "imported"
+    (tmp_path / "checkpoint_payload.py").write_text(
+        f"open({str(marker)!r}, 'w').write('ran')\nclass Rec:\n    pass\n"
+    )
+    sys.path.insert(0, str(tmp_path))
+    try:
+        with pytest.raises(TypeError, match="which this program has not imported"):
+            serializer_from_snapshot({"type": "struct", "class": "checkpoint_payload:Rec"})
+    finally:
+        sys.path.remove(str(tmp_path))
+    assert not marker.exists() and "checkpoint_payload" not in sys.modules
+    for name in ("os:system", "os:environ", "streamstate.serializers:serializer_for"):
+        with pytest.raises(TypeError, match="not a class defined in"):
+            serializer_from_snapshot({"type": "struct", "class": name})
+    with pytest.raises(TypeError, match="has no"):
+        serializer_from_snapshot({"type": "struct", "class": "os:NoSuchThing"})
+    # the program's own types (its module is imported) and the standard library's rebuild
+    import datetime
+
+    for tp in (Event, Color, datetime.datetime):
+        assert serializer_from_snapshot(serializer_for(tp).snapshot()).snapshot() == (
+            serializer_for(tp).snapshot()
+        )
+
+
 def test_types_helpers_match_pyflink_names() -> None:
     assert isinstance(Types.LONG(), Int64Serializer)
     assert isinstance(Types.INT(), Int64Serializer)

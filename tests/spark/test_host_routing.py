@@ -173,7 +173,13 @@ def test_streaming_batches_follow_their_hosts_across_nodes(spark: Any, tmp_path:
         output_schema="user string, n long",
         checkpoint=str(tmp_path / "ck"),
         parallelism=2,
-    ).write_stream("parquet", path=str(tmp_path / "out"), run_dir=node_a, host_connect_timeout=1.0)
+    ).write_stream(
+        "parquet",
+        path=str(tmp_path / "out"),
+        run_dir=node_a,
+        host_connect_timeout=1.0,
+        host_bind="127.0.0.1",  # a local master listens on no TCP port unless asked to
+    )
     try:
         for b, rows in enumerate(batches):
             if b == 1:
@@ -201,6 +207,18 @@ def test_streaming_batches_follow_their_hosts_across_nodes(spark: Any, tmp_path:
     assert sorted((r["user"], r["n"]) for r in out) == running_counts(batches)
     state = read_state(spark, str(tmp_path / "ck"), state="n").collect()
     assert {r.key: r.value for r in state} == final_counts(batches)
+
+
+def test_a_local_master_opens_no_tcp_port_unless_asked(spark: Any, monkeypatch: Any) -> None:
+    from streamstate.spark.streaming import _bind_for
+
+    monkeypatch.delenv("STREAMSTATE_HOST_BIND", raising=False)
+    monkeypatch.setenv("SPARK_LOCAL_IP", "127.0.0.1")  # Spark's own address is no request
+    assert _bind_for(spark, None) == "off"
+    assert default_bind(_bind_for(spark, None)) is None
+    assert _bind_for(spark, "127.0.0.1") == "127.0.0.1"
+    monkeypatch.setenv("STREAMSTATE_HOST_BIND", "127.0.0.1")
+    assert _bind_for(spark, None) is None  # each node's default_bind reads it
 
 
 def test_bind_address_resolution(monkeypatch: Any) -> None:

@@ -93,6 +93,26 @@ def test_a_failure_report_brings_back_the_class_message_and_notes():
     assert str(back) == "notimported.Oops: boom" and back.__notes__[0] == "a note"
 
 
+def test_a_failure_report_is_read_as_data_never_unpickled(tmp_path: Any) -> None:
+    """Whoever can write the checkpoint can write ``failure.json``: a pickled payload in it
+    (earlier versions wrote the exception pickled) must not run on the client."""
+    import base64
+
+    import cloudpickle
+
+    marker = tmp_path / "ran"
+
+    class Trap:
+        def __reduce__(self) -> Any:
+            return (marker.write_text, ("the checkpoint's code ran",))
+
+    report = json.loads(failure_report(KeyError("k"), 1, "counts"))
+    assert "pickle" not in report
+    report["pickle"] = base64.b64encode(cloudpickle.dumps(Trap())).decode()
+    back = error_from_report(json.dumps(report).encode())
+    assert type(back) is KeyError and not marker.exists()
+
+
 def test_a_failed_micro_batch_raises_the_original_error(any_spark: Any, tmp_path: Any) -> None:
     spark = any_spark
     write_batches(str(tmp_path / "in"), [[("ann", 2), ("bob", 3)]])

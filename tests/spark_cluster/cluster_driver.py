@@ -11,7 +11,10 @@ usage: python cluster_driver.py '<json config>'; config keys:
   ``input`` before the run: more input for a restarted query) and ``wait_after`` ({batch,
   go}: after delivering that batch the sink prints ``WAITING <batch>`` and waits for the file
   ``go``);
-- ``out``: where the results go (JSON): per run the batches' figures and ``read_state``.
+- ``out``: where the results go (JSON): per run the batches' figures and ``read_state``;
+- ``serve``: instead of ``runs``, read one request per stdin line (``{"run", "out",
+  "executors"}``), run it, write its figures to ``out`` and print ``DONE <i>`` (one driver for
+  many tests: its start is the slow part). A run may carry ``options`` for ``write_stream``.
 
 Prints ``BATCH <run> <id>`` after each delivered batch and ``DONE`` at the end.
 """
@@ -47,6 +50,41 @@ class ReportingSink(FileSink):
                 time.sleep(0.1)
 
 
+def run_query(spark: Any, run: dict[str, Any], i: int) -> dict[str, Any]:
+    """Run one query of the config (see the module docstring); its figures."""
+    if run.get("add_files"):
+        for name in sorted(os.listdir(run["add_files"])):
+            os.rename(os.path.join(run["add_files"], name), os.path.join(run["input"], name))
+    function: Any = Count()
+    if run.get("pause"):
+        p = run["pause"]
+        function = CountPausingOnce(p["trigger"], p["marker"], p["seconds"])
+    source = (
+        spark.readStream.schema("user string, v long")
+        .option("maxFilesPerTrigger", 1)
+        .parquet(run["input"])
+    )
+    t0 = time.perf_counter()
+    query = keyed_process(
+        source,
+        key="user",
+        function=function,
+        output_schema="user string, n long",
+        checkpoint=run["checkpoint"],
+        parallelism=run["parallelism"],
+        state_backend=run["backend"],
+    ).write_stream(
+        ReportingSink(run["sink"], i, run.get("wait_after")),
+        trigger={"availableNow": True},
+        **run.get("options", {}),
+    )
+    query.await_termination()
+    wall = time.perf_counter() - t0
+    state = read_state(spark, run["checkpoint"], state="n").collect()
+    print(f"RUN {i} {wall:.1f} s", flush=True)
+    return {"wall_s": wall, "batches": query.batches, "state": {r.key: r.value for r in state}}
+
+
 def main() -> None:
     cfg = json.loads(sys.argv[1])
     builder = SparkSession.builder.appName("streamstate-cluster-test")
@@ -55,43 +93,19 @@ def main() -> None:
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     wait_for_executors(spark, cfg["executors"])
-    results = []
-    for i, run in enumerate(cfg["runs"]):
-        if run.get("add_files"):
-            for name in sorted(os.listdir(run["add_files"])):
-                os.rename(os.path.join(run["add_files"], name), os.path.join(run["input"], name))
-        function: Any = Count()
-        if run.get("pause"):
-            p = run["pause"]
-            function = CountPausingOnce(p["trigger"], p["marker"], p["seconds"])
-        source = (
-            spark.readStream.schema("user string, v long")
-            .option("maxFilesPerTrigger", 1)
-            .parquet(run["input"])
-        )
-        t0 = time.perf_counter()
-        query = keyed_process(
-            source,
-            key="user",
-            function=function,
-            output_schema="user string, n long",
-            checkpoint=run["checkpoint"],
-            parallelism=run["parallelism"],
-            state_backend=run["backend"],
-        ).write_stream(
-            ReportingSink(run["sink"], i, run.get("wait_after")), trigger={"availableNow": True}
-        )
-        query.await_termination()
-        wall = time.perf_counter() - t0
-        state = read_state(spark, run["checkpoint"], state="n").collect()
-        print(f"RUN {i} {wall:.1f} s", flush=True)
-        results.append(
-            {
-                "wall_s": wall,
-                "batches": query.batches,
-                "state": {r.key: r.value for r in state},
-            }
-        )
+    if cfg.get("serve"):
+        # one query per line of stdin ({"run": ..., "out": ..., "executors": n}), until EOF
+        print("SERVING", flush=True)
+        for i, line in enumerate(sys.stdin):
+            request = json.loads(line)
+            wait_for_executors(spark, request.get("executors", cfg["executors"]), timeout=300)
+            result = run_query(spark, request["run"], i)
+            with open(request["out"], "w") as f:
+                json.dump(result, f, default=str)
+            print(f"DONE {i}", flush=True)
+        spark.stop()
+        os._exit(0)
+    results = [run_query(spark, run, i) for i, run in enumerate(cfg["runs"])]
     with open(cfg["out"], "w") as f:
         json.dump(results, f, default=str)
     print("DONE", flush=True)

@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -45,6 +46,13 @@ def _env() -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
+def harness() -> Any:
+    """The driver class and the process environment, for test modules that start their own
+    cluster (``test_netns_faults.py``)."""
+    return SimpleNamespace(Driver=Driver, env=_env)
+
+
+@pytest.fixture(scope="session")
 def cluster(tmp_path_factory: Any) -> Iterator[LocalCluster]:
     pytest.importorskip("pyspark")
     directory = str(tmp_path_factory.mktemp("cluster"))
@@ -61,7 +69,13 @@ def cluster(tmp_path_factory: Any) -> Iterator[LocalCluster]:
 class Driver:
     """A running ``cluster_driver.py``: its output lines, read as they come."""
 
-    def __init__(self, cluster: LocalCluster, cfg: dict[str, Any], out: str) -> None:
+    def __init__(
+        self,
+        cluster: LocalCluster,
+        cfg: dict[str, Any],
+        out: str,
+        conf: dict[str, str] | None = None,
+    ) -> None:
         self.out = out
         conf = {
             **cluster.spark_conf(),
@@ -69,16 +83,19 @@ class Driver:
             "spark.sql.shuffle.partitions": "4",
             "spark.default.parallelism": "4",
             "spark.sql.streaming.minBatchesToRetain": "3",
+            **(conf or {}),
         }
         self.cfg = {"conf": conf, "executors": len(cluster.alive_nodes), "out": out, **cfg}
         self.proc = subprocess.Popen(
             [sys.executable, os.path.join(HERE, "cluster_driver.py"), json.dumps(self.cfg)],
+            stdin=subprocess.PIPE if cfg.get("serve") else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
             cwd=HERE,
             env=_env(),
         )
+        self.requests = 0
         self.lines: list[str] = []
         self.errors: list[str] = []
         assert self.proc.stdout is not None and self.proc.stderr is not None
@@ -98,6 +115,27 @@ class Driver:
             if time.monotonic() > deadline:
                 raise AssertionError(f"timed out waiting for {what}:\n{self.tail()}")
             time.sleep(0.1)
+
+    def wait_for_line(self, line: str, since: int, what: str, timeout: float = 900) -> None:
+        """Wait until the driver printed ``line`` after its first ``since`` lines."""
+        self.wait_until(lambda: line in self.lines[since:], what, timeout)
+
+    def request(self, run: dict[str, Any], out: str, executors: int) -> int:
+        """Send a driver started with ``serve`` one query (see ``cluster_driver.py``); returns
+        how many lines it had printed before (for :meth:`wait_for_line`)."""
+        since = len(self.lines)
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps({"run": run, "out": out, "executors": executors}) + "\n")
+        self.proc.stdin.flush()
+        self.requests += 1
+        return since
+
+    def answer(self, out: str, timeout: float = 900) -> dict[str, Any]:
+        """The figures of the last query sent with :meth:`request`."""
+        i = self.requests - 1
+        self.wait_until(lambda: f"DONE {i}" in self.lines, f"query {i}", timeout)
+        with open(out) as f:
+            return dict(json.load(f))
 
     def result(self, timeout: float = 300) -> list[dict[str, Any]]:
         try:

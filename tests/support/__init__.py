@@ -6,5 +6,7 @@ the path, as the directory of the root ``conftest.py``):
 * ``memory_restore``: a keyed snapshot file held in memory as a restore file;
 * ``window_oracle``: brute-force window oracles;
 * ``s3_server``: the moto S3 server of the ``s3_*`` fixtures;
-* ``state_host``: a stand-in for the Spark driver and one task, to drive a state host.
+* ``state_host``: a stand-in for the Spark driver and one task, to drive a state host;
+* ``hostile_peers``: connections that never complete a host handshake (silent, trickling);
+* ``packet_capture``: a passive capture of an interface's TCP payloads (``AF_PACKET``, root).
 """

@@ -489,6 +489,26 @@ class CheckpointStorage(ABC):
         return self.url_of("")
 
 
+#: modes of what a local checkpoint creates (the umask can only take bits away)
+_PRIVATE_DIR = 0o700
+_PRIVATE_FILE = 0o600
+
+
+def _makedirs_private(path: str) -> None:
+    """``os.makedirs`` giving every directory it creates (not only the last) mode 0700 less
+    the umask; existing ones are left as they are."""
+    if os.path.isdir(path):
+        return
+    parent = os.path.dirname(path)
+    if parent and parent != path:
+        _makedirs_private(parent)
+    try:
+        os.mkdir(path, _PRIVATE_DIR)
+    except FileExistsError:
+        if not os.path.isdir(path):
+            raise
+
+
 class FileSystemCheckpointStorage(CheckpointStorage):
     """Checkpoints under ``<url>/<job_id>`` on any filesystem fsspec understands.
 
@@ -564,12 +584,27 @@ class FileSystemCheckpointStorage(CheckpointStorage):
             f"({type(exc).__name__}: {exc})"
         )
 
+    def _makedirs(self, directory: str) -> None:
+        if self._local:
+            # private to the owner (0700, less if the umask says so): a checkpoint holds the
+            # state and the pickled function
+            _makedirs_private(directory)
+        else:
+            self._fs.makedirs(directory, exist_ok=True)
+
+    def _create(self, full: str) -> IO[bytes]:
+        """A new file open for writing: 0600 (less if the umask says so) on a local disk."""
+        if self._local:
+            fd = os.open(full, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, _PRIVATE_FILE)
+            return os.fdopen(fd, "wb")
+        return self._fs.open(full, "wb")  # type: ignore[no-any-return]
+
     @contextlib.contextmanager
     def open_write(self, path: str) -> Iterator[IO[bytes]]:
         full = self._abs(path)
         try:
-            self._fs.makedirs(posixpath.dirname(full), exist_ok=True)
-            f = self._fs.open(full, "wb")
+            self._makedirs(posixpath.dirname(full))
+            f = self._create(full)
         except (OSError, PermissionError) as exc:
             raise self._not_writable(path, exc) from exc
         try:
@@ -597,12 +632,12 @@ class FileSystemCheckpointStorage(CheckpointStorage):
     def put_atomic(self, path: str, data: bytes) -> None:
         full = self._abs(path)
         try:
-            self._fs.makedirs(posixpath.dirname(full), exist_ok=True)
+            self._makedirs(posixpath.dirname(full))
             if self._object_store:
                 self._fs.pipe_file(full, data)  # one PUT: visible whole or not at all
                 return
             tmp = f"{full}.tmp-{uuid.uuid4().hex[:8]}"
-            with self._fs.open(tmp, "wb") as f:
+            with self._create(tmp) as f:
                 f.write(data)
                 if self.durable and self._local:
                     f.flush()
@@ -614,7 +649,7 @@ class FileSystemCheckpointStorage(CheckpointStorage):
     def put_if_absent(self, path: str, data: bytes) -> bool:
         full = self._abs(path)
         try:
-            self._fs.makedirs(posixpath.dirname(full), exist_ok=True)
+            self._makedirs(posixpath.dirname(full))
             if self._local:
                 return self._link_if_absent(full, data)
             if self._conditional_put:
@@ -640,7 +675,7 @@ class FileSystemCheckpointStorage(CheckpointStorage):
         """A complete temporary file hard-linked to its name: link() fails if the name exists,
         so a file is created whole, once, whatever other processes do."""
         tmp = f"{full}.tmp-{uuid.uuid4().hex[:8]}"
-        with open(tmp, "wb") as f:
+        with self._create(tmp) as f:
             f.write(data)
             if self.durable:
                 f.flush()

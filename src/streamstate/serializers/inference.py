@@ -157,20 +157,47 @@ def serializer_from_snapshot(
 
         return TimeWindowSerializer() if t == "time_window" else GlobalWindowSerializer()
     if t == "struct":
-        import importlib
-
-        module, _, qual = str(snap.get("class", "")).partition(":")
-        try:
-            obj: Any = importlib.import_module(module)
-            for part in qual.split("."):
-                obj = getattr(obj, part)
-        except (ImportError, AttributeError):
-            raise TypeError(
-                f"cannot rebuild the serializer of record type {snap.get('class')!r}: the class "
-                "is not importable here; register the state with its descriptor instead"
-            ) from None
-        return serializer_for(obj)
+        return serializer_for(_record_type(str(snap.get("class", ""))))
     raise TypeError(f"unknown serializer type {t!r} in checkpoint")
+
+
+#: modules a ``struct`` snapshot may name although the program has not imported them: the
+#: standard library's, whose types msgspec encodes
+SNAPSHOT_MODULES = frozenset({"datetime", "decimal", "uuid", "enum"})
+
+
+def _record_type(name: str) -> type:
+    """The record type ``module:qualname`` a checkpoint's snapshot names. A checkpoint must not
+    make the program import code: the module must be one the program already imported (it
+    declares the type, so it holds the class) or one of :data:`SNAPSHOT_MODULES`; and the name
+    must lead to a class of that module, not to any other object."""
+    import importlib
+    import sys
+
+    module, _, qual = name.partition(":")
+    found: Any = sys.modules.get(module)
+    if found is None and module in SNAPSHOT_MODULES:
+        found = importlib.import_module(module)
+    if found is None:
+        raise TypeError(
+            f"cannot rebuild the serializer of record type {name!r}: the checkpoint names module "
+            f"{module!r}, which this program has not imported (a checkpoint never makes it "
+            "import code); import the module first, or register the state with its descriptor"
+        )
+    try:
+        for part in qual.split("."):
+            found = getattr(found, part)
+    except AttributeError:
+        raise TypeError(
+            f"cannot rebuild the serializer of record type {name!r}: module {module!r} has no "
+            f"{qual!r}; register the state with its descriptor instead"
+        ) from None
+    if not (isinstance(found, type) and found.__module__ == module and found.__qualname__ == qual):
+        raise TypeError(
+            f"cannot rebuild the serializer of record type {name!r}: it names {found!r}, not a "
+            f"class defined in {module!r}"
+        )
+    return found
 
 
 class Types:

@@ -12,15 +12,19 @@ note. :class:`~streamstate.spark.streaming.KeyedStreamingQuery` re-raises it fro
 
 Through Spark Connect the micro-batches run in a Python process on the server, so the client
 never holds that error: the server writes it as a report (:func:`failure_report`: class,
-message, notes, traceback, the pickled exception) into the query run's report directory, and
-the client rebuilds it (:func:`error_from_report`): the same class and message where the client
-can build it, else a :class:`~streamstate.errors.RemoteError` naming the class. The notes name
-the key and record (or timer) the function was processing, and the state host's subtask.
+message, notes, traceback; plain JSON) into the query run's report directory, and the client
+rebuilds it (:func:`error_from_report`): the same class and message where the client can build
+it, else a :class:`~streamstate.errors.RemoteError` naming the class. The notes name the key
+and record (or timer) the function was processing, and the state host's subtask.
+
+The report lives in the checkpoint, which the client trusts less than its own process: it is
+read as data only. Nothing in it is unpickled, and a class is looked up only among the built-in
+exceptions, streamstate's and the modules the client already imported (an exception class whose
+constructor takes the message).
 """
 
 from __future__ import annotations
 
-import base64
 import builtins
 import importlib
 import json
@@ -121,14 +125,7 @@ def _qualified_name(cls: type) -> str:
 def failure_report(error: BaseException, batch: int, operator: str) -> bytes:
     """What a Spark Connect server's micro-batch reports to its client about ``error`` (the
     :func:`original_error` of what it raised), as JSON: the class's qualified name, message,
-    notes, traceback, and the exception pickled when it pickles (None otherwise)."""
-    pickled: str | None = None
-    try:
-        import cloudpickle
-
-        pickled = base64.b64encode(cloudpickle.dumps(error)).decode()
-    except Exception:  # an exception holding something unpicklable: the text is enough
-        pickled = None
+    notes and traceback (plain data: the client never unpickles what a checkpoint holds)."""
     # an error this process could not rebuild (a StateHostError standing for a class of a
     # module it never imported) is reported as what it stands for: the client may know it
     remote_type = getattr(error, "remote_type", None)
@@ -140,38 +137,27 @@ def failure_report(error: BaseException, batch: int, operator: str) -> bytes:
         "traceback": "".join(traceback.format_exception(error)),
         "batch": batch,
         "operator": operator,
-        "pickle": pickled,
     }
     return json.dumps(report).encode()
 
 
 def error_from_report(data: bytes) -> BaseException:
-    """The error a :func:`failure_report` describes: the pickled exception if this process can
-    load it, else one of the same class built from the message (with the notes), else a
+    """The error a :func:`failure_report` describes: one of the same class built from the
+    message (with the notes) if this process has that class (:func:`_instantiate`), else a
     :class:`~streamstate.errors.RemoteError` naming the class and message. A last note says
-    which micro-batch failed on the server and carries the server's traceback."""
+    which micro-batch failed on the server and carries the server's traceback. The report is
+    read as data: a ``pickle`` field (written by earlier versions) is ignored."""
     report = json.loads(data)
     name, message = str(report.get("type", "Exception")), str(report.get("message", ""))
-    error: BaseException | None = None
-    if report.get("stand_in"):  # the server could not build the class; maybe this process can
-        error = _instantiate(name, message)
-        if error is not None:
-            for note in report.get("notes", []):
-                error.add_note(note)
-    if error is None and report.get("pickle"):
-        try:
-            import cloudpickle
-
-            loaded = cloudpickle.loads(base64.b64decode(report["pickle"]))
-            error = loaded if isinstance(loaded, BaseException) else None
-        except Exception:  # its class is not importable here, or its constructor differs
-            error = None
+    error = _instantiate(name, message)
+    if error is None and report.get("stand_in"):
+        # a state host's error neither side can build: what a classic session raises for it
+        error = StateHostError(f"{name}: {message}")
+        error.remote_type, error.remote_message = name, message  # type: ignore[attr-defined]
     if error is None:
-        error = _instantiate(name, message)
-        if error is None:
-            error = RemoteError(f"{name}: {message}", remote_type=name)
-        for note in report.get("notes", []):
-            error.add_note(note)
+        error = RemoteError(f"{name}: {message}", remote_type=name)
+    for note in report.get("notes", []):
+        error.add_note(str(note))
     error.add_note(
         f"streamstate: raised on the Spark Connect server in micro-batch {report.get('batch')} "
         f"of {report.get('operator')!r} ({name}); the server's traceback:\n"

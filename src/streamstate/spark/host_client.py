@@ -10,7 +10,10 @@ storage. Routing never decides what state is used: the host's version, lineage a
 checks do (:meth:`~streamstate.spark.subtask.SubtaskRuntime.prepare`).
 
 Every connection first passes the HMAC handshake (:mod:`streamstate.spark.security`) with the
-query run's secret (or, outside a query run, the node's).
+query run's secret (or, outside a query run, the node's), within one deadline
+(:data:`HANDSHAKE_TIMEOUT`); every frame after it is sealed (:mod:`streamstate.spark.channel`).
+A host started here is told the job it serves (:class:`~streamstate.spark.state_host.JobPin`,
+on its stdin with the secret).
 
 Starting is race-free: a task connects to ``<id>.sock``; if nobody listens it takes the spawn
 ``flock`` (``<id>.spawn``), tries again (another task may have started the host meanwhile), and
@@ -46,7 +49,7 @@ from streamstate.spark.security import (
     node_secret,
     peer_uid,
 )
-from streamstate.spark.state_host import HostSpec, host_paths, proc_start_time
+from streamstate.spark.state_host import HostSpec, JobPin, host_paths, proc_start_time
 
 __all__ = [
     "connect",
@@ -59,11 +62,14 @@ __all__ = [
     "spawn",
 ]
 
-#: seconds to wait for a host on another node to start the handshake once TCP is connected: it
-#: serves one connection at a time, so one busy with another attempt of the same subtask (a
-#: reload can take tens of seconds) answers only after it; a node that vanished meanwhile is
-#: noticed by keepalive. (A host on this node gets the I/O timeout, as before.)
-HANDSHAKE_TIMEOUT = 120.0
+#: seconds a handshake may take in all: a host runs handshakes concurrently with its batches,
+#: so a live host answers within a round trip or two, busy or not
+HANDSHAKE_TIMEOUT = 10.0
+#: seconds to wait for the HELLO of a host on another node once authenticated: it serves one
+#: connection at a time, so one busy with another attempt of the same subtask (a reload can
+#: take tens of seconds) answers only after it; a node that vanished meanwhile is noticed by
+#: keepalive. (A host on this node gets the I/O timeout.)
+BUSY_TIMEOUT = 120.0
 
 
 def find_jvm_pid() -> int | None:
@@ -98,13 +104,15 @@ def spawn(
     timeout: float = 120.0,
     pythonpath: str | None = None,
     secret: bytes | None = None,
+    job: bytes | None = None,
 ) -> float:
     """Start the host of ``spec`` and wait until it is ready; returns the seconds it took.
 
     ``pythonpath`` is put first on the host's PYTHONPATH (default: the directory this
-    ``streamstate`` was imported from). ``secret`` (default: the node's) reaches the host on
-    its stdin."""
-    from streamstate.spark.job import src_path
+    ``streamstate`` was imported from). ``secret`` (default: the node's) and the pin of
+    ``job`` (an encoded :class:`~streamstate.spark.job.JobSpec`: the only job the host will
+    serve; None: it serves no batch) reach the host on its stdin."""
+    from streamstate.spark.job import JobSpec, src_path
 
     paths = host_paths(spec.id, spec.run_dir)
     env = dict(os.environ)
@@ -135,8 +143,12 @@ def spawn(
         )
     os.close(write_fd)
     assert launcher.stdin is not None
+    pin = b""
+    if job is not None:
+        pin = msgspec.json.encode(JobPin.of(msgspec.msgpack.decode(job, type=JobSpec)))
     try:
         launcher.stdin.write((secret or node_secret(spec.run_dir)).hex().encode() + b"\n")
+        launcher.stdin.write(pin + b"\n")
         launcher.stdin.close()
     except BrokenPipeError:
         pass  # it died at once: the status pipe says why
@@ -192,16 +204,17 @@ def _open(
     secret: bytes,
     io_timeout: float,
     max_frame: int,
-    handshake_timeout: float | None = None,
+    hello_timeout: float | None = None,
 ) -> tuple[Connection, dict[str, Any]]:
-    """Handshake and HELLO on a connected socket (closed on failure)."""
+    """Handshake (within :data:`HANDSHAKE_TIMEOUT`) and HELLO (within ``hello_timeout``,
+    default ``io_timeout``) on a connected socket (closed on failure)."""
     try:
-        sock.settimeout(handshake_timeout or io_timeout)
-        client_handshake(sock, secret, spec_id)
-        sock.settimeout(io_timeout)
-        conn = Connection(sock, max_frame)
+        keys = client_handshake(sock, secret, spec_id, min(HANDSHAKE_TIMEOUT, io_timeout))
+        sock.settimeout(hello_timeout or io_timeout)
+        conn = Connection(sock, keys, max_frame)
         conn.send({"t": "HELLO", "proto": PROTOCOL_VERSION})
         hello, _ = conn.recv()
+        sock.settimeout(io_timeout)
     except BaseException:
         sock.close()
         raise
@@ -217,10 +230,12 @@ def connect(
     start: bool = True,
     pythonpath: str | None = None,
     secret: bytes | None = None,
+    job: bytes | None = None,
 ) -> tuple[Connection, dict[str, Any], float | None] | None:
     """Connect to the host of ``spec`` on this node (starting it if ``start``); returns the
     connection, the host's HELLO and the spawn time (None if it was running), or None if it is
-    not running and ``start`` is False. ``secret``: the query run's (default: the node's)."""
+    not running and ``start`` is False. ``secret``: the query run's (default: the node's);
+    ``job``: the encoded ``JobSpec`` a host started here serves (:func:`spawn`)."""
     paths = host_paths(spec.id, spec.run_dir)
     if secret is None:
         secret = node_secret(spec.run_dir)
@@ -234,7 +249,7 @@ def connect(
                 fcntl.flock(lock, fcntl.LOCK_EX)  # one spawner; the others wait, then connect
                 sock = _try_connect(paths["sock"], spec.io_timeout)
                 if sock is None:
-                    spawned = spawn(spec, pythonpath=pythonpath, secret=secret)
+                    spawned = spawn(spec, pythonpath=pythonpath, secret=secret, job=job)
                     sock = _try_connect(paths["sock"], spec.io_timeout)
                     if sock is None:
                         raise StateHostError(
@@ -272,7 +287,7 @@ def connect_tcp(
         secret,
         spec.io_timeout,
         spec.max_frame,
-        min(spec.io_timeout, max(connect_timeout, HANDSHAKE_TIMEOUT)),
+        min(spec.io_timeout, max(connect_timeout, BUSY_TIMEOUT)),
     )
 
 
@@ -283,6 +298,7 @@ def open_host(
     location: dict[str, Any] | None = None,
     connect_timeout: float = 3.0,
     pythonpath: str | None = None,
+    job: bytes | None = None,
 ) -> tuple[Connection, dict[str, Any], float | None, str, str | None]:
     """The connection to the host of ``spec``: at ``location`` if that is another node and
     reachable (route ``tcp``), else on this node (``unix``; ``fallback`` if ``location`` could
@@ -298,7 +314,7 @@ def open_host(
             return conn, hello, None, "tcp", None
         except (OSError, EOFError, ProtocolError) as exc:
             why = f"{location['tcp']}: {exc!r}"  # node lost, host gone: start one here
-    got = connect(spec, pythonpath=pythonpath, secret=secret)
+    got = connect(spec, pythonpath=pythonpath, secret=secret, job=job)
     assert got is not None
     conn, hello, spawned = got
     return conn, hello, spawned, "unix" if why is None else "fallback", why
@@ -341,6 +357,7 @@ def run_batch(
         location=location,
         connect_timeout=connect_timeout,
         pythonpath=pythonpath,
+        job=begin.get("job"),
     )
     t_connect = time.perf_counter() - t0
     where = hello.get("tcp") if route == "tcp" else host_paths(spec.id, spec.run_dir)["log"]
@@ -382,11 +399,16 @@ def run_batch(
         conn.close()
 
 
+#: what a client of a host that is gone, busy past the timeout or not ours may raise
+_UNREACHABLE = (StateHostError, EOFError, OSError, ProtocolError)
+
+
 def ping(spec: HostSpec, secret: bytes | None = None) -> dict[str, Any] | None:
-    """The host's PONG, or None if it is not running."""
+    """The host's PONG, or None if it is not running or does not answer within the spec's
+    I/O timeout (it never raises for that)."""
     try:
         got = connect(spec, start=False, secret=secret)
-    except StateHostError:
+    except _UNREACHABLE:
         return None
     if got is None:
         return None
@@ -411,11 +433,15 @@ def _bye(conn: Connection, reason: str, pid: int | None = None) -> bool:
         conn.close()
 
 
-def shutdown(spec: HostSpec, reason: str = "", secret: bytes | None = None) -> bool:
-    """Ask the host of ``spec`` on this node to exit; False if it was not running."""
+def shutdown(
+    spec: HostSpec, reason: str = "", secret: bytes | None = None, timeout: float = 10.0
+) -> bool:
+    """Ask the host of ``spec`` on this node to exit; False if it was not running or did not
+    answer within ``timeout`` seconds (it never raises for that: a caller stopping many hosts
+    goes on with the next)."""
     try:
-        got = connect(msgspec.structs.replace(spec, io_timeout=10.0), start=False, secret=secret)
-    except StateHostError:
+        got = connect(msgspec.structs.replace(spec, io_timeout=timeout), start=False, secret=secret)
+    except _UNREACHABLE:
         return False
     return False if got is None else _bye(got[0], reason)
 
@@ -434,7 +460,7 @@ def shutdown_remote(
         conn, _ = connect_tcp(
             address, msgspec.structs.replace(spec, io_timeout=10.0), secret, connect_timeout=timeout
         )
-    except (OSError, EOFError, ProtocolError):
+    except _UNREACHABLE:
         return False
     return _bye(conn, reason, pid)
 

@@ -1,4 +1,6 @@
-"""A Spark standalone cluster on 127.0.0.1, started from pyspark's own launcher.
+"""A Spark standalone cluster on one machine, started from pyspark's own launcher: on
+127.0.0.1, or with a network namespace and an address per node
+(:class:`~streamstate.spark.local_netns.NetnsNetwork`).
 
 One master and N workers, each a ``spark-class`` JVM (``org.apache.spark.deploy.master.Master``,
 ``org.apache.spark.deploy.worker.Worker``) with pyspark's package directory as ``SPARK_HOME``:
@@ -97,6 +99,9 @@ class Node:
     log: str
     alive: bool = True
     killed_pids: set[int] = field(default_factory=set)
+    #: its network address, and where it is on the network (the endpoint's name)
+    address: str = "127.0.0.1"
+    place: str = ""
 
     @property
     def pid(self) -> int:
@@ -132,7 +137,10 @@ class Node:
 
 
 class LocalCluster:
-    """A standalone master and ``workers`` workers on 127.0.0.1.
+    """A standalone master and ``workers`` workers on 127.0.0.1, or each in its own network
+    namespace of ``network`` (a :class:`~streamstate.spark.local_netns.NetnsNetwork`: the
+    master is its endpoint ``master``, worker ``nodeI`` its endpoint ``nodeI``, and drivers
+    run in the root namespace at the bridge's address).
 
     >>> with LocalCluster(workers=2) as cluster:            # doctest: +SKIP
     ...     spark = cluster.session_builder("app").getOrCreate()
@@ -148,6 +156,7 @@ class LocalCluster:
         env: dict[str, str] | None = None,
         python: str | None = None,
         start_timeout: float = 120.0,
+        network: Any = None,
     ) -> None:
         self.initial_workers = workers
         self.cores = cores
@@ -159,6 +168,7 @@ class LocalCluster:
         self.start_timeout = start_timeout
         self.home = pyspark_home()
         self.extra_env = dict(env or {})
+        self.network = network
         self.master: subprocess.Popen[bytes] | None = None
         self.master_port = 0
         self.master_webui_port = 0
@@ -166,16 +176,26 @@ class LocalCluster:
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
+    def address(self, place: str) -> str:
+        """The address of the process at ``place`` (``master``, a node's name)."""
+        return "127.0.0.1" if self.network is None else self.network.endpoint(place).address
+
+    @property
+    def driver_address(self) -> str:
+        """Where a driver of this cluster listens (the root namespace's bridge address)."""
+        return "127.0.0.1" if self.network is None else str(self.network.address)
+
     @property
     def master_url(self) -> str:
-        return f"spark://127.0.0.1:{self.master_port}"
+        return f"spark://{self.address('master')}:{self.master_port}"
 
-    def _env(self, **extra: str) -> dict[str, str]:
+    def _env(self, place: str = "master", **extra: str) -> dict[str, str]:
         env = dict(os.environ)
+        here = self.address(place)
         env.update(
             SPARK_HOME=self.home,
-            SPARK_LOCAL_IP="127.0.0.1",
-            SPARK_LOCAL_HOSTNAME="127.0.0.1",
+            SPARK_LOCAL_IP=here,
+            SPARK_LOCAL_HOSTNAME=here,
             # the daemons themselves need little; executors get spark.executor.memory
             SPARK_DAEMON_MEMORY="256m",
             PYSPARK_PYTHON=self.python,
@@ -187,10 +207,15 @@ class LocalCluster:
         env.update(extra)
         return env
 
-    def _spawn(self, args: list[str], log: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    def _spawn(
+        self, args: list[str], log: str, env: dict[str, str], place: str = "master"
+    ) -> subprocess.Popen[bytes]:
+        argv = [os.path.join(self.home, "bin", "spark-class"), *args]
+        if self.network is not None:
+            argv = self.network.endpoint(place).command(argv)
         with open(log, "ab") as out:
             return subprocess.Popen(
-                [os.path.join(self.home, "bin", "spark-class"), *args],
+                argv,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -208,7 +233,7 @@ class LocalCluster:
             [
                 "org.apache.spark.deploy.master.Master",
                 "--host",
-                "127.0.0.1",
+                self.address("master"),
                 "--port",
                 str(self.master_port),
                 "--webui-port",
@@ -228,10 +253,15 @@ class LocalCluster:
             raise
         return self
 
-    def add_worker(self, *, wait: bool = True, env: dict[str, str] | None = None) -> Node:
-        """Start one more worker (a new node); with ``wait``, until the master lists it."""
+    def add_worker(
+        self, *, wait: bool = True, env: dict[str, str] | None = None, place: str | None = None
+    ) -> Node:
+        """Start one more worker (a new node); with ``wait``, until the master lists it.
+        ``place``: the network endpoint it runs at (default its own, ``nodeI``; a replacement
+        takes the place of a node it replaces)."""
         i = len(self.nodes)
         name = f"node{i}"
+        place = place or name
         run_dir = os.path.join(self.directory, name, "run")
         work_dir = os.path.join(self.directory, name, "work")
         os.makedirs(run_dir, mode=0o700)
@@ -247,7 +277,7 @@ class LocalCluster:
                 "--memory",
                 self.memory,
                 "--host",
-                "127.0.0.1",
+                self.address(place),
                 "--webui-port",
                 str(port),
                 "--work-dir",
@@ -255,10 +285,13 @@ class LocalCluster:
             ],
             log,
             # executors are children of the worker and inherit its environment: this is what
-            # gives each node its own state-host directory
-            self._env(STREAMSTATE_RUN_DIR=run_dir, **(env or {})),
+            # gives each node its own state-host directory (and address: SPARK_LOCAL_IP)
+            self._env(place, STREAMSTATE_RUN_DIR=run_dir, **(env or {})),
+            place,
         )
-        node = Node(name, process, port, run_dir, work_dir, log)
+        node = Node(
+            name, process, port, run_dir, work_dir, log, address=self.address(place), place=place
+        )
         self.nodes.append(node)
         if wait:
             self.wait_for_workers(len(self.alive_nodes))
@@ -270,7 +303,7 @@ class LocalCluster:
 
     def status(self) -> dict[str, Any] | None:
         """The master's JSON status page, or None while it does not answer."""
-        url = f"http://127.0.0.1:{self.master_webui_port}/json/"
+        url = f"http://{self.address('master')}:{self.master_webui_port}/json/"
         try:
             with urllib.request.urlopen(url, timeout=5) as r:
                 return dict(json.load(r))
@@ -327,6 +360,13 @@ class LocalCluster:
         node.killed_pids = executors | pids
         return node.killed_pids
 
+    def replace_node(self, node: Node, *, wait: bool = True) -> Node:
+        """Kill ``node`` if it is alive and start a fresh worker at its place (its address),
+        with new run and work directories."""
+        if node.alive:
+            self.kill_node(node)
+        return self.add_worker(wait=wait, place=node.place)
+
     def stop(self) -> None:
         """Stop every process this cluster started (by process group and pid), then remove
         its directory if the cluster created it."""
@@ -356,14 +396,14 @@ class LocalCluster:
 
     def spark_conf(self, executor_memory: str = "512m") -> dict[str, str]:
         """Settings of a driver connected to this cluster: executors of one core, tasks retried
-        (a lost node must not fail the query), everything on 127.0.0.1."""
+        (a lost node must not fail the query), the driver on :attr:`driver_address`."""
         return {
             "spark.master": self.master_url,
             "spark.executor.cores": str(self.cores),
             "spark.executor.memory": executor_memory,
             "spark.task.maxFailures": "4",
-            "spark.driver.host": "127.0.0.1",
-            "spark.driver.bindAddress": "127.0.0.1",
+            "spark.driver.host": self.driver_address,
+            "spark.driver.bindAddress": self.driver_address,
             "spark.pyspark.python": self.python,
             "spark.ui.enabled": "false",
             "spark.ui.showConsoleProgress": "false",

@@ -1,4 +1,5 @@
-"""Who may talk to a state host: the job's secret, the HMAC handshake, the run directory.
+"""Who may talk to a state host: the job's secret, the handshake and its session keys, the run
+directory.
 
 A state host executes what its clients send (it loads the function a ``JobSpec`` names and runs
 it on their records), so only clients of the same query run may reach it:
@@ -8,13 +9,18 @@ it on their records), so only clients of the same query run may reach it:
   ``spark.network.crypto.enabled`` on an untrusted network) and to a host on its spawner's pipe
   (never on a command line, never in a file). Clients that are not part of a query (tests,
   tools) use the node's secret (:func:`node_secret`), a 0600 file in the run directory.
-* **The handshake** (:func:`server_handshake` / :func:`client_handshake`): a challenge-response
+* **The handshake** (:class:`ServerHandshake` / :func:`client_handshake`): a challenge-response
   HMAC-SHA256 on every connection, Unix or TCP, before a single framed message is read. The
   secret never crosses the connection; fixed-size messages, so nothing unauthenticated is
-  parsed beyond comparing bytes.
+  parsed beyond comparing bytes. The host's side has no I/O of its own: the host runs many
+  handshakes at once, each with one overall deadline (:mod:`streamstate.spark.acceptor`).
+* **Session keys** (:func:`session_keys`): HKDF-SHA256 of the secret, salted with both nonces
+  and bound to the host id, gives one AES-256-GCM key per direction; every frame after the
+  handshake is sealed with them (:mod:`streamstate.spark.channel`).
 * **The run directory** (:func:`run_dir`): sockets, locks and logs live in a directory that must
-  be the current user's and closed to group and others, and a Unix-socket peer must run as the
-  host's uid (:func:`peer_uid`).
+  be the current user's and closed to group and others, below parents that only root or the
+  user can change (OpenSSH's safe-path rule); a Unix-socket peer must run as the host's uid
+  (:func:`peer_uid`).
 * **The node id** (:func:`node_id`): a random id kept in the run directory names the node in a
   host's location, so two simulated nodes on one machine (two run directories) are two nodes.
 """
@@ -29,30 +35,52 @@ import secrets
 import socket
 import stat
 import struct
+import time
 import uuid
+from typing import NamedTuple
 
 __all__ = [
     "MAGIC",
+    "PROTOCOL_VERSION",
+    "REPLY_BYTES",
     "AuthError",
+    "ServerHandshake",
+    "SessionKeys",
+    "check_parents",
+    "check_private_dir",
     "client_handshake",
     "new_secret",
     "node_id",
     "node_secret",
     "peer_uid",
     "run_dir",
-    "server_handshake",
+    "session_keys",
 ]
 
-#: the first bytes of both sides of a handshake ("streamstate host protocol 2")
-MAGIC = b"SSHOST\x00\x02"
+#: version of the host protocol: the handshake, the sealed frames and the messages
+#: (:mod:`streamstate.spark.protocol`); both sides' first bytes carry it
+PROTOCOL_VERSION = 3
+#: the first bytes of both sides of a handshake: "SSHOST", a zero byte, the protocol version
+_MAGIC_PREFIX = b"SSHOST\x00"
+MAGIC = _MAGIC_PREFIX + bytes([PROTOCOL_VERSION])
 _NONCE = 32
 _MAC = 32
 SECRET_BYTES = 32
+#: the bytes of a client's handshake (MAGIC, its nonce, its MAC)
+REPLY_BYTES = len(MAGIC) + _NONCE + _MAC
+_KEY_INFO = b"streamstate host channel v3\0"
 
 
 class AuthError(ConnectionError):
     """A handshake failed: the peer does not hold the job's secret (or is not a streamstate
-    peer at all)."""
+    peer at all, or speaks another protocol version)."""
+
+
+class SessionKeys(NamedTuple):
+    """The AES-256-GCM keys of one connection, as one side sees them."""
+
+    send: bytes
+    recv: bytes
 
 
 def new_secret() -> bytes:
@@ -65,10 +93,92 @@ def _mac(secret: bytes, role: bytes, host: str, first: bytes, second: bytes) -> 
     return hmac.new(secret, msg, hashlib.sha256).digest()
 
 
-def _read(sock: socket.socket, n: int, what: str) -> bytes:
+def session_keys(
+    secret: bytes, host: str, host_nonce: bytes, client_nonce: bytes, *, client: bool
+) -> SessionKeys:
+    """The two keys of a connection to host ``host`` (HKDF-SHA256, RFC 5869: the secret as
+    input key material, both nonces as salt, the host id in the info), for the client's side
+    (``client``) or the host's. Fresh nonces on both sides make every connection's keys new, so
+    nothing recorded from another connection opens on this one."""
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+    okm = HKDF(
+        algorithm=hashes.SHA256(),
+        length=64,
+        salt=host_nonce + client_nonce,
+        info=_KEY_INFO + host.encode(),
+    ).derive(secret)
+    to_host, to_client = okm[:32], okm[32:]
+    return SessionKeys(to_host, to_client) if client else SessionKeys(to_client, to_host)
+
+
+def _version_of(first: bytes) -> int | None:
+    """The protocol version a peer's first bytes announce (None: not a streamstate peer)."""
+    if len(first) > len(_MAGIC_PREFIX) and first.startswith(_MAGIC_PREFIX):
+        return first[len(_MAGIC_PREFIX)]
+    return None
+
+
+def _wrong_magic(first: bytes, who: str) -> AuthError:
+    version = _version_of(first)
+    if version is not None:
+        return AuthError(
+            f"{who} speaks state-host protocol version {version}, this side {PROTOCOL_VERSION}: "
+            "every node and the driver must run the same streamstate"
+        )
+    return AuthError(f"{who} is not a streamstate peer (first bytes {first[:8].hex()})")
+
+
+class ServerHandshake:
+    """The host's side of one connection's handshake, without I/O (the host drives many at
+    once): send :meth:`challenge`, collect the client's :data:`REPLY_BYTES` bytes (refusing
+    early on :meth:`check_prefix`), then :meth:`verify` gives the proof to send back and the
+    session keys, or raises :class:`AuthError`."""
+
+    __slots__ = ("host", "nonce", "secret")
+
+    def __init__(self, secret: bytes, host: str) -> None:
+        self.secret = secret
+        self.host = host
+        self.nonce = os.urandom(_NONCE)
+
+    def challenge(self) -> bytes:
+        return MAGIC + self.nonce
+
+    @staticmethod
+    def check_prefix(data: bytes) -> None:
+        """Refuse a client whose first bytes already show it is no client of this version."""
+        n = min(len(data), len(MAGIC))
+        if data[:n] != MAGIC[:n]:
+            raise _wrong_magic(data, "the client")
+
+    def verify(self, reply: bytes) -> tuple[bytes, SessionKeys]:
+        if len(reply) != REPLY_BYTES:
+            raise AuthError(
+                f"truncated the client's handshake: {len(reply)} of {REPLY_BYTES} bytes"
+            )
+        self.check_prefix(reply)
+        theirs = reply[len(MAGIC) : len(MAGIC) + _NONCE]
+        mac = reply[len(MAGIC) + _NONCE :]
+        expected = _mac(self.secret, b"client", self.host, self.nonce, theirs)
+        if not hmac.compare_digest(mac, expected):
+            raise AuthError("wrong HMAC: the client does not hold this job's secret")
+        proof = _mac(self.secret, b"host", self.host, theirs, self.nonce)
+        return proof, session_keys(self.secret, self.host, self.nonce, theirs, client=False)
+
+
+def _read(sock: socket.socket, n: int, what: str, deadline: float) -> bytes:
     buf = bytearray()
     while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"no complete {what} within the handshake deadline")
+        sock.settimeout(left)
+        try:
+            chunk = sock.recv(n - len(buf))
+        except TimeoutError:
+            raise TimeoutError(f"no complete {what} within the handshake deadline") from None
         if not chunk:
             if not buf:
                 raise EOFError(f"the peer closed the connection before {what}")
@@ -77,40 +187,21 @@ def _read(sock: socket.socket, n: int, what: str) -> bytes:
     return bytes(buf)
 
 
-def server_handshake(sock: socket.socket, secret: bytes, host: str) -> None:
-    """The host's side; raises :class:`AuthError` (or ``EOFError``/``OSError``) if the client
-    is refused. The socket's timeout bounds a silent client."""
-    nonce = os.urandom(_NONCE)
-    sock.sendall(MAGIC + nonce)
-    try:
-        reply = _read(sock, len(MAGIC) + _NONCE + _MAC, "the client's handshake")
-    except EOFError as exc:
-        raise AuthError("the client closed the connection without a handshake") from exc
-    if reply[: len(MAGIC)] != MAGIC:
-        raise AuthError(
-            f"not a streamstate client of this protocol version (first bytes {reply[:8].hex()})"
-        )
-    theirs = reply[len(MAGIC) : len(MAGIC) + _NONCE]
-    mac = reply[len(MAGIC) + _NONCE :]
-    if not hmac.compare_digest(mac, _mac(secret, b"client", host, nonce, theirs)):
-        raise AuthError("wrong HMAC: the client does not hold this job's secret")
-    sock.sendall(_mac(secret, b"host", host, theirs, nonce))
-
-
-def client_handshake(sock: socket.socket, secret: bytes, host: str) -> None:
-    """The client's side: proves the secret to host ``host`` and checks that it holds it too.
+def client_handshake(
+    sock: socket.socket, secret: bytes, host: str, timeout: float = 10.0
+) -> SessionKeys:
+    """The client's side: proves the secret to host ``host``, checks that it holds it too and
+    returns the session keys; the whole exchange has ``timeout`` seconds (``TimeoutError``).
     ``EOFError`` if the peer closed before its challenge (a host going away: try again)."""
-    challenge = _read(sock, len(MAGIC) + _NONCE, "the host's challenge")
+    deadline = time.monotonic() + timeout
+    challenge = _read(sock, len(MAGIC) + _NONCE, "the host's challenge", deadline)
     if challenge[: len(MAGIC)] != MAGIC:
-        raise AuthError(
-            f"the peer is not a state host of this protocol version (first bytes "
-            f"{challenge[:8].hex()})"
-        )
+        raise _wrong_magic(challenge, "the state host")
     theirs = challenge[len(MAGIC) :]
     nonce = os.urandom(_NONCE)
     sock.sendall(MAGIC + nonce + _mac(secret, b"client", host, theirs, nonce))
     try:
-        proof = _read(sock, _MAC, "the host's proof")
+        proof = _read(sock, _MAC, "the host's proof", deadline)
     except EOFError as exc:
         raise AuthError(
             f"the state host {host} refused the handshake (another job's secret or another "
@@ -118,6 +209,7 @@ def client_handshake(sock: socket.socket, secret: bytes, host: str) -> None:
         ) from exc
     if not hmac.compare_digest(proof, _mac(secret, b"host", host, nonce, theirs)):
         raise AuthError(f"the peer does not prove it is the state host {host} of this job")
+    return session_keys(secret, host, theirs, nonce, client=True)
 
 
 def peer_uid(sock: socket.socket) -> int:
@@ -154,15 +246,45 @@ def check_private_dir(path: str) -> None:
         )
 
 
+def check_parents(path: str) -> None:
+    """Raise ``PermissionError`` unless every directory above ``path`` (symlinks resolved) is
+    owned by root or the current user and writable by nobody else, as OpenSSH's
+    ``safe_path()`` checks a key file's directories: whoever can write a parent can replace the
+    run directory with one of their own. A world-writable parent with the sticky bit (``/tmp``)
+    is accepted: there only an entry's owner may rename or remove it."""
+    uid = os.getuid()
+    parent = os.path.dirname(os.path.realpath(path))
+    while True:
+        st = os.stat(parent)
+        mode = stat.S_IMODE(st.st_mode)
+        if st.st_uid not in (0, uid):
+            raise PermissionError(
+                f"{parent}, a parent of the state host run directory {path}, is owned by uid "
+                f"{st.st_uid}: that user could replace the run directory; use a directory below "
+                "parents owned by root or by you (STREAMSTATE_RUN_DIR)"
+            )
+        if mode & 0o022 and not (mode & stat.S_ISVTX and st.st_uid == 0):
+            raise PermissionError(
+                f"{parent}, a parent of the state host run directory {path}, has mode "
+                f"{mode:04o}: group/other may write it (and replace the run directory) without "
+                "the sticky bit; use another directory (STREAMSTATE_RUN_DIR) or chmod go-w it"
+            )
+        if parent == os.path.dirname(parent):
+            return
+        parent = os.path.dirname(parent)
+
+
 def run_dir(override: str | None = None) -> str:
     """The node's directory of host sockets, locks and logs: ``override``, else
     ``$STREAMSTATE_RUN_DIR``, else ``/tmp/streamstate-<uid>``; created with mode 0700. An
-    existing directory that is not the current user's or is open to group/others is refused
-    (``PermissionError`` naming it)."""
+    existing directory that is not the current user's or is open to group/others, or that lies
+    below a parent others may write (:func:`check_parents`), is refused (``PermissionError``
+    naming it)."""
     d = override or os.environ.get("STREAMSTATE_RUN_DIR") or f"/tmp/streamstate-{os.getuid()}"
     with contextlib.suppress(FileExistsError):
         os.makedirs(d, mode=0o700)
     check_private_dir(d)
+    check_parents(d)
     return d
 
 

@@ -13,8 +13,12 @@ node's run directory and, unless disabled, on TCP (``HostSpec.bind``, an ephemer
 HELLO reports its location (node id, TCP address, socket path), the task puts it in its
 acknowledgement, and the driver tells the next batch's task of that subtask where to send its
 records, on whichever node Spark runs it (:mod:`streamstate.spark.host_client`). Every
-connection is authenticated first (:mod:`streamstate.spark.security`); a refused connection is
-logged and closed and the host goes on serving.
+connection is authenticated first (:mod:`streamstate.spark.security`) by the acceptor thread,
+which runs all pending handshakes at once (:mod:`streamstate.spark.acceptor`); the main thread
+serves authenticated connections one at a time, Unix ones first, over sealed frames
+(:mod:`streamstate.spark.channel`). A refused connection or frame is logged (rate-limited) and
+closed and the host goes on serving. A host serves only the job it was started for
+(:class:`JobPin`).
 
 Lifecycle: the first task that cannot connect spawns the host (:mod:`streamstate.spark.
 host_client`); the host double-forks and calls ``setsid`` (it is neither a child of the worker
@@ -24,7 +28,8 @@ reports ``READY`` or ``ERROR <reason>`` on a pipe to its spawner. It exits on SH
 driver stops the query run), SIGTERM, when the executor JVM it watches exits (a thread waits on
 a ``pidfd``, so even a host busy in a batch exits: no orphan survives its executor), or after
 ``idle_timeout`` seconds without a connection (so a host its subtask left behind on another
-node does not linger). The socket is unlinked on exit.
+node does not linger; refused connections do not count as use). The socket is unlinked on
+exit.
 
 Memory: a host's memory is not accounted by Spark. On YARN or Kubernetes it counts against the
 executor container, so size ``spark.executor.memoryOverhead`` for the state; if
@@ -39,9 +44,9 @@ import fcntl
 import hashlib
 import json
 import os
+import queue
 import resource
 import select
-import selectors
 import signal
 import socket
 import sys
@@ -52,25 +57,20 @@ from typing import Any
 
 import msgspec
 
-from streamstate.spark.network import bind_tcp, tcp_tune
+from streamstate.spark.acceptor import Acceptor, RefusalLog
+from streamstate.spark.network import bind_tcp
 from streamstate.spark.protocol import (
     MAX_BODY_BYTES,
     PROTOCOL_VERSION,
     Connection,
     ProtocolError,
 )
-from streamstate.spark.security import (
-    AuthError,
-    node_id,
-    node_secret,
-    peer_uid,
-    run_dir,
-    server_handshake,
-)
+from streamstate.spark.security import node_id, node_secret, run_dir
 
 __all__ = [
     "Begin",
     "HostSpec",
+    "JobPin",
     "StateHost",
     "host_id",
     "host_paths",
@@ -97,8 +97,14 @@ class HostSpec(msgspec.Struct, frozen=True, kw_only=True):
     #: TCP address to listen on (``"127.0.0.1"``, ``"10.0.0.5:0"``, ``"[::]:0"``; port 0 or
     #: none: ephemeral); None: Unix socket only
     bind: str | None = None
-    #: seconds a connection has to complete the handshake
+    #: seconds a connection has to complete the handshake, from its accept (one deadline)
     auth_timeout: float = 5.0
+    #: handshakes pending at once: from one source address, and in all (beyond: the oldest
+    #: is dropped, :mod:`streamstate.spark.acceptor`)
+    max_pending_per_address: int = 16
+    max_pending: int = 256
+    #: refusals logged per 10 s (beyond: one line says how many were not)
+    refusal_log_limit: int = 20
     #: largest message body accepted (one Arrow batch)
     max_frame: int = MAX_BODY_BYTES
     #: the query run (for humans; the run is also part of ``id``)
@@ -121,6 +127,33 @@ class Begin(msgspec.Struct, kw_only=True):
     schema: bytes | None = None
     #: the subtask the client means (checked against the host's)
     subtask: int | None = None
+
+
+class JobPin(msgspec.Struct, frozen=True, kw_only=True):
+    """The job a host serves, fixed when it starts (its spawner writes it on the host's stdin
+    with the secret): a BEGIN whose ``JobSpec`` names another checkpoint, operator, function
+    or storage options is refused, even from a client holding the secret."""
+
+    checkpoint_url: str
+    operator: str
+    function_sha: str
+    #: sha256 of the storage options (msgpack, keys sorted): compared, never kept
+    storage_options: str
+
+    @classmethod
+    def of(cls, job: Any) -> JobPin:
+        """The pin of a :class:`~streamstate.spark.job.JobSpec`."""
+        options = msgspec.msgpack.Encoder(order="sorted").encode(job.storage_options)
+        return cls(
+            checkpoint_url=job.checkpoint_url,
+            operator=job.operator,
+            function_sha=job.function_sha,
+            storage_options=hashlib.sha256(options).hexdigest(),
+        )
+
+    def differences(self, other: JobPin) -> list[str]:
+        """The fields in which ``other`` differs (names only: values may hold credentials)."""
+        return [f for f in self.__struct_fields__ if getattr(self, f) != getattr(other, f)]
 
 
 def host_id(job: str, operator: str, subtask: int, parallelism: int, run: str = "") -> str:
@@ -157,8 +190,10 @@ def proc_start_time(pid: int) -> int | None:
 class StateHost:
     """The subtask's runtime and the handling of one connection's messages."""
 
-    def __init__(self, spec: HostSpec) -> None:
+    def __init__(self, spec: HostSpec, pin: JobPin | None = None) -> None:
         self.spec = spec
+        #: the job this host serves (None: started by a tool, it serves no batch)
+        self.pin = pin
         self.runtime: Any = None
         self.job_identity: str | None = None
         self.function_sha: str | None = None
@@ -228,6 +263,18 @@ class StateHost:
             raise ProtocolError(
                 f"BEGIN for operator {job.operator!r} at parallelism {job.parallelism} reached "
                 f"the host of {spec.operator!r} at parallelism {spec.parallelism}"
+            )
+        if self.pin is None:
+            raise ProtocolError(
+                "BEGIN reached a host started without a job (by a tool): it serves no batch"
+            )
+        differ = self.pin.differences(JobPin.of(job))
+        if job.checkpoint_url != spec.job and "checkpoint_url" not in differ:
+            differ.insert(0, "checkpoint_url")
+        if differ:
+            raise ProtocolError(
+                f"BEGIN for another job: its {', '.join(differ)} differ from the job this host "
+                "was started for"
             )
         return begin, job
 
@@ -319,10 +366,16 @@ def _watch_executor(pid: int, sock_path: str) -> None:
     threading.Thread(target=watch, name="streamstate-executor-watch", daemon=True).start()
 
 
-def serve(spec: HostSpec, status_fd: int | None, secret: bytes | None = None) -> int:
+def serve(
+    spec: HostSpec, status_fd: int | None, secret: bytes | None = None, pin: JobPin | None = None
+) -> int:
     """The host's main loop; ``status_fd`` is the pipe to the spawner (READY or ERROR);
     ``secret`` the query run's secret (default: the node's, :func:`~streamstate.spark.
-    security.node_secret`)."""
+    security.node_secret`); ``pin`` the job it serves (None: no batch).
+
+    Two threads: the acceptor (:mod:`streamstate.spark.acceptor`) accepts and authenticates
+    connections concurrently; this one serves authenticated connections one at a time, Unix
+    ones first. Only those count as use for ``idle_timeout``."""
     status: list[int | None] = [status_fd]
     paths = host_paths(spec.id, spec.run_dir)
     lock = open(paths["lock"], "a+")  # noqa: SIM115 - held for the life of the process
@@ -358,18 +411,19 @@ def serve(spec: HostSpec, status_fd: int | None, secret: bytes | None = None) ->
         return 5
     finally:
         os.umask(old_umask)
-    listener.listen(64)
+    listener.listen(128)
     sock_inode = os.stat(paths["sock"]).st_ino
-    host = StateHost(spec)
+    host = StateHost(spec, pin)
     host.location.update(node=node_id(spec.run_dir), unix=paths["sock"])
-    tcp = None
+    listeners = [(listener, "unix")]
     if spec.bind:
         try:
             tcp, host.location["tcp"] = bind_tcp(spec.bind)
         except (OSError, ValueError) as exc:
             _report(status, f"ERROR cannot listen on TCP {spec.bind!r}: {exc}")
             return 5
-        tcp.listen(64)
+        tcp.listen(128)
+        listeners.append((tcp, "tcp"))
 
     import cloudpickle  # noqa: F401 - warm the imports before READY
     import pyarrow  # noqa: F401
@@ -384,10 +438,23 @@ def serve(spec: HostSpec, status_fd: int | None, secret: bytes | None = None) ->
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    selector = selectors.DefaultSelector()
-    selector.register(listener, selectors.EVENT_READ, "unix")
-    if tcp is not None:
-        selector.register(tcp, selectors.EVENT_READ, "tcp")
+    refusals = RefusalLog(_log, limit=spec.refusal_log_limit)
+    acceptor = Acceptor(
+        listeners,
+        secret,
+        spec.id,
+        refusals,
+        deadline=spec.auth_timeout,
+        max_pending=spec.max_pending,
+        max_per_address=spec.max_pending_per_address,
+        io_timeout=spec.io_timeout,
+        max_frame=spec.max_frame,
+    )
+    stopping = threading.Event()
+    front = threading.Thread(
+        target=acceptor.run, args=(stopping,), name="streamstate-acceptor", daemon=True
+    )
+    front.start()
     last = time.monotonic()
     _log(
         f"ready: {spec.job} {spec.operator} subtask {spec.subtask}/{spec.parallelism} run "
@@ -409,68 +476,49 @@ def serve(spec: HostSpec, status_fd: int | None, secret: bytes | None = None) ->
             if left <= 0:
                 stop["why"] = "idle timeout"
                 break
-            for key, _ in selector.select(timeout=min(left, 1.0)):
-                try:
-                    sock, addr = key.fileobj.accept()  # type: ignore[union-attr]
-                except OSError:
-                    continue
-                try:
-                    reason = _serve_connection(host, sock, key.data, addr, secret, unlink_socket)
-                finally:
-                    sock.close()
-                    last = time.monotonic()
-                if reason is not None:
-                    stop["why"] = reason
-                    break
+            try:
+                _, _, ready = acceptor.ready.get(timeout=min(left, 1.0))
+            except queue.Empty:
+                continue
+            try:
+                reason = _handle(host, ready.conn, unlink_socket, ready.peer, refusals)
+            finally:
+                ready.conn.close()
+                last = time.monotonic()
+            if reason is not None:
+                stop["why"] = reason
     finally:
         unlink_socket()
-        _log(f"exit: {stop['why']}; version {host.version}, {host.batches} batches")
+        stopping.set()
+        front.join(timeout=2.0)
+        while not acceptor.ready.empty():
+            with contextlib.suppress(queue.Empty):
+                acceptor.ready.get_nowait()[2].conn.close()
+        refusals.tick(final=True)
+        _log(
+            f"exit: {stop['why']}; version {host.version}, {host.batches} batches, "
+            f"{refusals.total} connections or frames refused"
+        )
         host.close()
     return 0
 
 
-def _serve_connection(
-    host: StateHost,
-    sock: socket.socket,
-    kind: str,
-    addr: Any,
-    secret: bytes,
-    unlink_socket: Any,
+def _handle(
+    host: StateHost, conn: Connection, unlink_socket: Any, peer: str, refusals: RefusalLog
 ) -> str | None:
-    """Authenticate one connection, then serve it; a refused one is logged and closed."""
-    spec = host.spec
-    peer = f"tcp {addr[0]}:{addr[1]}" if kind == "tcp" else "unix"
-    try:
-        if kind == "unix":
-            uid = peer_uid(sock)
-            peer = f"unix uid {uid}"
-            if uid != os.getuid():
-                raise AuthError(f"peer uid {uid} is not the host's uid {os.getuid()}")
-        else:
-            tcp_tune(sock)
-        sock.settimeout(spec.auth_timeout)
-        server_handshake(sock, secret, spec.id)
-    except (AuthError, EOFError, OSError) as exc:
-        _log(f"refused connection ({peer}): {exc}")
-        return None
-    sock.settimeout(spec.io_timeout)
-    return _handle(host, Connection(sock, spec.max_frame), unlink_socket, peer)
-
-
-def _handle(host: StateHost, conn: Connection, unlink_socket: Any, peer: str) -> str | None:
     """Serve one authenticated connection; returns a reason to stop the host, or None."""
     while True:
         try:
             msg, _ = conn.recv()
         except ProtocolError as exc:
-            _log(f"refused frame ({peer}): {exc}")
+            refusals(peer, "frame", exc)
             return None
         except (EOFError, ConnectionError, TimeoutError, OSError):
             return None
         kind = msg.get("t")
         if kind == "HELLO":
             if msg.get("proto") != PROTOCOL_VERSION:
-                _log(f"refused client ({peer}): protocol {msg.get('proto')!r}")
+                refusals(peer, "client", f"protocol {msg.get('proto')!r}")
                 _send_error(conn, ProtocolError(f"protocol {msg.get('proto')!r} is not mine"))
                 return None
             conn.send(host.hello())
@@ -489,11 +537,14 @@ def _handle(host: StateHost, conn: Connection, unlink_socket: Any, peer: str) ->
             try:
                 begin, job = host.check_begin(msg)
             except ProtocolError as exc:
-                _log(f"refused frame ({peer}): {exc}")
+                refusals(peer, "frame", exc)
                 _send_error(conn, exc)
                 return None
             try:
                 host.run_batch(conn, begin, job)
+            except ProtocolError as exc:  # a frame inside the batch: the channel is not safe
+                refusals(peer, "frame", f"in batch {begin.batch}: {exc}")
+                return None
             except (EOFError, ConnectionError, TimeoutError) as exc:
                 _log(f"batch {begin.batch} aborted by the task ({exc!r})")
                 return None
@@ -502,7 +553,7 @@ def _handle(host: StateHost, conn: Connection, unlink_socket: Any, peer: str) ->
                 _send_error(conn, exc)
                 return None
         else:
-            _log(f"refused frame ({peer}): unknown message {str(kind)[:40]!r}")
+            refusals(peer, "frame", f"unknown message {str(kind)[:40]!r}")
             _send_error(conn, ProtocolError(f"unknown message {str(kind)[:40]!r}"))
             return None
 
@@ -519,16 +570,21 @@ def _send_error(conn: Connection, exc: BaseException) -> None:
         )
 
 
-def _read_secret() -> bytes | None:
-    """The secret the spawner writes on stdin (hex, one line); None if it wrote none."""
+def _read_stdin() -> tuple[bytes | None, JobPin | None]:
+    """What the spawner writes on stdin: the secret (hex, one line; none: the node's) and the
+    job this host serves (its :class:`JobPin` as JSON, one line; none: no batch)."""
     data = b""
-    while not data.endswith(b"\n"):
-        chunk = os.read(0, 256)
-        if not chunk:
+    while True:
+        chunk = os.read(0, 4096)
+        if not chunk or len(data) > 1 << 20:
             break
         data += chunk
-    line = data.strip()
-    return bytes.fromhex(line.decode()) if line else None
+    lines = data.decode().split("\n")
+    secret = bytes.fromhex(lines[0].strip()) if lines[0].strip() else None
+    pin = None
+    if len(lines) > 1 and lines[1].strip():
+        pin = msgspec.json.decode(lines[1].strip().encode(), type=JobPin)
+    return secret, pin
 
 
 #: what the first micro-batch would otherwise import (about 1 s on a busy node): the state
@@ -558,19 +614,20 @@ def _warm_imports() -> None:
 
 def main(argv: list[str]) -> int:
     """``python -m streamstate.spark.state_host serve <spec json> [status fd]``; the secret
-    (hex) comes on stdin, never on the command line (visible to every user in ``ps``)."""
+    (hex) and the job pin come on stdin, never on the command line (visible to every user in
+    ``ps``)."""
     if len(argv) < 2 or argv[0] != "serve":
         print(__doc__, file=sys.stderr)
         return 2
     spec = msgspec.convert(json.loads(argv[1]), HostSpec)
     fd = int(argv[2]) if len(argv) > 2 else None
-    secret = _read_secret()
+    secret, pin = _read_stdin()
     # double fork: the launcher exits at once (its parent reaps it) and the host is re-parented
     # to init, so it never becomes a zombie child of a long-lived Python worker
     if os.fork() > 0:
         os._exit(0)
     os.setsid()
-    return serve(spec, fd, secret)
+    return serve(spec, fd, secret, pin)
 
 
 if __name__ == "__main__":

@@ -385,7 +385,9 @@ class KeyedStreamingQuery:
                 watch=False,
             )
             spec = msgspec.structs.replace(spec, watch_pid=jvm, watch_start=proc_start_time(jvm))
-            got = connect(spec, pythonpath=src_path(), secret=self._secret)
+            got = connect(
+                spec, pythonpath=src_path(), secret=self._secret, job=msgspec.msgpack.encode(job)
+            )
             if got is not None:
                 got[0].close()
 
@@ -538,13 +540,13 @@ class KeyedStreamingQuery:
         figures["late_records_dropped"] = sum(r.late_records_dropped for r in results)
         figures["side_outputs_dropped"] = sum(r.side_outputs_dropped for r in results)
         figures["restore"] = sorted({r.restore for r in results})
-        # the task's side: connecting (spawn_ms: starting the host, None if it was running)
-        # and streaming the partition to it
+        # the task's side: connecting (spawn_ms: starting the host, None if it was running),
+        # streaming the partition to it, and why it fell back to a host on its own node
         task_timings = {
             int(row["subtask"]): {
                 k: v
                 for k, v in json.loads(row["timings"] or "{}").items()
-                if k in ("connect_ms", "spawn_ms", "stream_ms")
+                if k in ("connect_ms", "spawn_ms", "stream_ms", "fallback")
             }
             for row in rows
         }
@@ -715,6 +717,7 @@ class KeyedStreamingQuery:
         }
         with ThreadPoolExecutor(max_workers=8) as pool:
             far = list(pool.map(lambda it: self._retire(it[0], it[1], reason), remote.items()))
+        # host by host: one that does not answer (busy, gone) costs its timeout, not the rest
         near = sum(
             shutdown(self._host_spec(i), reason, secret=self._secret)
             for i in range(self.job.parallelism)
@@ -816,12 +819,13 @@ class _ServerBatches:
 
 
 def _bind_for(spark: Any, option: str | None) -> str | None:
-    """The ``bind`` host setting: the option, else (with a ``local`` master and no
-    ``STREAMSTATE_HOST_BIND``/``SPARK_LOCAL_IP``) loopback; None leaves it to each node
-    (:func:`~streamstate.spark.network.default_bind`)."""
+    """The ``bind`` host setting: the option, else with a ``local`` master ``"off"`` (every
+    task runs on this machine and reaches its host's Unix socket: a TCP port would only let
+    other local users reach it, past the socket's uid check) unless ``STREAMSTATE_HOST_BIND``
+    asks for one; None leaves it to each node (:func:`~streamstate.spark.network.
+    default_bind`)."""
     if option is not None:
         return option
-    env = os.environ.get("STREAMSTATE_HOST_BIND") or os.environ.get("SPARK_LOCAL_IP")
-    if not env and is_local(spark):
-        return "127.0.0.1"
+    if is_local(spark) and not os.environ.get("STREAMSTATE_HOST_BIND"):
+        return "off"
     return None
