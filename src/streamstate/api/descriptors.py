@@ -102,6 +102,7 @@ class StateDescriptor:
         return self
 
     def get_name(self) -> str:
+        """The state's name."""
         return self.name
 
     def __repr__(self) -> str:

@@ -174,7 +174,8 @@ def serializer_from_snapshot(
 
 
 class Types:
-    """PyFlink-style type constructors, each returning a :class:`TypeSerializer`."""
+    """PyFlink-style type constructors, each returning a
+    :class:`~streamstate.serializers.base.TypeSerializer`."""
 
     @staticmethod
     def LONG() -> TypeSerializer[Any]:  # noqa: N802 - PyFlink's spelling

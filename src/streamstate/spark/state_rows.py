@@ -1,22 +1,23 @@
-"""What one checkpointed state looks like as rows of :func:`~streamstate.spark.read_state`.
+"""What one checkpointed state looks like as rows of :func:`~streamstate.spark.reader.read_state`.
 
 A keyed state's stored entries are ``(key, namespace, stored value)``; a timer queue's are
 ``(timestamp, key, namespace)``. :class:`StateLayout` turns them into rows of the state's
 schema, the same on every backend:
 
-============================  ==================================================================
-state                         columns
-============================  ==================================================================
-value, reducing, aggregating  ``key, namespace, value``
-list                          ``key, namespace, value`` (an array)
-map                           ``key, namespace, value`` (a map)
-with time-to-live             ``value`` is the user's value, typed as without TTL; entries
-                              expired at read time are left out (a list keeps its unexpired
-                              elements, a map its unexpired mappings). ``include_expired=True``
-                              keeps everything and adds ``last_access`` (ms): a long, or an
-                              array (list) or map (map) of one timestamp per element
-timer (``_timers.<service>.<domain>``)  ``key, namespace, timestamp, time_domain``
-============================  ==================================================================
+========================================  ======================================================
+state                                     columns
+========================================  ======================================================
+value, reducing, aggregating              ``key, namespace, value``
+list                                      ``key, namespace, value`` (an array)
+map                                       ``key, namespace, value`` (a map)
+with time-to-live                         ``value`` is the user's value, typed as without TTL;
+                                          entries expired at read time are left out (a list
+                                          keeps its unexpired elements, a map its unexpired
+                                          mappings). ``include_expired=True`` keeps everything
+                                          and adds ``last_access`` (ms): a long, or an array
+                                          (list) or map (map) of one timestamp per element
+timer (``_timers.<service>.<domain>``)    ``key, namespace, timestamp, time_domain``
+========================================  ======================================================
 
 Keys and values of built-in serializers become Spark types (``long``, ``double``, ``boolean``,
 ``string``, ``binary``, arrays, maps, structs ``_1, _2, ...`` for tuples); anything else

@@ -78,7 +78,8 @@ CONNECT_REPORTS_KEPT = 3
 
 
 class KeyedStream:
-    """A keyed function over a streaming DataFrame; start it with :meth:`write_stream`."""
+    """A keyed function over a streaming DataFrame; start it with
+    :meth:`KeyedStream.write_stream`."""
 
     def __init__(self, options: KeyedOptions) -> None:
         self.options = options
@@ -627,21 +628,27 @@ class KeyedStreamingQuery:
 
     @property
     def id(self) -> str:
+        """Spark's query id."""
         return str(self.query.id)
 
     @property
     def is_active(self) -> bool:
+        """Whether Spark's query runs."""
         return bool(self.query.isActive)
 
     def exception(self) -> Any:
+        """Spark's ``StreamingQueryException`` of a failed query (``await_termination()`` raises
+        the original error instead)."""
         return self.query.exception()
 
     @property
     def last_progress(self) -> Any:
+        """Spark's last ``StreamingQueryProgress`` (a dict)."""
         return self.query.lastProgress
 
     @property
     def recent_progress(self) -> Any:
+        """Spark's recent ``StreamingQueryProgress`` es."""
         return self.query.recentProgress
 
     def process_all_available(self) -> None:

@@ -248,6 +248,8 @@ class SlidingEventTimeWindows(WindowAssigner):
     def of(
         cls, size: int | timedelta, slide: int | timedelta, offset: int | timedelta = 0
     ) -> SlidingEventTimeWindows:
+        """Windows of ``size`` every ``slide`` (an element belongs to ``size / slide`` windows),
+        shifted by ``offset``."""
         return cls(_millis(size, "size"), _millis(slide, "slide"), _millis(offset, "offset"))
 
     def _timestamp(self, timestamp: int | None, context: Any) -> int:
@@ -296,6 +298,7 @@ class EventTimeSessionWindows(MergingWindowAssigner):
 
     @classmethod
     def with_gap(cls, gap: int | timedelta) -> EventTimeSessionWindows:
+        """Sessions that close after ``gap`` (ms or ``timedelta``) without an element."""
         return cls(_millis(gap, "gap"))
 
     @staticmethod
@@ -334,6 +337,7 @@ class ProcessingTimeSessionWindows(EventTimeSessionWindows):
 
     @staticmethod
     def with_dynamic_gap(extractor: Any) -> EventTimeSessionWindows:
+        """Processing-time sessions whose gap ``extractor(element)`` chooses per element (ms)."""
         return DynamicProcessingTimeSessionWindows(extractor)
 
     def _timestamp(self, timestamp: int | None, context: Any) -> int:
@@ -388,6 +392,7 @@ class GlobalWindows(WindowAssigner):
 
     @classmethod
     def create(cls) -> GlobalWindows:
+        """The assigner of one global window per key (give it a trigger)."""
         return cls()
 
     @classmethod
