@@ -499,7 +499,13 @@ def _handle(host: StateHost, conn: Connection, unlink_socket: Any, peer: str) ->
                 return None
             except Exception as exc:
                 _log(f"batch {begin.batch} failed: {exc!r}")
-                _send_error(conn, exc)
+                spec = host.spec
+                _send_error(
+                    conn,
+                    exc,
+                    f"in the state host of {spec.operator!r} subtask {spec.subtask} "
+                    f"(micro-batch {begin.batch})",
+                )
                 return None
         else:
             _log(f"refused frame ({peer}): unknown message {str(kind)[:40]!r}")
@@ -507,16 +513,22 @@ def _handle(host: StateHost, conn: Connection, unlink_socket: Any, peer: str) ->
             return None
 
 
-def _send_error(conn: Connection, exc: BaseException) -> None:
+def _send_error(conn: Connection, exc: BaseException, where: str = "") -> None:
+    """Report ``exc`` to the client. A function error (:func:`~streamstate.spark.failures.
+    is_function_error`) carries its ``report`` as plain data: the task hands it to the driver
+    instead of failing (Spark does not retry a deterministic error)."""
+    from streamstate.spark.failures import is_function_error, task_error_report
+
+    message: dict[str, Any] = {
+        "t": "ERROR",
+        "type": type(exc).__name__,
+        "message": str(exc),
+        "traceback": traceback.format_exc(),
+    }
+    if where and is_function_error(exc):
+        message["report"] = task_error_report(exc, where)
     with contextlib.suppress(OSError, ProtocolError):
-        conn.send(
-            {
-                "t": "ERROR",
-                "type": type(exc).__name__,
-                "message": str(exc),
-                "traceback": traceback.format_exc(),
-            }
-        )
+        conn.send(message)
 
 
 def _read_secret() -> bytes | None:

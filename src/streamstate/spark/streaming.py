@@ -45,8 +45,11 @@ from streamstate.spark.commit import BatchPlan, CheckpointLog
 from streamstate.spark.failures import (
     error_from_report,
     failure_report,
+    is_function_error,
     original_error,
     parse_remote_error,
+    quiet_query_failure_log,
+    raise_function_error,
 )
 from streamstate.spark.job import (
     FUNCTIONS_DIR,
@@ -241,6 +244,9 @@ class KeyedStreamingQuery:
         self._hosts_stopped = False
         #: what made a micro-batch fail, as raised (see streamstate.spark.failures)
         self._failure: BaseException | None = None
+        #: restores Spark's query-failure loggers silenced while a function error stops the
+        #: query (failures.quiet_query_failure_log)
+        self._restore_logs: Any = None
         self._lock = threading.Lock()
         sink.open(query_name or options.operator_name)
         self.side_schemas = options.side_output_schemas()
@@ -284,7 +290,7 @@ class KeyedStreamingQuery:
         Spark query and lock stay behind."""
         state = dict(self.__dict__)
         state["options"] = dataclasses.replace(self.options, df=None)
-        for name in ("spark", "query", "_lock", "_prespawn"):
+        for name in ("spark", "query", "_lock", "_prespawn", "_restore_logs"):
             state.pop(name, None)
         return state
 
@@ -292,6 +298,7 @@ class KeyedStreamingQuery:
         self.__dict__.update(state)
         self.spark = None
         self._prespawn = None
+        self._restore_logs = None
         self._lock = threading.Lock()
 
     def _prune_reports(self) -> None:
@@ -406,6 +413,9 @@ class KeyedStreamingQuery:
             # Spark turns this into a StreamingQueryException with Java traces; keep what was
             # raised, for await_termination() and process_all_available() to raise instead
             self._failure = original_error(exc)
+            if is_function_error(self._failure) and self._restore_logs is None:
+                # raised once, by this driver: Spark need not log it with its Java frames
+                self._restore_logs = quiet_query_failure_log(df.sparkSession)
             if self._report_dir:  # Spark Connect: the client reads it (_server_failure)
                 try:
                     self.storage.put_atomic(
@@ -532,6 +542,7 @@ class KeyedStreamingQuery:
         figures["place_ms"] = (t_job - t_place) * 1e3
         rows = placed.mapInArrow(task, ACK_SCHEMA).collect()
         figures["job_ms"] = (time.perf_counter() - t_job) * 1e3
+        raise_function_error(rows)
         results = [msgspec.msgpack.decode(r["result"], type=BatchResult) for r in rows]
         routes = self._update_locations(rows)
         figures["rows"] = sum(r.rows for r in results)
@@ -680,12 +691,25 @@ class KeyedStreamingQuery:
         return done
 
     def _raise_failure(self, exc: BaseException) -> None:
+        self._loud_again()
         if self._failure is None and self._report_dir:
             self._failure = self._server_failure(exc)
         failure = self._failure
         if failure is None or failure is exc:
             raise exc
+        if is_function_error(failure):
+            # the function's own error, once: Spark's exception (query.exception()) only
+            # repeats it with Java frames
+            raise failure.with_traceback(None) from None
         raise failure from exc
+
+    def _loud_again(self) -> None:
+        """Give Spark's query-failure loggers their levels back (once the query stopped)."""
+        restore, self._restore_logs = self._restore_logs, None
+        if restore is not None and not self.query.isActive:
+            restore()
+        elif restore is not None:
+            self._restore_logs = restore
 
     def stop(self) -> None:
         """Stop the query and shut this job's state hosts down."""
@@ -693,6 +717,7 @@ class KeyedStreamingQuery:
         try:
             self.query.stop()
         finally:
+            self._loud_again()
             self.timings.setdefault("stop_ms", (time.perf_counter() - t) * 1e3)
             self._sync_from_server()
             self.shutdown_hosts()
