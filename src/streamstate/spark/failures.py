@@ -123,6 +123,7 @@ def error_from_task_report(report: dict[str, Any]) -> BaseException:
     )
     return error
 
+
 #: the last line of a Python traceback: ``module.Class: message`` or ``Class: message``
 _EXCEPTION_LINE = re.compile(r"^(?P<cls>[A-Za-z_][\w.]*)(?::\s?(?P<message>.*))?$")
 _HOST_FAILED = re.compile(r"the state host of (?P<op>'[^']*') subtask (?P<subtask>\d+) failed: ")
