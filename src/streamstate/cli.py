@@ -146,8 +146,6 @@ def inspect(
 
 def _inspect_document(storage: CheckpointStorage, dirs: list[str]) -> dict[str, Any]:
     """What ``inspect`` shows, as one JSON-able document."""
-    from streamstate.checkpoint.native import is_native
-
     checkpoints = []
     for d in dirs:
         cp, status = _load(storage, d)
@@ -168,9 +166,9 @@ def _inspect_document(storage: CheckpointStorage, dirs: list[str]) -> dict[str, 
             )
             for name, op in cp.metadata.operators.items():
                 subtasks = []
-                states: dict[tuple[str, str], dict[str, Any]] = {}
+                states: dict[tuple[str, str], Any] = {}
                 for sub in op.subtasks:
-                    native = is_native(sub)
+                    native = not sub.is_canonical
                     subtasks.append(
                         {
                             "subtask": sub.subtask_index,
@@ -192,10 +190,10 @@ def _inspect_document(storage: CheckpointStorage, dirs: list[str]) -> dict[str, 
                     "states": [
                         {
                             "name": state,
-                            "kind": meta["kind"],
-                            "namespace": _ser(meta["namespace_serializer"]),
-                            "value": _ser(meta["state_serializer"]),
-                            "ttl": meta.get("ttl"),
+                            "kind": meta.kind,
+                            "namespace": _ser(meta.namespace_serializer),
+                            "value": _ser(meta.state_serializer),
+                            "ttl": meta.ttl,
                         }
                         for (_, state), meta in sorted(states.items())
                     ],
@@ -438,11 +436,12 @@ def demo(
         ),
     ] = 0,
     state_backend: Annotated[
-        Backend,
+        Backend | None,
         typer.Option(
-            help="keyed state backend; a checkpoint of either backend resumes on the other"
+            help="keyed state backend (default: the checkpoint's, else heap); a checkpoint of "
+            "either backend resumes on the other"
         ),
-    ] = Backend.heap,
+    ] = None,
     remote: Annotated[
         str | None,
         typer.Option(
@@ -458,7 +457,11 @@ def demo(
         from streamstate.demo.local import run_local
 
         run_local(
-            events or 200_000, parallelism or 2, console=console, state_backend=state_backend.value
+            events or 200_000,
+            parallelism or 2,
+            console=console,
+            state_backend=state_backend.value if state_backend else "heap",
+            batches=batches,
         )
         return
     from streamstate.demo.streaming import run_streaming
@@ -470,7 +473,7 @@ def demo(
         fresh=fresh,
         master=master,
         console=console,
-        state_backend=state_backend.value,
+        state_backend=state_backend.value if state_backend else None,
     )
     try:
         if remote:

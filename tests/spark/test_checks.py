@@ -166,6 +166,9 @@ def test_keyed_process_raises_before_any_job(spark: Any, tmp_path: Path) -> None
     with pytest.raises(UnsupportedStateTypeError, match=r"state 'visit'"):
         keyed_process(events, key="user", function=Declares("visit", Plain), output_schema="n long")
     assert spark.sparkContext.statusTracker().getJobIdsForGroup() == jobs
+    batch = keyed_process(events, key="user", function=Declares("n", int), output_schema="n long")
+    with pytest.raises(TypeError, match=r"ran in batch mode .* spark\.readStream"):
+        batch.write_stream("memory")
 
     # a streaming job on a RocksDB checkpoint continues on RocksDB when not told otherwise
     restored = _checkpoint(tmp_path, "rocksdb")

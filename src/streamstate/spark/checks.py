@@ -104,7 +104,7 @@ def _open_function(options: KeyedOptions, key_serializer: Any, declared: list[An
     knows the checkpoint's ``declared`` states."""
     import cloudpickle
 
-    from streamstate.backends.factory import HeapStateBackend
+    from streamstate.backends.heap.factory import HeapStateBackend
     from streamstate.runtime.operator import KeyedProcessOperator
     from streamstate.spark.keyed import function_blob
 

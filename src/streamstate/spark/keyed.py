@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import logging
@@ -16,7 +17,7 @@ from streamstate.spark.job import JobSpec, arrow_schema_to_bytes, pickle_functio
 from streamstate.spark.placement import KEY_GROUP_COLUMN
 from streamstate.spark.session import default_parallelism, is_connect, parse_ddl
 
-__all__ = ["keyed_process"]
+__all__ = ["checkpointed_backend", "keyed_process"]
 
 log = logging.getLogger(__name__)
 
@@ -149,23 +150,21 @@ def _initial_checkpoint(initial_state: str | None, options: dict[str, Any]) -> A
     return resolve_checkpoint(directory, storage)
 
 
-def _checkpointed_backend(restored: Any, operator: str) -> str | None:
+def checkpointed_backend(restored: Any, operator: str) -> str | None:
     """The backend kind that wrote ``operator``'s keyed state in ``restored``: ``"rocksdb"``
     for native RocksDB snapshots, ``"heap"`` for canonical files (a heap checkpoint, or any
     savepoint); None without keyed state."""
-    from streamstate.checkpoint.native import is_native
-
     op = None if restored is None else restored.metadata.operators.get(operator)
     written = [] if op is None else [sub for sub in op.subtasks if sub.keyed]
     if not written:
         return None
-    return "rocksdb" if any(is_native(sub) for sub in written) else "heap"
+    return "rocksdb" if any(not sub.is_canonical for sub in written) else "heap"
 
 
 def _follow_backend(state_backend: Any, restored: Any, operator: str) -> Any:
     """``state_backend``, or (None) the backend the restored checkpoint was written by; a
     switch from one to the other is logged."""
-    found = _checkpointed_backend(restored, operator)
+    found = checkpointed_backend(restored, operator)
     if state_backend is None:
         return found or "heap"
     name = state_backend if isinstance(state_backend, str) else state_backend.name
@@ -338,7 +337,21 @@ def keyed_process(
         return KeyedStream(options)
     from streamstate.spark.batch import run_bounded
 
-    return run_bounded(options, savepoint=_absolute(savepoint) if savepoint else None)
+    result = run_bounded(options, savepoint=_absolute(savepoint) if savepoint else None)
+    # the streaming API on a batch result: say why, instead of PySpark's ATTRIBUTE_NOT_SUPPORTED
+    # (a DataFrame kind that takes no attribute keeps PySpark's error)
+    with contextlib.suppress(Exception):
+        result.write_stream = _batch_write_stream
+    return result
+
+
+def _batch_write_stream(*args: Any, **kwargs: Any) -> Any:
+    raise TypeError(
+        "keyed_process was given a static DataFrame, so it ran in batch mode and returned a "
+        "DataFrame, which has no write_stream: write it with .write (e.g. "
+        "result.write.parquet(path)), or read the input with spark.readStream for a streaming "
+        "query"
+    )
 
 
 def _side_output_structs(

@@ -72,6 +72,7 @@ __all__ = [
     "Begin",
     "HostSpec",
     "StateHost",
+    "clean_stale_host_files",
     "host_id",
     "host_paths",
     "run_dir",
@@ -140,6 +141,76 @@ def host_paths(hid: str, directory: str) -> dict[str, str]:
         "log": base + ".log",
         "local": base + ".d",
     }
+
+
+#: files of a host that exited are removed once this old (seconds since last written)...
+STALE_AFTER_S = 3600.0
+#: ... and its log once this old (it tells what happened to a run, for a while)
+KEEP_LOGS_S = 7 * 86400.0
+
+
+def clean_stale_host_files(
+    directory: str,
+    *,
+    stale_after: float = STALE_AFTER_S,
+    keep_logs: float = KEEP_LOGS_S,
+    now: float | None = None,
+) -> list[str]:
+    """Remove what hosts that no longer run left in a node's run directory: the ``.lock``,
+    ``.spawn`` and ``.sock`` files and the ``.d`` working directory (RocksDB) of every host
+    whose lock is free and whose files were last written ``stale_after`` seconds ago or
+    earlier, and its ``.log`` once ``keep_logs`` seconds old. A host that runs holds its lock
+    (and a task that starts one holds the spawn lock), so neither is touched. Returns the paths
+    removed."""
+    import shutil
+
+    now = time.time() if now is None else now
+    removed: list[str] = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    ids = {n.rsplit(".", 1)[0] for n in names if n.endswith((".lock", ".spawn", ".log"))}
+    for hid in sorted(ids):
+        paths = host_paths(hid, directory)
+        try:
+            newest = max(
+                os.stat(paths[k]).st_mtime
+                for k in ("lock", "spawn", "log")
+                if os.path.exists(paths[k])
+            )
+        except (OSError, ValueError):
+            continue
+        if now - newest < stale_after:
+            continue
+        held = []
+        try:
+            for k in ("spawn", "lock"):
+                if not os.path.exists(paths[k]):
+                    continue
+                f = open(paths[k], "a")  # noqa: SIM115 - closed below
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    f.close()
+                    raise
+                held.append(f)
+            for k in ("sock", "lock", "spawn"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(paths[k])
+                    removed.append(paths[k])
+            if os.path.isdir(paths["local"]):
+                shutil.rmtree(paths["local"], ignore_errors=True)
+                removed.append(paths["local"])
+            if os.path.exists(paths["log"]) and now - newest >= keep_logs:
+                os.unlink(paths["log"])
+                removed.append(paths["log"])
+        except BlockingIOError:
+            continue  # a host runs, or a task is starting it
+        finally:
+            for f in held:
+                f.close()
+    return removed
 
 
 def _log(msg: str) -> None:
@@ -395,6 +466,9 @@ def serve(spec: HostSpec, status_fd: int | None, secret: bytes | None = None) ->
     )
     _report(status, "READY")
     threading.Thread(target=_warm_imports, name="streamstate-warm-imports", daemon=True).start()
+    threading.Thread(
+        target=_clean_run_dir, args=(spec.run_dir,), name="streamstate-clean", daemon=True
+    ).start()
 
     def unlink_socket() -> None:
         try:
@@ -553,6 +627,18 @@ _FIRST_BATCH_MODULES = (
     "streamstate.checkpoint.writer",
     "streamstate.checkpoint.restore",
 )
+
+
+def _clean_run_dir(directory: str) -> None:
+    """What hosts that exited long ago left in this node's run directory goes (every host
+    start sweeps it: the directory does not grow with every query run)."""
+    try:
+        removed = clean_stale_host_files(directory)
+    except Exception as exc:  # never worth failing a host for
+        _log(f"cleaning {directory} failed: {exc!r}")
+        return
+    if removed:
+        _log(f"removed {len(removed)} files of hosts that exited in {directory}")
 
 
 def _warm_imports() -> None:
