@@ -1,5 +1,13 @@
 """The error a failed micro-batch raised, as the user should first see it.
 
+A *function error* (:func:`is_function_error`: raised by the user's function, or one of
+streamstate's errors about what the job declares) is deterministic, so it is not a task
+failure: the state host reports it as plain data (:func:`task_error_report`), the task returns
+it in its acknowledgement row, and the driver raises it once (:func:`raise_function_error`),
+before anything is committed, with Spark's query-failure log silenced while the query stops
+(:func:`quiet_query_failure_log`). Errors of the infrastructure fail their task as before, and
+Spark retries it.
+
 A streaming query fails inside ``foreachBatch``; Spark wraps what went wrong in a
 ``StreamingQueryException`` (``FOREACH_BATCH_USER_FUNCTION_ERROR``), and an error raised on an
 executor reaches the driver only as text, inside a ``PythonException`` with Java stack traces.

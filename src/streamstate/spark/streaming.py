@@ -17,8 +17,11 @@ The query is driven by ``foreachBatch``. Micro-batch ``b`` on the driver
 4. The sink gets the staged outputs (idempotent per batch id), each side sink its side
    output's; Spark then commits its own log.
 
-A task that fails (host killed, user function raised, worker lost) is retried by Spark; its
-host has dropped the half-applied batch and reloads ``chk-(b-1)``. Old staged outputs and
+A function error (the user's function raised; streamstate's errors about what the job
+declares) is data: the host drops the half-applied batch, the task returns the error in its
+acknowledgement, and the driver raises it once, uncommitted (spark/failures.py). A task that
+fails (host killed, worker lost, storage) is retried by Spark; its host has dropped the
+half-applied batch and reloads ``chk-(b-1)``. Old staged outputs and
 checkpoints are deleted behind the retained ones.
 
 A query takes an epoch in the checkpoint directory when it starts (fencing: an older query on
