@@ -26,12 +26,9 @@ are created, on the executors, as before.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from streamstate.errors import OutputSchemaError, StreamStateError
-
-if TYPE_CHECKING:
-    from streamstate.spark.keyed import KeyedOptions
 
 __all__ = ["check_before_first_job", "check_output_schema"]
 
@@ -60,9 +57,9 @@ def check_output_schema(struct: Any, what: str = "output") -> None:
             ) from None
 
 
-def check_before_first_job(options: KeyedOptions, restored: Any = None) -> None:
-    """Check ``options`` as the module docstring says; ``restored`` is the completed checkpoint
-    (or savepoint) the job restores, if any."""
+def check_before_first_job(options: Any, restored: Any = None) -> None:
+    """Check ``options`` (``keyed_process``'s resolved options) as the module docstring says;
+    ``restored`` is the completed checkpoint (or savepoint) the job restores, if any."""
     from streamstate.spark.job import key_serializer_for
 
     check_output_schema(options.output_struct)
@@ -73,7 +70,7 @@ def check_before_first_job(options: KeyedOptions, restored: Any = None) -> None:
     _open_function(options, key_serializer, _state_declarations(options, restored))
 
 
-def _state_declarations(options: KeyedOptions, restored: Any) -> list[Any]:
+def _state_declarations(options: Any, restored: Any) -> list[Any]:
     """What ``restored`` says about each keyed state of the operator (timers aside): the state
     meta data of every subtask's first keyed file (a snapshot's header, a RocksDB manifest)."""
     if restored is None:
@@ -99,16 +96,16 @@ def _state_declarations(options: KeyedOptions, restored: Any) -> list[Any]:
     return list(found.values())
 
 
-def _open_function(options: KeyedOptions, key_serializer: Any, declared: list[Any]) -> None:
+def _open_function(options: Any, key_serializer: Any, declared: list[Any]) -> None:
     """Open and close a copy of the function, as subtask 0 on an empty heap backend that
     knows the checkpoint's ``declared`` states."""
     import cloudpickle
 
     from streamstate.backends.heap.factory import HeapStateBackend
     from streamstate.runtime.operator import KeyedProcessOperator
-    from streamstate.spark.keyed import function_blob
+    from streamstate.spark.job import pickle_function
 
-    function = cloudpickle.loads(function_blob(options.function))  # as an executor gets it
+    function = cloudpickle.loads(pickle_function(options.function))  # as an executor gets it
     op = KeyedProcessOperator(
         function,
         key_serializer,

@@ -380,14 +380,16 @@ class DynamicProcessingTimeSessionWindows(ProcessingTimeSessionWindows):
 
 
 class GlobalWindows(WindowAssigner):
-    """Every element of a key in one :class:`GlobalWindow`.
+    """Every element of a key in one
+    :class:`~streamstate.serializers.window_namespaces.GlobalWindow`.
 
     ``create()``'s default trigger never fires, so give a trigger (``CountTrigger.of(n)``,
     usually wrapped in ``PurgingTrigger``); ``create_with_end_of_stream_trigger()``'s fires once,
-    when a bounded input ends (:class:`EndOfStreamTrigger`)."""
+    when a bounded input ends (:class:`~streamstate.windows.triggers.EndOfStreamTrigger`)."""
 
     def __init__(self, end_of_stream: bool = False) -> None:
-        #: whether the default trigger is the :class:`EndOfStreamTrigger`
+        #: whether the default trigger is the
+        #: :class:`~streamstate.windows.triggers.EndOfStreamTrigger`
         self.end_of_stream = end_of_stream
 
     @classmethod
