@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py $(EXTENSIONS) | 
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: demo test check lint bench install clean
+.PHONY: demo test check lint bench docs install clean
 
 $(STAMP): pyproject.toml setup.py $(EXTENSIONS)
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,12 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check src tests bench tools
 	$(VENV)/bin/mypy src
 	$(PY) tools/check_imports.py
+
+# the API reference (docs/api, Sphinx) into build/docs; a warning (a broken reference) fails it.
+# tests/docs/test_api_reference.py builds it too, so `make test` (CI) checks it.
+docs: $(STAMP)
+	$(PY) -m sphinx -E -W --keep-going -n -q -b html docs/api build/docs
+	@echo "API reference: build/docs/index.html"
 
 bench: $(STAMP)
 	$(PY) bench/state_access.py

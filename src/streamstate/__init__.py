@@ -34,6 +34,7 @@ from streamstate.errors import (
     StateMigrationException,
     StreamStateError,
     UnsupportedKeyTypeError,
+    UnsupportedStateTypeError,
 )
 from streamstate.keygroups import KeyGroupRange
 from streamstate.metrics import MetricGroup
@@ -148,6 +149,7 @@ __all__ = [
     "TypeSerializer",
     "Types",
     "UnsupportedKeyTypeError",
+    "UnsupportedStateTypeError",
     "WindowAssigner",
     "WindowAssignerContext",
     "WindowFunction",

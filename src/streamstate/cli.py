@@ -84,12 +84,32 @@ def _load(storage: CheckpointStorage, directory: str) -> tuple[CompletedCheckpoi
     return cp, ("complete" if not problems else "incomplete: " + "; ".join(problems))
 
 
+def _console() -> Console:
+    """The console of a table command: the terminal's width, or (output piped into a file or
+    another program) wide enough that no column is cut."""
+    import sys
+
+    if sys.stdout.isatty() or os.environ.get("COLUMNS"):
+        return Console()
+    return Console(width=1000)
+
+
 @checkpoints_app.command("inspect")
-def inspect(path: PathArg) -> None:
+def inspect(
+    path: PathArg,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="print one JSON document instead of tables")
+    ] = False,
+) -> None:
     """Show checkpoints: operators, subtasks, key-group ranges, states, entries, sizes."""
-    console = Console()
+    console = _console()
     storage, directory = open_location(path)
     dirs = _directories(storage, directory)
+    if as_json:
+        import json
+
+        print(json.dumps(_inspect_document(storage, dirs), indent=1))
+        raise typer.Exit(0 if dirs else 1)
     if not dirs:
         console.print(f"[yellow]no checkpoints in {storage.url}[/]")
         raise typer.Exit(1)
@@ -124,6 +144,64 @@ def inspect(path: PathArg) -> None:
         _print_checkpoint(console, cp)
 
 
+def _inspect_document(storage: CheckpointStorage, dirs: list[str]) -> dict[str, Any]:
+    """What ``inspect`` shows, as one JSON-able document."""
+    checkpoints = []
+    for d in dirs:
+        cp, status = _load(storage, d)
+        entry: dict[str, Any] = {"directory": d, "status": status}
+        if cp is not None:
+            files = cp.metadata.files()
+            entry.update(
+                id=cp.checkpoint_id,
+                kind=cp.metadata.kind,
+                taken_ms=cp.metadata.timestamp,
+                size=sum(f.size for f in files),
+                properties={
+                    k: v
+                    for k, v in cp.metadata.properties.items()
+                    if k in ("watermark", "max_event_time", "batch_mode", "created")
+                },
+                operators={},
+            )
+            for name, op in cp.metadata.operators.items():
+                subtasks = []
+                states: dict[tuple[str, str], Any] = {}
+                for sub in op.subtasks:
+                    native = not sub.is_canonical
+                    subtasks.append(
+                        {
+                            "subtask": sub.subtask_index,
+                            "key_groups": list(sub.key_group_range),
+                            "files": len(sub.files()),
+                            "entries": None
+                            if native
+                            else sum(f.total_entries for f in sub.files()),
+                            "size": sum(f.size for f in sub.files()),
+                            "backend": "rocksdb" if native else "canonical",
+                        }
+                    )
+                    if sub.keyed and not states:
+                        states.update(_state_rows(cp, name, sub))
+                entry["operators"][name] = {
+                    "parallelism": op.parallelism,
+                    "max_parallelism": op.max_parallelism,
+                    "subtasks": subtasks,
+                    "states": [
+                        {
+                            "name": state,
+                            "kind": meta.kind,
+                            "namespace": _ser(meta.namespace_serializer),
+                            "value": _ser(meta.state_serializer),
+                            "ttl": meta.ttl,
+                        }
+                        for (_, state), meta in sorted(states.items())
+                    ],
+                }
+        checkpoints.append(entry)
+    return {"url": storage.url, "checkpoints": checkpoints}
+
+
 def _print_checkpoint(console: Console, cp: CompletedCheckpoint) -> None:
     table = Table(title=f"{cp.directory}: subtasks")
     for col in ("operator", "subtask", "key groups", "files", "states", "entries", "size"):
@@ -143,7 +221,7 @@ def _print_checkpoint(console: Console, cp: CompletedCheckpoint) -> None:
             names = sorted({s for f in sub.files() for s in f.states})
             table.add_row(
                 name,
-                f"{sub.subtask_index}/{sub.parallelism} (attempt {sub.attempt})",
+                f"{sub.subtask_index}/{sub.parallelism}",
                 f"{sub.key_group_range[0]}-{sub.key_group_range[1]}",
                 chain,
                 ", ".join(names),
@@ -196,7 +274,7 @@ def _state_rows(
 @checkpoints_app.command("verify")
 def verify(path: PathArg) -> None:
     """Check every checksum of every file; exit 1 on corruption (naming file and key group)."""
-    console = Console()
+    console = _console()
     storage, directory = open_location(path)
     dirs = _directories(storage, directory)
     if not dirs:
@@ -358,11 +436,12 @@ def demo(
         ),
     ] = 0,
     state_backend: Annotated[
-        Backend,
+        Backend | None,
         typer.Option(
-            help="keyed state backend; a checkpoint of either backend resumes on the other"
+            help="keyed state backend (default: the checkpoint's, else heap); a checkpoint of "
+            "either backend resumes on the other"
         ),
-    ] = Backend.heap,
+    ] = None,
     remote: Annotated[
         str | None,
         typer.Option(
@@ -378,7 +457,11 @@ def demo(
         from streamstate.demo.local import run_local
 
         run_local(
-            events or 200_000, parallelism or 2, console=console, state_backend=state_backend.value
+            events or 200_000,
+            parallelism or 2,
+            console=console,
+            state_backend=state_backend.value if state_backend else "heap",
+            batches=batches,
         )
         return
     from streamstate.demo.streaming import run_streaming
@@ -390,7 +473,7 @@ def demo(
         fresh=fresh,
         master=master,
         console=console,
-        state_backend=state_backend.value,
+        state_backend=state_backend.value if state_backend else None,
     )
     try:
         if remote:

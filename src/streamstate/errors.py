@@ -24,6 +24,7 @@ __all__ = [
     "StateMigrationException",
     "StreamStateError",
     "UnsupportedKeyTypeError",
+    "UnsupportedStateTypeError",
 ]
 
 
@@ -49,6 +50,11 @@ class KeyGroupOutOfRangeError(StreamStateError, RuntimeError):
 
 class UnsupportedKeyTypeError(StreamStateError, TypeError):
     """A key has a type without a stable, process-independent hash."""
+
+
+class UnsupportedStateTypeError(StreamStateError, TypeError):
+    """A state descriptor names a type that streamstate cannot serialize (no typed serializer
+    for it, and pickle is opt-in only)."""
 
 
 class StateMigrationException(StreamStateError):

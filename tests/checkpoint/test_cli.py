@@ -68,3 +68,24 @@ def test_verify_passes_then_names_file_and_key_group(tmp_path: Path) -> None:
 def test_missing_directory(tmp_path: Path) -> None:
     result = cli.invoke(app, ["checkpoints", "inspect", str(tmp_path / "nothing")])
     assert result.exit_code == 1 and "no checkpoints" in result.output
+
+
+def test_inspect_piped_is_not_cut_and_json_describes_the_same(tmp_path: Path) -> None:
+    import json
+
+    job = _job(tmp_path)
+    piped = cli.invoke(app, ["checkpoints", "inspect", str(job)])  # not a terminal, no COLUMNS
+    assert piped.exit_code == 0, piped.output
+    assert "…" not in piped.output and "attempt" not in piped.output
+    assert str(job) in piped.output and "dict[str, int64]" in piped.output
+    result = cli.invoke(app, ["checkpoints", "inspect", "--json", str(job)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert [c["directory"] for c in doc["checkpoints"]] == ["chk-1", "chk-2", "savepoints/sp-1"]
+    chk2 = doc["checkpoints"][1]
+    assert chk2["status"] == "complete" and chk2["id"] == 2
+    op = chk2["operators"]["keyed-process"]
+    assert op["parallelism"] == 2 and op["max_parallelism"] == 128
+    assert [s["key_groups"] for s in op["subtasks"]] == [[0, 63], [64, 127]]
+    kinds = {s["name"]: s["kind"] for s in op["states"]}
+    assert kinds["agg"] == "aggregating" and kinds["_timers.user.event"] == "timer"

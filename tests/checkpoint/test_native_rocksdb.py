@@ -219,7 +219,7 @@ class PickledSetAndCount(PickledSet):
 
 
 def test_reading_one_state_converts_only_that_state(tmp_path: Path) -> None:
-    from streamstate.spark.reader import _read_subtask
+    from streamstate.spark.reader import _plan, _read_subtask
 
     storage = FileSystemCheckpointStorage(str(tmp_path))
     runner = _runner(storage, p=1, fn=PickledSetAndCount())
@@ -227,10 +227,12 @@ def test_reading_one_state_converts_only_that_state(tmp_path: Path) -> None:
     runner.checkpoint()
     runner.close()
     url = str(tmp_path / "job")
-    rows = list(_read_subtask(url, "chk-1", "keyed-process", 0, "count", "string", "bigint", {}))
+    plan = _plan(url + "/chk-1", "count", "keyed-process", None, False, None)
+    rows = list(_read_subtask(url, "chk-1", "keyed-process", 0, plan.layout, {}))
     assert {r["key"]: r["value"] for r in rows} == {"a": 2, "b": 1}
+    plan = _plan(url + "/chk-1", "seen", "keyed-process", None, False, None)
     with pytest.raises(CheckpointError, match="'seen'.*PickleSerializer.*savepoint taken there"):
-        list(_read_subtask(url, "chk-1", "keyed-process", 0, "seen", "string", None, {}))
+        list(_read_subtask(url, "chk-1", "keyed-process", 0, plan.layout, {}))
 
 
 def test_checkpoints_to_a_new_storage_upload_every_file_again(tmp_path: Path) -> None:

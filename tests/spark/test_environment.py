@@ -64,3 +64,41 @@ def test_workers_without_pyarrow_are_reported_naming_pyspark_python(tmp_path: Pa
     assert "PYSPARK_PYTHON is not set" in message
     assert "No module named 'pyarrow'" in message
     assert f"Set PYSPARK_PYTHON={sys.executable}" in message
+
+
+@pytest.mark.slow
+def test_a_connect_server_whose_python_lacks_the_dependencies_is_reported(tmp_path: Path) -> None:
+    """The natural ``start-connect-server.sh`` without a ``PYSPARK_PYTHON`` that has
+    streamstate: ``keyed_process`` says so at once, naming the server's Python, instead of
+    retrying a foreachBatch process that never connects back."""
+    pytest.importorskip("grpc")
+    from streamstate import KeyedProcessFunction
+    from streamstate.spark import WorkerPythonError, keyed_process
+    from streamstate.spark.local_connect import LocalConnectServer
+
+    base = os.path.join(sys.base_prefix, "bin", f"python{sys.version_info[0]}")
+    if not os.path.exists(base):
+        pytest.skip(f"no base interpreter at {base}")
+    shim = tmp_path / "python3"
+    shim.write_text(f'#!/bin/sh\nexec {base} -S "$@"\n')
+    shim.chmod(0o755)
+
+    class Echo(KeyedProcessFunction):
+        def process_element(self, value, ctx):  # type: ignore[no-untyped-def]
+            yield value.user, value.v
+
+    with LocalConnectServer(
+        master="local[1]", python=str(shim), log=str(tmp_path / "server.log")
+    ) as server:
+        spark = server.session()
+        try:
+            df = spark.createDataFrame([("ann", 1)], "user string, v long")
+            with pytest.raises(WorkerPythonError) as e:
+                keyed_process(df, key="user", function=Echo(), output_schema="user string, v long")
+        finally:
+            spark.stop()
+    message = str(e.value)
+    assert "the Spark Connect server's Python workers" in message
+    assert "run '" in message and "cannot import what streamstate needs: pyarrow" in message
+    assert "No module named 'pyarrow'" in message
+    assert "PYSPARK_PYTHON" in message and "start-connect-server.sh" in message

@@ -123,3 +123,38 @@ def test_a_date_column_takes_dates_and_no_datetimes():
     assert column(conv, [dt.date(2024, 1, 2), None]) == [dt.date(2024, 1, 2), None]
     with pytest.raises(OutputSchemaError, match=r"output column 'day' .* output #1 .*time of day"):
         column(conv, [dt.date(2024, 1, 2), dt.datetime(2024, 1, 2, 12, 30)])
+
+
+def test_array_map_and_struct_columns_take_their_python_forms_and_refuse_lossy_values():
+    import pyarrow as pa
+
+    from streamstate.errors import OutputSchemaError
+    from streamstate.spark.records import OutputConverter
+
+    conv = OutputConverter(
+        pa.schema(
+            [
+                ("a", pa.list_(pa.int64())),
+                ("m", pa.map_(pa.string(), pa.int64())),
+                ("s", pa.struct([("x", pa.int64()), ("y", pa.string())])),
+            ]
+        )
+    )
+    # lists or tuples; dicts or (key, value) pairs; dicts or tuples (one form per batch)
+    batch = conv.to_batch([([1, 2], {"k": 1}, {"x": 1, "y": "a"}), (None,) * 3])
+    assert batch.to_pylist() == [
+        {"a": [1, 2], "m": [("k", 1)], "s": {"x": 1, "y": "a"}},
+        {"a": None, "m": None, "s": None},
+    ]
+    batch = conv.to_batch([((3,), [("k", 2)], (2, "b"))])
+    assert batch.to_pylist() == [{"a": [3], "m": [("k", 2)], "s": {"x": 2, "y": "b"}}]
+    for bad, column in [
+        (([1.5], {}, {"x": 1, "y": "a"}), "'a'"),  # a fraction into an integer list
+        ((["1"], {}, {"x": 1, "y": "a"}), "'a'"),  # a string would be parsed
+        (([1], {"k": "x"}, {"x": 1, "y": "a"}), "'m'"),
+        (([1], {}, {"x": 1.5, "y": "a"}), "'s'"),
+        (([1], {}, {"x": 1, "y": "a", "z": 3}), "'s'"),  # a field not declared
+        (([1], {}, {"x": 1}), "'s'"),  # a declared field missing
+    ]:
+        with pytest.raises(OutputSchemaError, match=f"output column {column}"):
+            conv.to_batch([bad])

@@ -14,7 +14,7 @@ from typing import Any
 
 from streamstate.api.functions import AggregateFunction, ReduceFunction
 from streamstate.api.ttl import StateTtlConfig
-from streamstate.errors import InvalidStateNameError
+from streamstate.errors import InvalidStateNameError, UnsupportedStateTypeError
 from streamstate.serializers import (
     DictSerializer,
     ListSerializer,
@@ -56,6 +56,15 @@ def validate_name(name: Any, what: str = "state") -> str:
     return name
 
 
+def _serializer(name: Any, type_or_serializer: Any, what: str = "values") -> TypeSerializer[Any]:
+    """The serializer of a type a descriptor names; a type streamstate cannot serialize raises
+    :class:`~streamstate.errors.UnsupportedStateTypeError` naming the state."""
+    try:
+        return serializer_for(type_or_serializer)
+    except TypeError as exc:
+        raise UnsupportedStateTypeError(f"state {name!r}: the type of its {what}: {exc}") from None
+
+
 class StateKind(enum.Enum):
     """The kind of a keyed state; a restored state must keep its kind."""
 
@@ -93,6 +102,7 @@ class StateDescriptor:
         return self
 
     def get_name(self) -> str:
+        """The state's name."""
         return self.name
 
     def __repr__(self) -> str:
@@ -105,7 +115,7 @@ class ValueStateDescriptor(StateDescriptor):
     kind = StateKind.VALUE
 
     def __init__(self, name: str, type_or_serializer: Any, default: Any = None) -> None:
-        super().__init__(name, serializer_for(type_or_serializer))
+        super().__init__(name, _serializer(name, type_or_serializer))
         self.default = default
 
 
@@ -115,7 +125,7 @@ class ListStateDescriptor(StateDescriptor):
     kind = StateKind.LIST
 
     def __init__(self, name: str, element_type: Any) -> None:
-        self.element_serializer: TypeSerializer[Any] = serializer_for(element_type)
+        self.element_serializer: TypeSerializer[Any] = _serializer(name, element_type, "elements")
         super().__init__(name, ListSerializer(self.element_serializer))
 
 
@@ -125,8 +135,8 @@ class MapStateDescriptor(StateDescriptor):
     kind = StateKind.MAP
 
     def __init__(self, name: str, key_type: Any, value_type: Any) -> None:
-        self.key_serializer: TypeSerializer[Any] = serializer_for(key_type)
-        self.value_serializer: TypeSerializer[Any] = serializer_for(value_type)
+        self.key_serializer: TypeSerializer[Any] = _serializer(name, key_type, "map keys")
+        self.value_serializer: TypeSerializer[Any] = _serializer(name, value_type, "map values")
         super().__init__(name, DictSerializer(self.key_serializer, self.value_serializer))
 
 
@@ -141,7 +151,7 @@ class ReducingStateDescriptor(StateDescriptor):
         reduce_function: ReduceFunction[Any] | Callable[[Any, Any], Any],
         type_or_serializer: Any,
     ) -> None:
-        super().__init__(name, serializer_for(type_or_serializer))
+        super().__init__(name, _serializer(name, type_or_serializer))
         if isinstance(reduce_function, ReduceFunction):
             self.reduce_function: ReduceFunction[Any] = reduce_function
         elif callable(reduce_function):
@@ -170,5 +180,5 @@ class AggregatingStateDescriptor(StateDescriptor):
             raise TypeError(
                 f"aggregate_function must be an AggregateFunction, got {aggregate_function!r}"
             )
-        super().__init__(name, serializer_for(accumulator_type))
+        super().__init__(name, _serializer(name, accumulator_type, "accumulators"))
         self.aggregate_function = aggregate_function

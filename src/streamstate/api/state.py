@@ -91,7 +91,9 @@ class ListState(MergingState[T, Iterable[T]]):
     __slots__ = ()
 
     @abstractmethod
-    def get(self) -> list[T]: ...  # type: ignore[override]
+    def get(self) -> list[T]:  # type: ignore[override]
+        """The elements in the order they were added (an empty list when absent). The heap
+        backend may hand out the stored list: copy it before keeping it."""
 
     @abstractmethod
     def add_all(self, values: Iterable[T]) -> None:
@@ -123,32 +125,40 @@ class MapState(State, Generic[K, V]):
     __slots__ = ()
 
     @abstractmethod
-    def get(self, key: K) -> V | None: ...
+    def get(self, key: K) -> V | None:
+        """The value mapped to ``key``, or None."""
 
     @abstractmethod
-    def put(self, key: K, value: V) -> None: ...
+    def put(self, key: K, value: V) -> None:
+        """Map ``key`` to ``value``."""
 
     @abstractmethod
-    def put_all(self, mapping: dict[K, V]) -> None: ...
+    def put_all(self, mapping: dict[K, V]) -> None:
+        """Put every mapping of ``mapping``."""
 
     @abstractmethod
     def remove(self, key: K) -> None:
         """Remove ``key``; removing the last mapping removes the whole entry."""
 
     @abstractmethod
-    def contains(self, key: K) -> bool: ...
+    def contains(self, key: K) -> bool:
+        """Whether ``key`` is mapped (also to None, where the value type admits None)."""
 
     @abstractmethod
-    def keys(self) -> Iterator[K]: ...
+    def keys(self) -> Iterator[K]:
+        """The user keys."""
 
     @abstractmethod
-    def values(self) -> Iterator[V]: ...
+    def values(self) -> Iterator[V]:
+        """The values."""
 
     @abstractmethod
-    def items(self) -> Iterator[tuple[K, V]]: ...
+    def items(self) -> Iterator[tuple[K, V]]:
+        """The ``(user key, value)`` mappings."""
 
     @abstractmethod
-    def is_empty(self) -> bool: ...
+    def is_empty(self) -> bool:
+        """Whether the map of the current key and namespace has no mapping."""
 
     def __iter__(self) -> Iterator[K]:
         return self.keys()
@@ -161,29 +171,36 @@ class ReadOnlyBroadcastState(ABC, Generic[K, V]):
     """The read-only view of a broadcast state."""
 
     @abstractmethod
-    def get(self, key: K) -> V | None: ...
+    def get(self, key: K) -> V | None:
+        """The value mapped to ``key``, or None."""
 
     @abstractmethod
-    def contains(self, key: K) -> bool: ...
+    def contains(self, key: K) -> bool:
+        """Whether ``key`` is mapped."""
 
     @abstractmethod
-    def items(self) -> Iterator[tuple[K, V]]: ...
+    def items(self) -> Iterator[tuple[K, V]]:
+        """The mappings."""
 
 
 class BroadcastState(ReadOnlyBroadcastState[K, V]):
     """Operator state held in full by every subtask."""
 
     @abstractmethod
-    def put(self, key: K, value: V) -> None: ...
+    def put(self, key: K, value: V) -> None:
+        """Map ``key`` to ``value``."""
 
     @abstractmethod
-    def put_all(self, mapping: dict[K, V]) -> None: ...
+    def put_all(self, mapping: dict[K, V]) -> None:
+        """Put every mapping of ``mapping``."""
 
     @abstractmethod
-    def remove(self, key: K) -> None: ...
+    def remove(self, key: K) -> None:
+        """Remove ``key``."""
 
     @abstractmethod
-    def clear(self) -> None: ...
+    def clear(self) -> None:
+        """Remove every mapping."""
 
 
 # --------------------------------------------------------------------------------------------

@@ -20,22 +20,27 @@ class Time:
 
     @staticmethod
     def milliseconds(n: int) -> int:
+        """``n`` milliseconds."""
         return int(n)
 
     @staticmethod
     def seconds(n: float) -> int:
+        """``n`` seconds, in ms."""
         return int(n * 1000)
 
     @staticmethod
     def minutes(n: float) -> int:
+        """``n`` minutes, in ms."""
         return int(n * 60_000)
 
     @staticmethod
     def hours(n: float) -> int:
+        """``n`` hours, in ms."""
         return int(n * 3_600_000)
 
     @staticmethod
     def days(n: float) -> int:
+        """``n`` days, in ms."""
         return int(n * 86_400_000)
 
 
@@ -100,10 +105,13 @@ class StateTtlConfig:
 
     @property
     def is_enabled(self) -> bool:
+        """Whether values expire (``update_type`` is not ``Disabled``)."""
         return self.update_type is not StateTtlConfig.UpdateType.Disabled
 
     @staticmethod
     def new_builder(ttl: int | float | timedelta) -> StateTtlConfigBuilder:
+        """A :class:`StateTtlConfigBuilder` for a time-to-live of ``ttl`` ms (or a
+        ``timedelta``)."""
         return StateTtlConfigBuilder(_to_millis(ttl))
 
     def to_dict(self) -> dict[str, Any]:
@@ -120,6 +128,7 @@ class StateTtlConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> StateTtlConfig:
+        """The configuration :meth:`to_dict` wrote (into a checkpoint)."""
         return cls(
             ttl=d["ttl"],
             update_type=cls.UpdateType(d["update_type"]),
@@ -138,36 +147,46 @@ class StateTtlConfigBuilder:
         self._kw: dict[str, Any] = {"ttl": ttl}
 
     def set_update_type(self, update_type: StateTtlConfig.UpdateType) -> StateTtlConfigBuilder:
+        """When the last-access timestamp is refreshed (see :class:`StateTtlConfig`)."""
         self._kw["update_type"] = update_type
         return self
 
     def update_ttl_on_create_and_write(self) -> StateTtlConfigBuilder:
+        """Refresh the timestamp on every write (the default)."""
         return self.set_update_type(StateTtlConfig.UpdateType.OnCreateAndWrite)
 
     def update_ttl_on_read_and_write(self) -> StateTtlConfigBuilder:
+        """Refresh the timestamp on every write and every read of an unexpired value."""
         return self.set_update_type(StateTtlConfig.UpdateType.OnReadAndWrite)
 
     def set_state_visibility(
         self, visibility: StateTtlConfig.StateVisibility
     ) -> StateTtlConfigBuilder:
+        """Whether an expired value still stored is returned (see :class:`StateTtlConfig`)."""
         self._kw["state_visibility"] = visibility
         return self
 
     def return_expired_if_not_cleaned_up(self) -> StateTtlConfigBuilder:
+        """Return an expired value that is still stored (once; the read removes it)."""
         return self.set_state_visibility(StateTtlConfig.StateVisibility.ReturnExpiredIfNotCleanedUp)
 
     def never_return_expired(self) -> StateTtlConfigBuilder:
+        """An expired value reads as absent (the default)."""
         return self.set_state_visibility(StateTtlConfig.StateVisibility.NeverReturnExpired)
 
     def set_ttl(self, ttl: int | float | timedelta) -> StateTtlConfigBuilder:
+        """The time-to-live (ms or a ``timedelta``)."""
         self._kw["ttl"] = _to_millis(ttl)
         return self
 
     def cleanup_full_snapshot(self) -> StateTtlConfigBuilder:
+        """Leave expired values out of full snapshots."""
         self._kw["cleanup_full_snapshot"] = True
         return self
 
     def disable_cleanup_in_background(self) -> StateTtlConfigBuilder:
+        """No incremental cleanup (heap) and no sweep per checkpoint (RocksDB): expired values go
+        only when read."""
         self._kw["cleanup_size"] = 0
         self._kw["rocksdb_sweep_per_checkpoint"] = 0
         return self
@@ -175,6 +194,8 @@ class StateTtlConfigBuilder:
     def cleanup_incrementally(
         self, cleanup_size: int = 5, run_cleanup_for_every_record: bool = False
     ) -> StateTtlConfigBuilder:
+        """Heap backend: check ``cleanup_size`` entries per state access (and per record with
+        ``run_cleanup_for_every_record``)."""
         self._kw["cleanup_size"] = cleanup_size
         self._kw["run_cleanup_for_every_record"] = run_cleanup_for_every_record
         return self
@@ -183,8 +204,11 @@ class StateTtlConfigBuilder:
         self, query_time_after_num_entries: int = 1000
     ) -> StateTtlConfigBuilder:
         # rocksdict exposes no compaction filter; the equivalent is a bounded sweep per checkpoint.
+        """RocksDB backend: sweep at most this many entries per checkpoint (rocksdict has no
+        compaction filter; this bounded sweep stands in for it)."""
         self._kw["rocksdb_sweep_per_checkpoint"] = query_time_after_num_entries
         return self
 
     def build(self) -> StateTtlConfig:
+        """The :class:`StateTtlConfig`."""
         return StateTtlConfig(**self._kw)

@@ -32,6 +32,7 @@ from streamstate.serializers import (
     Compatibility,
     TypeSerializer,
     VoidNamespaceSerializer,
+    describe_snapshot,
     serializer_for,
 )
 
@@ -336,6 +337,18 @@ class KeyedStateBackend(ABC):
             f"{descriptor.kind.value} state; a state's kind cannot change"
         )
 
+    @staticmethod
+    def _migration_error(problem: str) -> StateMigrationException:
+        """A restored state the program now declares differently: what differs (``problem``
+        names the state), and the ways out (SPEC §12)."""
+        return StateMigrationException(
+            f"{problem}. To change a state: migrate it through a savepoint "
+            "(read the old state with streamstate.spark.read_state, write it with the new "
+            "declaration from a batch keyed_process(..., savepoint=...), and start the job from "
+            "that savepoint with initial_state=), give the state a new name (the old one is kept, "
+            "unread), or start from a new checkpoint directory"
+        )
+
     def _check_restored(
         self, name: str, namespace_serializer: TypeSerializer[Any], descriptor: StateDescriptor
     ) -> Compatibility | None:
@@ -344,23 +357,24 @@ class KeyedStateBackend(ABC):
         if meta is None:
             return None
         if meta.kind != descriptor.kind.value:
-            raise StateMigrationException(
+            raise self._migration_error(
                 f"state {name!r} was checkpointed as {meta.kind} state but is now declared as "
-                f"{descriptor.kind.value} state; a state's kind cannot change"
+                f"{descriptor.kind.value} state; a state's kind cannot change",
             )
         ns_compat = namespace_serializer.resolve_compatibility(meta.namespace_serializer)
         if not ns_compat.is_compatible_as_is:
-            raise StateMigrationException(
-                f"state {name!r}: the namespace serializer {namespace_serializer!r} is not "
-                f"compatible as is with the checkpointed one {meta.namespace_serializer}"
+            raise self._migration_error(
+                f"state {name!r}: its namespaces were checkpointed as "
+                f"{describe_snapshot(meta.namespace_serializer)} but are now "
+                f"{describe_snapshot(namespace_serializer.snapshot())} "
+                f"({namespace_serializer!r} cannot read {meta.namespace_serializer})",
             )
         serializer = descriptor.serializer
         if (meta.ttl is None) != (descriptor.ttl_config is None):
-            raise StateMigrationException(
-                f"state {name!r} was checkpointed "
-                f"{'without' if meta.ttl is None else 'with'} time-to-live but is now declared "
-                f"{'with' if meta.ttl is None else 'without'} it; enabling or disabling TTL on an "
-                "existing state is not supported"
+            was, now = ("without", "with") if meta.ttl is None else ("with", "without")
+            raise self._migration_error(
+                f"state {name!r} was checkpointed {was} time-to-live but is now declared {now} "
+                "it; enabling or disabling TTL on an existing state is not supported",
             )
         if descriptor.ttl_config is not None:
             from streamstate.backends.decorators.ttl import ttl_state_serializer
@@ -374,9 +388,13 @@ class KeyedStateBackend(ABC):
                     " (the checkpoint was written with PickleSerializer; reading it runs code "
                     "from the checkpoint, so pass PickleSerializer() to enable it)"
                 )
-            raise StateMigrationException(
-                f"state {name!r}: the new serializer {serializer!r} cannot read the "
-                f"checkpointed state written by {meta.state_serializer}{hint}"
+            old, new = (
+                describe_snapshot(meta.state_serializer),
+                describe_snapshot(serializer.snapshot()),
+            )
+            raise self._migration_error(
+                f"state {name!r}: its values were checkpointed as {old} but are now declared as "
+                f"{new} ({serializer!r} cannot read what {meta.state_serializer} wrote){hint}",
             )
         return compat
 

@@ -31,8 +31,16 @@ from collections import Counter
 from typing import Any
 
 from streamstate.demo.job import HOUR_MS, page_view_batch, page_views_per_hour
+from streamstate.spark.keyed import checkpointed_backend
 
-__all__ = ["DEFAULT_DIRECTORY", "DemoRun", "print_run", "run_streaming", "spark_session"]
+__all__ = [
+    "DEFAULT_DIRECTORY",
+    "DemoRun",
+    "hour_label",
+    "print_run",
+    "run_streaming",
+    "spark_session",
+]
 
 DEFAULT_DIRECTORY = ".streamstate-demo"
 MARKER = "streamstate-demo.json"
@@ -124,7 +132,7 @@ def spark_session(
     return session
 
 
-def _hour_label(hour: int) -> str:
+def hour_label(hour: int) -> str:
     t = datetime.datetime.fromtimestamp(hour * HOUR_MS / 1000, datetime.UTC)
     return t.strftime("%Y-%m-%d %H:00")
 
@@ -218,7 +226,7 @@ def run_streaming(
     spark: Any = None,
     master: str = "local[2]",
     console: Any = None,
-    state_backend: str = "heap",
+    state_backend: str | None = None,
 ) -> DemoRun:
     """Generate ``events`` more page views as ``batches`` micro-batches and stream them through
     the job, resuming from the checkpoint in ``directory`` if there is one; prints progress per
@@ -227,7 +235,8 @@ def run_streaming(
     ``spark``: a SparkSession to use (default: a quiet ``master`` session, stopped at the end).
     ``parallelism``: subtasks (default: the checkpoint's, else 2); another value than the
     checkpoint's rescales the state by key group. ``state_backend``: ``"heap"`` or
-    ``"rocksdb"``; a checkpoint of either restores into the other.
+    ``"rocksdb"`` (default: the checkpoint's, else heap); a checkpoint of either restores into
+    the other.
     """
     from rich.console import Console
 
@@ -256,17 +265,21 @@ def run_streaming(
             console.print(
                 f"rescaling by key group from {resumed_parallelism} to {parallelism} subtasks"
             )
-        previous = None if op is None else _checkpoint_backend(op)
-        if previous is not None and previous != state_backend:
+        previous = checkpointed_backend(latest, OPERATOR)
+        if state_backend is not None and previous is not None and previous != state_backend:
             console.print(
                 f"switching backends: the {previous} backend's checkpoint is restored into the "
                 f"{state_backend} backend (converted by key group)"
             )
     first = int(info["slices"])
+    # views an earlier run generated but did not finish (it was stopped): this run streams them
+    # too; markers of earlier versions have no count: their runs finished
+    pending = int(info["events"]) - int(info.get("processed", info["events"]))
     new_events = _write_slices(directory, first, batches, events // batches, apps, seed)
     info.update(
         slices=first + batches, events=int(info["events"]) + new_events, apps=apps, seed=seed
     )
+    info.setdefault("processed", int(info["events"]) - new_events - pending)
     _write_marker(directory, info)
     end = STREAM_START_MS + (first + batches) * SLICE_MS
     console.print(
@@ -286,26 +299,19 @@ def run_streaming(
             directory,
             console,
             parallelism or resumed_parallelism or 2,
-            new_events,
+            new_events + pending,
             state_backend,
         )
     finally:
         if own_session:
             spark.stop()
+    info["processed"] = info["events"]  # the query consumed every input file
+    _write_marker(directory, info)
     run.resumed_from = None if latest is None else latest.checkpoint_id
     run.input_start_ms = STREAM_START_MS + first * SLICE_MS
     run.resumed_parallelism = resumed_parallelism
     print_run(run, console)
     return run
-
-
-def _checkpoint_backend(op: Any) -> str | None:
-    """The backend that wrote an operator's checkpoint: RocksDB writes native snapshots, the
-    heap canonical files (None: no keyed state to tell)."""
-    written = [sub for sub in op.subtasks if sub.keyed]
-    if not written:
-        return None
-    return "rocksdb" if any(not sub.is_canonical for sub in written) else "heap"
 
 
 def _stream(
@@ -314,7 +320,7 @@ def _stream(
     console: Any,
     parallelism: int,
     events: int,
-    state_backend: str,
+    state_backend: str | None,
 ) -> DemoRun:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -371,7 +377,7 @@ def _stream(
         resumed_from=None,
         resumed_parallelism=None,
         parallelism=parallelism,
-        state_backend=state_backend,
+        state_backend=query.options.state_backend,
         batches=list(query.batches),
         events=events,
         processed=sum(b.get("rows", 0) for b in computed),
@@ -409,7 +415,7 @@ def print_run(run: DemoRun, console: Any, max_hours: int = 6) -> None:
             note = "[green]new[/]"
             if run.resumed_from is not None and hour * HOUR_MS < run.input_start_ms:
                 note += f" (resumed from checkpoint {run.resumed_from})"
-        table.add_row(app, _hour_label(hour), f"{views:,}", note)
+        table.add_row(app, hour_label(hour), f"{views:,}", note)
     if len(hours) > len(shown):
         table.caption = f"{len(hours) - len(shown)} earlier hour(s) in {run.directory}/output"
     if run.results:
@@ -435,7 +441,7 @@ def print_run(run: DemoRun, console: Any, max_hours: int = 6) -> None:
     else:
         console.print(
             f"watermark {_time_label(run.watermark)}: {len(run.new)} new results; "
-            f"hours from {_hour_label((run.watermark + 1) // HOUR_MS)} are still open (in state)"
+            f"hours from {hour_label((run.watermark + 1) // HOUR_MS)} are still open (in state)"
         )
     console.print(
         f"[bold]checkpoint {run.checkpoint_id}[/]: run again to resume from it; --fresh starts over"

@@ -62,7 +62,8 @@ KEY_GROUP_CACHE_LIMIT = 1 << 20
 
 
 class LocalRunner:
-    """Runs a :class:`KeyedProcessFunction` with ``parallelism`` subtasks in this process.
+    """Runs a :class:`~streamstate.api.functions.KeyedProcessFunction` with ``parallelism``
+    subtasks in this process.
 
     Parameters:
         function: the user function; each subtask gets its own deep copy.
@@ -196,6 +197,7 @@ class LocalRunner:
             self._key_groups_of = mp
 
     def subtask_for_key(self, key: Any) -> int:
+        """The subtask that owns ``key``'s key group."""
         return compute_operator_index_for_key_group(
             self.max_parallelism, self.parallelism, self.key_group_of(key)
         )
@@ -496,6 +498,7 @@ class LocalRunner:
             t.close_checkpointer()
 
     def close(self) -> None:
+        """Dispose of the subtasks' backends and stop background checkpoint writing."""
         self._close_coordinator()
         for t in self.tasks:
             t.dispose()

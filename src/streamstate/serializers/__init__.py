@@ -1,6 +1,11 @@
 """Serializers: typed, versioned, compatibility-checked (SPEC §2.4)."""
 
-from streamstate.serializers.base import Compatibility, SerializerSnapshot, TypeSerializer
+from streamstate.serializers.base import (
+    Compatibility,
+    SerializerSnapshot,
+    TypeSerializer,
+    describe_snapshot,
+)
 from streamstate.serializers.builtins import (
     BoolSerializer,
     BytesSerializer,
@@ -40,6 +45,7 @@ __all__ = [
     "TypeSerializer",
     "Types",
     "VoidNamespaceSerializer",
+    "describe_snapshot",
     "serializer_for",
     "serializer_from_snapshot",
 ]

@@ -25,12 +25,59 @@ __all__ = [
     "Compatibility",
     "SerializerSnapshot",
     "TypeSerializer",
+    "describe_snapshot",
 ]
 
 T = TypeVar("T")
 
 SerializerSnapshot = dict[str, Any]
 """A JSON-able description of a serializer: ``{"type": ..., "version": ..., ...params}``."""
+
+
+_TYPE_WORDS = {
+    "int64": "int",
+    "float64": "float",
+    "bool": "bool",
+    "str": "str",
+    "bytes": "bytes",
+    "void_namespace": "no namespace",
+    "time_window": "TimeWindow",
+    "global_window": "GlobalWindow",
+    "pickle": "any value (PickleSerializer)",
+    "restored": "a checkpointed serializer",
+}
+
+
+def describe_snapshot(snap: Any) -> str:
+    """A serializer snapshot in the words of Python types, for error messages.
+
+    >>> describe_snapshot({"type": "int64", "version": 1})
+    'int'
+    >>> describe_snapshot({"type": "dict", "key": {"type": "str"},
+    ...                    "value": {"type": "optional", "inner": {"type": "float64"}}})
+    'dict[str, float | None]'
+    >>> describe_snapshot({"type": "ttl_value", "inner": {"type": "struct", "class": "app:Visit"}})
+    'Visit (app.Visit) with time-to-live'
+    """
+    if not isinstance(snap, dict):
+        return repr(snap)
+    t = snap.get("type")
+    if t in _TYPE_WORDS:
+        return _TYPE_WORDS[str(t)]
+    if t == "optional":
+        return f"{describe_snapshot(snap.get('inner'))} | None"
+    if t == "list":
+        return f"list[{describe_snapshot(snap.get('element'))}]"
+    if t == "dict":
+        return f"dict[{describe_snapshot(snap.get('key'))}, {describe_snapshot(snap.get('value'))}]"
+    if t == "tuple":
+        return f"tuple[{', '.join(describe_snapshot(f) for f in snap.get('fields', ()))}]"
+    if t == "ttl_value":
+        return f"{describe_snapshot(snap.get('inner'))} with time-to-live"
+    if t == "struct":
+        module, _, qual = str(snap.get("class", "")).partition(":")
+        return f"{qual.rsplit('.', 1)[-1]} ({module}.{qual})" if qual else "a record type"
+    return f"{t} serializer"
 
 
 class Compatibility(enum.Enum):

@@ -201,7 +201,8 @@ def _record_type(name: str) -> type:
 
 
 class Types:
-    """PyFlink-style type constructors, each returning a :class:`TypeSerializer`."""
+    """PyFlink-style type constructors, each returning a
+    :class:`~streamstate.serializers.base.TypeSerializer`."""
 
     @staticmethod
     def LONG() -> TypeSerializer[Any]:  # noqa: N802 - PyFlink's spelling

@@ -19,7 +19,7 @@ from typing import Any
 
 import msgspec
 
-from streamstate.spark.failures import original_error
+from streamstate.spark.failures import original_error, raise_function_error
 from streamstate.spark.keyed import KeyedOptions, function_blob
 from streamstate.spark.placement import place
 from streamstate.spark.tasks import ACK_SCHEMA, bounded_task
@@ -63,6 +63,7 @@ def _with_savepoint(options: KeyedOptions, placed: Any, blob: bytes, savepoint: 
         if error is exc:
             raise
         raise error from exc
+    raise_function_error(rows)
     results = [msgspec.msgpack.decode(r["result"], type=BatchResult) for r in rows]
     handles = [msgspec.msgpack.decode(r.handle, type=SubtaskStateHandle) for r in results]
     outputs = [r.outputs for r in results if r.outputs is not None]

@@ -10,6 +10,12 @@ asks the worker interpreter, once per driver process, to import what streamstate
 raises :class:`WorkerPythonError` naming the interpreter, what it lacks and ``PYSPARK_PYTHON``.
 On a cluster the executors' Python cannot be checked from here (docs/spark.md, "Running on a
 cluster").
+
+Through Spark Connect the workers (and a streaming query's ``foreachBatch`` process) run the
+*server's* Python: a server started with ``sbin/start-connect-server.sh`` and no
+``PYSPARK_PYTHON`` runs ``python3`` from its ``PATH``. :func:`check_connect_server_python` asks
+it, once per client session, with one small Python UDF job that imports what streamstate needs
+and reports the interpreter, and raises the same :class:`WorkerPythonError`.
 """
 
 from __future__ import annotations
@@ -23,7 +29,12 @@ from typing import Any
 
 from streamstate.errors import StreamStateError
 
-__all__ = ["WORKER_MODULES", "WorkerPythonError", "check_worker_python"]
+__all__ = [
+    "WORKER_MODULES",
+    "WorkerPythonError",
+    "check_connect_server_python",
+    "check_worker_python",
+]
 
 #: what a worker (and the state hosts it starts) imports
 WORKER_MODULES = (
@@ -49,7 +60,8 @@ def check_worker_python(spark: Any, pythonpath: str = "") -> None:
     from streamstate.spark.session import is_connect
 
     if is_connect(spark):
-        return  # the workers run on the Connect server, with its Python
+        check_connect_server_python(spark)  # the workers run on the server, with its Python
+        return
     sc = spark.sparkContext
     if not str(sc.master).startswith("local"):
         return
@@ -94,3 +106,84 @@ def _problem(python: str, pythonpath: str) -> str | None:
         return None
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     return f"cannot import what streamstate needs ({lines[-1] if lines else done.returncode})"
+
+
+#: the probe a Connect server's Python worker runs: source compiled as ``__main__`` so that
+#: cloudpickle ships it by value (the server may not have streamstate to import it from)
+_PROBE_SOURCE = """
+def probe(_, modules=MODULES):
+    import importlib, json, os, sys
+    missing = []
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:
+            missing.append([name, type(exc).__name__ + ": " + str(exc)])
+    return json.dumps({"python": sys.executable, "missing": missing,
+                       "pyspark_python": os.environ.get("PYSPARK_PYTHON")})
+"""
+
+#: what Spark Connect says when a Python worker of the server could not start at all
+_WORKER_DID_NOT_START = (
+    "failed to connect back",
+    "Python worker exited unexpectedly",
+    "PYTHON_WORKER_",
+    "ModuleNotFoundError",
+)
+
+#: Connect client sessions already checked (by session id)
+_CHECKED_SESSIONS: set[str] = set()
+
+
+def _probe_function() -> Any:
+    namespace: dict[str, Any] = {"__name__": "__main__"}
+    source = _PROBE_SOURCE.replace("MODULES", repr(WORKER_MODULES))
+    exec(compile(source, "<streamstate worker probe>", "exec"), namespace)
+    return namespace["probe"]
+
+
+def check_connect_server_python(spark: Any) -> None:
+    """Raise :class:`WorkerPythonError` if the Python that a Spark Connect server runs its
+    workers with cannot import what streamstate needs (once per client session)."""
+    import json
+
+    session = str(getattr(spark, "session_id", "") or id(spark))
+    if session in _CHECKED_SESSIONS:
+        return
+    from pyspark.sql.types import StringType
+
+    from streamstate.spark.session import functions_for
+
+    probe = functions_for(spark).udf(_probe_function(), StringType(), useArrow=False)
+    remedy = (
+        "Start the server with PYSPARK_PYTHON set to a Python that has streamstate and its "
+        "dependencies installed (e.g. PYSPARK_PYTHON=/opt/venv/bin/python "
+        "$SPARK_HOME/sbin/start-connect-server.sh; docs/spark.md, 'Starting a Spark Connect "
+        "server for streamstate')"
+    )
+    try:
+        rows = spark.range(1).select(probe("id").alias("report")).collect()
+    except Exception as exc:
+        text = str(exc)
+        if not any(m in text for m in _WORKER_DID_NOT_START):
+            raise
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        cause = next((line for line in lines if "Error" in line), lines[0] if lines else text)
+        raise WorkerPythonError(
+            f"the Spark Connect server's Python workers could not start or could not run "
+            f"Python code ({cause[:300]}). {remedy}"
+        ) from exc
+    report = json.loads(rows[0]["report"])
+    if report["missing"]:
+        source = (
+            f"PYSPARK_PYTHON={report['pyspark_python']}"
+            if report.get("pyspark_python")
+            else "PYSPARK_PYTHON is not set on the server, so Spark runs python3 from its PATH"
+        )
+        names = ", ".join(name for name, _ in report["missing"])
+        raise WorkerPythonError(
+            f"the Spark Connect server's Python workers run {report['python']!r} ({source}), "
+            f"which cannot import what streamstate needs: {names} "
+            f"({report['missing'][0][1]}). {remedy}"
+        )
+    _CHECKED_SESSIONS.add(session)

@@ -1,5 +1,13 @@
 """The error a failed micro-batch raised, as the user should first see it.
 
+A *function error* (:func:`is_function_error`: raised by the user's function, or one of
+streamstate's errors about what the job declares) is deterministic, so it is not a task
+failure: the state host reports it as plain data (:func:`task_error_report`), the task returns
+it in its acknowledgement row, and the driver raises it once (:func:`raise_function_error`),
+before anything is committed, with Spark's query-failure log silenced while the query stops
+(:func:`quiet_query_failure_log`). Errors of the infrastructure fail their task as before, and
+Spark retries it.
+
 A streaming query fails inside ``foreachBatch``; Spark wraps what went wrong in a
 ``StreamingQueryException`` (``FOREACH_BATCH_USER_FUNCTION_ERROR``), and an error raised on an
 executor reaches the driver only as text, inside a ``PythonException`` with Java stack traces.
@@ -33,9 +41,100 @@ import sys
 import traceback
 from typing import Any
 
-from streamstate.errors import RemoteError, StateHostError
+from streamstate.errors import (
+    CheckpointError,
+    InvalidStateNameError,
+    KeyGroupOutOfRangeError,
+    NoCurrentKeyError,
+    OutputSchemaError,
+    RemoteError,
+    StateAccessError,
+    StateBackendError,
+    StateHostError,
+    StateMigrationException,
+    UnsupportedKeyTypeError,
+    UnsupportedStateTypeError,
+)
 
-__all__ = ["error_from_report", "failure_report", "original_error", "parse_remote_error"]
+__all__ = [
+    "error_from_report",
+    "error_from_task_report",
+    "failure_report",
+    "is_function_error",
+    "original_error",
+    "parse_remote_error",
+    "quiet_query_failure_log",
+    "raise_function_error",
+    "task_error_report",
+]
+
+#: the loggers through which Spark's stream execution thread logs a query that ends with an
+#: error (``Query ... terminated with error`` and the Java stack trace)
+QUERY_FAILURE_LOGGERS = (
+    "org.apache.spark.sql.execution.streaming.runtime.MicroBatchExecution",
+    "org.apache.spark.sql.execution.streaming.runtime.StreamExecution",
+)
+
+#: streamstate's errors about what the job itself declares or does: a retry raises them again
+_JOB_ERRORS = (
+    OutputSchemaError,
+    StateAccessError,
+    StateMigrationException,
+    UnsupportedStateTypeError,
+    InvalidStateNameError,
+    UnsupportedKeyTypeError,
+    KeyGroupOutOfRangeError,
+    NoCurrentKeyError,
+)
+#: what the infrastructure raises (storage, the state host, the backend's files, the OS): Spark
+#: retries the task, even when the user's function was on the stack
+_INFRASTRUCTURE_ERRORS = (CheckpointError, StateBackendError, StateHostError, OSError, MemoryError)
+
+
+def is_function_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is the job's own, deterministic error: raised by the user's function
+    (the operator named its key and record in a note) or one of streamstate's errors about
+    what the job declares (an output schema, a state's type). Such an error is reported as
+    data to the driver, which raises it once; a retry would only raise it again. Errors of
+    the infrastructure (storage, a lost host, the OS) are not: Spark retries their task."""
+    if isinstance(exc, _INFRASTRUCTURE_ERRORS):
+        return False
+    if isinstance(exc, _JOB_ERRORS):
+        return True
+    return any(str(n).startswith("streamstate: raised in ") for n in getattr(exc, "__notes__", ()))
+
+
+def task_error_report(error: BaseException, where: str) -> dict[str, Any]:
+    """A function error as plain data (it travels in a task's acknowledgement row): the
+    class's qualified name, message, notes, traceback, and where it was raised."""
+    return {
+        "type": _qualified_name(type(error)),
+        "message": str(error),
+        "notes": [str(n) for n in getattr(error, "__notes__", ())],
+        # the frames only: the error's own line and notes are above them when it is raised
+        "traceback": "".join(traceback.format_tb(error.__traceback__)),
+        "where": where,
+    }
+
+
+def error_from_task_report(report: dict[str, Any]) -> BaseException:
+    """The error a :func:`task_error_report` describes, rebuilt on the driver: its class
+    (built-in, streamstate's, or of a module the driver imported) with its message and notes,
+    else a :class:`~streamstate.errors.StateHostError` naming it; a last note says where it
+    was raised and carries the traceback."""
+    name, message = str(report.get("type", "Exception")), str(report.get("message", ""))
+    error = _instantiate(name, message)
+    if error is None:
+        error = StateHostError(f"{name}: {message}")
+        error.remote_type, error.remote_message = name, message  # type: ignore[attr-defined]
+    for note in report.get("notes", []):
+        error.add_note(str(note))
+    error.add_note(
+        f"streamstate: raised {report.get('where', 'on a Spark executor')}, at:\n"
+        + str(report.get("traceback", "")).rstrip()
+    )
+    return error
+
 
 #: the last line of a Python traceback: ``module.Class: message`` or ``Class: message``
 _EXCEPTION_LINE = re.compile(r"^(?P<cls>[A-Za-z_][\w.]*)(?::\s?(?P<message>.*))?$")
@@ -164,3 +263,39 @@ def error_from_report(data: bytes) -> BaseException:
         + str(report.get("traceback", "")).rstrip()
     )
     return error
+
+
+def raise_function_error(rows: list[Any]) -> None:
+    """Raise the function error the first failing subtask's acknowledgement row carries
+    (``error`` column), if any: once, on the driver, before anything is committed."""
+    errors = sorted((int(r["subtask"]), r["error"]) for r in rows if r["error"])
+    if errors:
+        raise error_from_task_report(json.loads(errors[0][1]))
+
+
+def quiet_query_failure_log(spark: Any) -> Any:
+    """Silence the stream execution's ``terminated with error`` log (and its Java frames)
+    while a query stops on a function error that the driver raises itself; returns the
+    function that restores the loggers' levels (None where there is no JVM to ask: Spark
+    Connect, whose server logs to its own log).
+
+    Only these loggers are touched, and only until the query has stopped: errors of the
+    infrastructure (a failed commit, a lost executor) still reach Spark's log."""
+    jvm = getattr(spark, "_jvm", None)
+    if jvm is None:
+        return None
+    try:
+        log_manager = jvm.org.apache.logging.log4j.LogManager
+        configurator = jvm.org.apache.logging.log4j.core.config.Configurator
+        level = jvm.org.apache.logging.log4j.Level
+        saved = {name: log_manager.getLogger(name).getLevel() for name in QUERY_FAILURE_LOGGERS}
+        for name in QUERY_FAILURE_LOGGERS:
+            configurator.setLevel(name, level.OFF)
+    except Exception:  # a JVM without log4j 2: Spark logs as it would
+        return None
+
+    def restore() -> None:
+        for name, old in saved.items():
+            configurator.setLevel(name, old)
+
+    return restore

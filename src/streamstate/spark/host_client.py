@@ -52,6 +52,7 @@ from streamstate.spark.security import (
 from streamstate.spark.state_host import HostSpec, JobPin, host_paths, proc_start_time
 
 __all__ = [
+    "FunctionFailed",
     "connect",
     "connect_tcp",
     "find_jvm_pid",
@@ -320,7 +321,23 @@ def open_host(
     return conn, hello, spawned, "unix" if why is None else "fallback", why
 
 
+class FunctionFailed(StateHostError):
+    """The host reported a function error (:func:`~streamstate.spark.failures.
+    is_function_error`): ``report`` describes it as plain data, for the driver to raise."""
+
+    def __init__(self, message: str, report: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.report = report
+
+
 def _raise_remote(spec: HostSpec, msg: dict[str, Any]) -> None:
+    report = msg.get("report")
+    if isinstance(report, dict):
+        raise FunctionFailed(
+            f"the function of {spec.operator!r} subtask {spec.subtask} raised "
+            f"{report.get('type')}: {report.get('message')}",
+            report,
+        )
     raise StateHostError(
         f"the state host of {spec.operator!r} subtask {spec.subtask} failed: {msg.get('type')}: "
         f"{msg.get('message')}\n{msg.get('traceback', '')}"

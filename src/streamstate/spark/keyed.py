@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
+import logging
 import os
 from typing import Any
 
 from streamstate.api.functions import KeyedProcessFunction
 from streamstate.errors import CheckpointNotFoundError, MaxParallelismMismatchError
 from streamstate.keygroups import compute_default_max_parallelism
+from streamstate.spark.checks import check_before_first_job
 from streamstate.spark.job import JobSpec, arrow_schema_to_bytes, pickle_function, src_path
 from streamstate.spark.placement import KEY_GROUP_COLUMN
 from streamstate.spark.session import default_parallelism, is_connect, parse_ddl
 
-__all__ = ["keyed_process"]
+__all__ = ["checkpointed_backend", "keyed_process"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -122,19 +127,59 @@ def _backend_name(state_backend: Any) -> tuple[str, dict[str, Any]]:
     )
 
 
-def _checkpointed_parallelism(checkpoint: str | None, operator: str, options: Any) -> Any:
-    """(parallelism, max_parallelism) of the latest complete checkpoint, or None."""
-    if checkpoint is None:
-        return None
+def _latest_checkpoint(checkpoint: str | None, options: dict[str, Any]) -> Any:
+    """The latest complete checkpoint of the job directory ``checkpoint``, or None."""
     from streamstate.checkpoint.storage import FileSystemCheckpointStorage
 
+    if checkpoint is None:
+        return None
     storage = FileSystemCheckpointStorage(checkpoint, "", storage_options=options)
     try:
-        latest = storage.latest_checkpoint()
+        return storage.latest_checkpoint()
     except CheckpointNotFoundError:
         return None
-    op = latest.metadata.operators.get(operator)
-    return None if op is None else (op.parallelism, op.max_parallelism)
+
+
+def _initial_checkpoint(initial_state: str | None, options: dict[str, Any]) -> Any:
+    """The savepoint (or checkpoint) ``initial_state`` names, or None."""
+    from streamstate.checkpoint.storage import open_location, resolve_checkpoint
+
+    if initial_state is None:
+        return None
+    storage, directory = open_location(initial_state, options)
+    return resolve_checkpoint(directory, storage)
+
+
+def checkpointed_backend(restored: Any, operator: str) -> str | None:
+    """The backend kind that wrote ``operator``'s keyed state in ``restored``: ``"rocksdb"``
+    for native RocksDB snapshots, ``"heap"`` for canonical files (a heap checkpoint, or any
+    savepoint); None without keyed state."""
+    op = None if restored is None else restored.metadata.operators.get(operator)
+    written = [] if op is None else [sub for sub in op.subtasks if sub.keyed]
+    if not written:
+        return None
+    return "rocksdb" if any(not sub.is_canonical for sub in written) else "heap"
+
+
+def _follow_backend(state_backend: Any, restored: Any, operator: str) -> Any:
+    """``state_backend``, or (None) the backend the restored checkpoint was written by; a
+    switch from one to the other is logged."""
+    found = checkpointed_backend(restored, operator)
+    if state_backend is None:
+        return found or "heap"
+    name = state_backend if isinstance(state_backend, str) else state_backend.name
+    family = "rocksdb" if name == "rocksdb" else "heap"
+    if found is not None and found != family and restored.metadata.kind != "savepoint":
+        log.warning(
+            "%s: operator %r was checkpointed by the %s backend (%s); it is restored into the %s "
+            "backend, converted key group by key group",
+            restored.url,
+            operator,
+            found,
+            restored.directory,
+            family,
+        )
+    return state_backend
 
 
 def _absolute(url: str) -> str:
@@ -149,7 +194,7 @@ def keyed_process(
     output_schema: Any,
     parallelism: int | None = None,
     max_parallelism: int | None = None,
-    state_backend: Any = "heap",
+    state_backend: Any = None,
     checkpoint: str | None = None,
     event_time: str | None = None,
     watermark_delay: int | datetime.timedelta | None = None,
@@ -185,7 +230,9 @@ def keyed_process(
         parallelism: subtasks (default: the checkpoint's, else Spark's default parallelism).
             A restart with another value rescales the state by key group.
         max_parallelism: key groups (default: the checkpoint's, else Flink's default).
-        state_backend: ``"heap"``, ``"rocksdb"`` or a configured ``StateBackend``.
+        state_backend: ``"heap"``, ``"rocksdb"`` or a configured ``StateBackend`` (default:
+            the backend that wrote the checkpoint the job restores, else ``"heap"``). Another
+            backend than the checkpoint's converts the state on restore (logged once).
         event_time: a timestamp (or long milliseconds) column giving each record's event time.
         watermark_delay: bounded out-of-orderness (ms or timedelta); the watermark of a batch is
             the largest event time of the earlier batches minus the delay (minus 1 ms).
@@ -234,7 +281,14 @@ def keyed_process(
     if streaming and savepoint is not None:
         raise ValueError("savepoint= is for batch mode; a streaming query checkpoints instead")
     checkpoint = _absolute(checkpoint) if checkpoint else None
-    found = _checkpointed_parallelism(checkpoint, operator_name, storage_options or {})
+    initial_state = _absolute(initial_state) if initial_state else None
+    latest = _latest_checkpoint(checkpoint, storage_options or {})
+    # what the job restores: its latest checkpoint, else (streaming) the initial state
+    restored = latest
+    if restored is None and streaming:
+        restored = _initial_checkpoint(initial_state, storage_options or {})
+    op = None if latest is None else latest.metadata.operators.get(operator_name)
+    found = None if op is None else (op.parallelism, op.max_parallelism)
     if found is not None:
         if max_parallelism is not None and max_parallelism != found[1]:
             raise MaxParallelismMismatchError(
@@ -251,7 +305,9 @@ def keyed_process(
             f"parallelism must be between 1 and max_parallelism={max_parallelism}, got "
             f"{parallelism}"
         )
-    backend, backend_options = _backend_name(state_backend)
+    backend, backend_options = _backend_name(
+        _follow_backend(state_backend, restored, operator_name)
+    )
     options = KeyedOptions(
         df=df,
         key_columns=key_columns,
@@ -266,7 +322,7 @@ def keyed_process(
         watermark_delay=_ms(watermark_delay, "watermark_delay"),
         operator_name=operator_name,
         storage_options=dict(storage_options or {}),
-        initial_state=_absolute(initial_state) if initial_state else None,
+        initial_state=initial_state,
         max_deltas=max_deltas,
         retained_checkpoints=retained_checkpoints,
         host_idle_timeout=host_idle_timeout,
@@ -274,13 +330,28 @@ def keyed_process(
         side_output_structs=side_structs,
     )
     ensure_worker_path(df.sparkSession)
+    check_before_first_job(options, restored)
     if streaming:
         from streamstate.spark.streaming import KeyedStream
 
         return KeyedStream(options)
     from streamstate.spark.batch import run_bounded
 
-    return run_bounded(options, savepoint=_absolute(savepoint) if savepoint else None)
+    result = run_bounded(options, savepoint=_absolute(savepoint) if savepoint else None)
+    # the streaming API on a batch result: say why, instead of PySpark's ATTRIBUTE_NOT_SUPPORTED
+    # (a DataFrame kind that takes no attribute keeps PySpark's error)
+    with contextlib.suppress(Exception):
+        result.write_stream = _batch_write_stream
+    return result
+
+
+def _batch_write_stream(*args: Any, **kwargs: Any) -> Any:
+    raise TypeError(
+        "keyed_process was given a static DataFrame, so it ran in batch mode and returned a "
+        "DataFrame, which has no write_stream: write it with .write (e.g. "
+        "result.write.parquet(path)), or read the input with spark.readStream for a streaming "
+        "query"
+    )
 
 
 def _side_output_structs(
@@ -317,7 +388,8 @@ def ensure_worker_path(spark: Any) -> None:
 
     if is_connect(spark):
         # no sparkContext: the server's Python workers must import streamstate themselves
-        # (installed there; docs/spark.md "Spark Connect")
+        # (installed there; docs/spark.md "Spark Connect"), which is checked once
+        check_worker_python(spark)
         return
     sc = spark.sparkContext
     here = src_path()

@@ -2,88 +2,24 @@
 
 Like Flink's State Processor API (and Spark's ``statestore`` data source):
 ``read_state(spark, path, operator=..., state=...)`` returns one row per ``(key, namespace)``
-entry of one state, with columns ``key``, ``namespace`` and ``value``. One Spark task reads the
+entry of one state (or one row per timer of a timer pseudo-state). One Spark task reads the
 key-group range of one checkpointed subtask (its full snapshot and deltas), so the read is
-distributed like the job that wrote it.
-
-Types: keys and values of built-in serializers become Spark types (``long``, ``double``,
-``boolean``, ``string``, ``binary``, arrays of them, maps of them, structs ``_1, _2, ...`` for
-tuples); anything else (records, pickled values, TTL-wrapped values) becomes a JSON string.
-``namespace`` is null for the default namespace and a JSON string otherwise (a window is
-``{"start": ..., "end": ...}``).
+distributed like the job that wrote it. The columns and types of each kind of state, TTL and
+timers included, are described in :mod:`streamstate.spark.state_rows`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import msgspec
 
-__all__ = ["read_state", "spark_type_of"]
+from streamstate.spark.state_rows import TIMER_KIND, StateLayout, spark_type_of
 
-_SCALARS = {
-    "int64": "long",
-    "float64": "double",
-    "bool": "boolean",
-    "str": "string",
-    "bytes": "binary",
-}
-
-
-def spark_type_of(snap: Any) -> str | None:
-    """The Spark DDL type for values of a serializer snapshot, or None (JSON instead).
-
-    >>> spark_type_of({"type": "list", "element": {"type": "str"}})
-    'array<string>'
-    >>> spark_type_of({"type": "struct", "class": "app:Order"}) is None
-    True
-    """
-    if not isinstance(snap, dict):
-        return None
-    t = snap.get("type")
-    if t in _SCALARS:
-        return _SCALARS[t]
-    if t == "optional":
-        return spark_type_of(snap.get("inner"))
-    if t == "list":
-        inner = spark_type_of(snap.get("element"))
-        return None if inner is None else f"array<{inner}>"
-    if t == "dict":
-        k, v = spark_type_of(snap.get("key")), spark_type_of(snap.get("value"))
-        return None if k is None or v is None else f"map<{k},{v}>"
-    if t == "tuple":
-        fields = [spark_type_of(f) for f in snap.get("fields", ())]
-        if not fields or any(f is None for f in fields):
-            return None
-        return "struct<" + ",".join(f"_{i + 1}:{f}" for i, f in enumerate(fields)) + ">"
-    return None
-
-
-def _json(value: Any) -> str:
-    try:
-        return msgspec.json.encode(value, enc_hook=_enc_hook).decode()
-    except (TypeError, msgspec.EncodeError):
-        return repr(value)
-
-
-def _enc_hook(value: Any) -> Any:
-    for attrs in (("start", "end"),):
-        if all(hasattr(value, a) for a in attrs):
-            return {a: getattr(value, a) for a in attrs}
-    if isinstance(value, bytes | bytearray | memoryview):
-        return bytes(value).hex()
-    if isinstance(value, set | frozenset):
-        return sorted(value, key=repr)
-    raise TypeError(f"cannot encode {type(value).__name__}")
-
-
-def _to_spark(value: Any, ddl: str | None) -> Any:
-    if ddl is None:
-        return _json(value)
-    if ddl.startswith("struct<") and isinstance(value, tuple):
-        return {f"_{i + 1}": v for i, v in enumerate(value)}
-    return value
+__all__ = ["ReadPlan", "read_state", "spark_type_of"]
 
 
 def _read_subtask(
@@ -91,21 +27,20 @@ def _read_subtask(
     directory: str,
     operator: str,
     subtask: int,
-    state: str,
-    key_ddl: str | None,
-    value_ddl: str | None,
+    layout: StateLayout,
     storage_options: dict[str, Any],
 ) -> Iterator[dict[str, Any]]:
-    """Rows of ``state`` in the key groups of old subtask ``subtask``: its files restored into a
-    heap backend through the public restore path, read back from the backend's snapshot."""
+    """Rows of the state ``layout`` describes, in the key groups of old subtask ``subtask``:
+    its files restored into a heap backend through the public restore path, read back from the
+    backend's snapshot (timers: from the backend's timer queues)."""
     from streamstate.backends.heap.backend import HeapKeyedStateBackend
     from streamstate.checkpoint.restore import keyed_restore_files, operator_metadata
     from streamstate.checkpoint.storage import FileSystemCheckpointStorage
     from streamstate.format.snapshot import EncodedEntries
     from streamstate.keygroups import KeyGroupRange
-    from streamstate.namespace import VoidNamespace
     from streamstate.serializers import serializer_from_snapshot
 
+    state = layout.name
     storage = FileSystemCheckpointStorage(
         checkpoint_url, "", durable=False, storage_options=storage_options
     )
@@ -126,35 +61,63 @@ def _read_subtask(
     finally:
         for f in files:
             f.close()
+    if layout.kind == TIMER_KIND:
+        try:
+            yield from layout.timer_rows(list(_timers(backend, state)))
+        finally:
+            backend.dispose()
+        return
     snapshot = backend.snapshot(0)
     try:
         index = next((i for i, m in enumerate(snapshot.states) if m.name == state), None)
         if index is None:
             return
+        stored = _stored_serializer(layout)
         for kg in kg_range:
             for i, entries in snapshot.key_group_entries(kg):
                 if i != index:
                     continue
-                if isinstance(entries, EncodedEntries):  # a serializer that is not built in
-                    rows: Any = _raw_entries(entries, key_serializer)
-                    ddl = None
+                if isinstance(entries, EncodedEntries):  # kept encoded by the heap backend
+                    rows: Any = _raw_entries(entries, key_serializer, stored)
                 else:
-                    rows, ddl = entries, value_ddl
-                for key, namespace, value in rows:
-                    yield {
-                        "key": _to_spark(key, key_ddl),
-                        "namespace": None
-                        if isinstance(namespace, VoidNamespace)
-                        else _json(namespace),
-                        "value": _to_spark(value, ddl),
-                    }
+                    rows = entries
+                yield from layout.rows(rows)
     finally:
         snapshot.release()
         backend.dispose()
 
 
-def _raw_entries(block: Any, key_serializer: Any) -> Iterator[tuple[Any, Any, Any]]:
-    """Entries of a state whose serializer is not built in: values decoded generically."""
+def _timers(backend: Any, name: str) -> Iterator[tuple[int, Any, Any]]:
+    """``(timestamp, key, namespace)`` of the restored timer queue ``name``."""
+    queue = backend.timer_queues.get(name)
+    if queue is None:
+        return
+    decode = None
+    if not queue.bound:  # a namespace serializer not built in: namespaces decoded generically
+        generic = msgspec.msgpack.Decoder()
+        decode = generic.decode if queue.encoded_form == "wire" else bytes.hex
+    for ts, key, namespace, _ in queue.queue:
+        yield ts, key, namespace if decode is None else decode(namespace)
+
+
+def _stored_serializer(layout: StateLayout) -> Any:
+    """The serializer of what a TTL state stores, when every type in it is built in apart from
+    TTL's ``(last access, value)`` wrapper (which the heap keeps encoded); else None."""
+    from streamstate.format.restore import is_builtin_snapshot
+    from streamstate.serializers import serializer_from_snapshot
+    from streamstate.spark.state_rows import user_value_snapshot
+
+    snap = layout.stored_snapshot
+    if layout.ttl is None or snap is None or not is_builtin_snapshot(user_value_snapshot(snap)):
+        return None
+    return serializer_from_snapshot(snap)
+
+
+def _raw_entries(
+    block: Any, key_serializer: Any, value_serializer: Any = None
+) -> Iterator[tuple[Any, Any, Any]]:
+    """Entries of a state the heap backend keeps encoded: values decoded with
+    ``value_serializer``, or generically (msgpack) without one."""
     from streamstate.namespace import VOID_NAMESPACE
 
     section = msgspec.msgpack.Decoder(
@@ -165,35 +128,46 @@ def _raw_entries(block: Any, key_serializer: Any) -> Iterator[tuple[Any, Any, An
     keys, namespaces, states = section.decode(block.data)
     if len(namespaces) == 1 and len(keys) != 1:
         namespaces = namespaces * len(keys)
-    for k, ns, s in zip(keys, namespaces, states, strict=True):
+    if value_serializer is None:
+        values = [generic.decode(s) for s in states]
+    else:
+        typed = msgspec.msgpack.Decoder(value_serializer.wire_type)
+        values = [value_serializer.from_wire(typed.decode(s)) for s in states]
+    for k, ns, value in zip(keys, namespaces, values, strict=True):
         namespace = generic.decode(ns)
         yield (
             key_serializer.from_wire(key_decoder.decode(k)),
             VOID_NAMESPACE if namespace in (None, [], {}) else namespace,
-            generic.decode(s),
+            value,
         )
 
 
-def read_state(
-    spark: Any,
-    path: str,
-    *,
-    state: str,
-    operator: str = "keyed-process",
-    storage_options: dict[str, Any] | None = None,
-) -> Any:
-    """The entries of keyed state ``state`` of ``operator`` as a DataFrame ``(key, namespace,
-    value)``.
+@dataclasses.dataclass(frozen=True)
+class ReadPlan:
+    """What the tasks of one ``read_state`` read: the checkpoint directory ``directory`` of the
+    job at ``url``, the ``subtasks`` checkpointed subtasks of the operator, and how the
+    state's entries become rows."""
 
-    ``path`` names a job's checkpoint directory (its latest complete checkpoint is read), a
-    ``chk-<id>`` directory, or a savepoint directory.
-    """
+    url: str
+    directory: str
+    subtasks: int
+    layout: StateLayout
+
+
+def _plan(
+    path: str,
+    state: str,
+    operator: str,
+    storage_options: dict[str, Any] | None,
+    include_expired: bool,
+    now: int | None,
+) -> ReadPlan:
+    """Find ``state`` in the checkpoint at ``path`` (its meta data in the first snapshot file
+    that holds it); raises :class:`~streamstate.errors.CheckpointError` listing every readable
+    name when it is not there."""
     from streamstate.checkpoint.restore import keyed_file_restore, operator_metadata
     from streamstate.checkpoint.storage import open_location
     from streamstate.errors import CheckpointError
-    from streamstate.spark.keyed import ensure_worker_path
-
-    ensure_worker_path(spark)
 
     storage, directory = open_location(path if "://" in path else _abspath(path), storage_options)
     cp = storage.load(directory)
@@ -211,22 +185,67 @@ def read_state(
     if meta is None:
         names = sorted({n for s in op.subtasks for h in s.keyed for n in h.states})
         raise CheckpointError(
-            f"{cp.url} has no keyed state {state!r} in operator {operator!r} "
-            f"(its states: {[n for n in names if not n.startswith('_timers.')]})"
+            f"{cp.url} has no keyed state {state!r} in operator {operator!r}; the states it "
+            f"holds: {[n for n in names if not n.startswith('_timers.')]}, its timers: "
+            f"{[n for n in names if n.startswith('_timers.')]}"
         )
-    key_ddl = spark_type_of(op.key_serializer)
-    value_ddl = None if meta.ttl else spark_type_of(meta.state_serializer)
-    schema = f"key {key_ddl or 'string'}, namespace string, value {value_ddl or 'string'}"
-    url = storage.url_of("")
-    target = cp.directory
+    layout = StateLayout.of(
+        {
+            "name": meta.name,
+            "kind": meta.kind,
+            "state_serializer": meta.state_serializer,
+            "ttl": meta.ttl,
+        },
+        op.key_serializer,
+        now=time.time_ns() // 1_000_000 if now is None else now,
+        include_expired=include_expired,
+    )
+    return ReadPlan(storage.url_of(""), cp.directory, len(op.subtasks), layout)
+
+
+def read_state(
+    spark: Any,
+    path: str,
+    *,
+    state: str,
+    operator: str = "keyed-process",
+    storage_options: dict[str, Any] | None = None,
+    include_expired: bool = False,
+    now: int | None = None,
+) -> Any:
+    """The entries of keyed state ``state`` of ``operator`` as a DataFrame ``(key, namespace,
+    value)``, or the timers of a timer pseudo-state as ``(key, namespace, timestamp,
+    time_domain)``.
+
+    Parameters:
+        path: a job's checkpoint directory (its latest complete checkpoint is read), a
+            ``chk-<id>`` directory, or a savepoint directory.
+        state: a state name, or a timer pseudo-state ``_timers.<service>.<event|processing>``
+            (a function's own timers are ``_timers.user.event`` and
+            ``_timers.user.processing``; ``streamstate checkpoints inspect`` lists them).
+        operator: the operator's name (``keyed_process(operator_name=...)``).
+        storage_options: fsspec options of the checkpoint storage.
+        include_expired: a state with time-to-live: keep the entries expired at ``now`` and add
+            a ``last_access`` column (ms; per element for a list, per mapping for a map).
+            Without it expired entries are left out, as the function would not read them.
+        now: the processing time (ms) against which TTL expiry is judged (default: this
+            driver's clock when ``read_state`` is called).
+
+    Column types are described in :mod:`streamstate.spark.state_rows`. An unknown ``state``
+    raises :class:`~streamstate.errors.CheckpointError` listing every readable name.
+    """
+    from streamstate.spark.keyed import ensure_worker_path
+
+    ensure_worker_path(spark)
+    plan = _plan(path, state, operator, storage_options, include_expired, now)
+    url, target, layout, n = plan.url, plan.directory, plan.layout, plan.subtasks
     options = dict(storage_options or {})  # the executors open the storage themselves
-    n = len(op.subtasks)
 
     # one row per old subtask, one partition each: DataFrame APIs only (no sparkContext, no
     # RDD), so that a Spark Connect session reads state the same way as a classic one
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    struct = spark.createDataFrame([], schema).schema
+    struct = spark.createDataFrame([], layout.schema()).schema
     arrow_schema = to_arrow_schema(struct)
 
     def read(batches: Iterator[Any]) -> Iterator[Any]:
@@ -234,9 +253,7 @@ def read_state(
 
         for batch in batches:
             for i in batch.column(0).to_pylist():
-                rows = list(
-                    _read_subtask(url, target, operator, i, state, key_ddl, value_ddl, options)
-                )
+                rows = list(_read_subtask(url, target, operator, i, layout, options))
                 yield pa.RecordBatch.from_pylist(rows, schema=arrow_schema)
 
     return spark.range(0, n, 1, n).mapInArrow(read, struct)

@@ -15,7 +15,10 @@ raise, ``2.0`` is taken), every integer must fit its column, an integer into a d
 must be exact (below 2**53), a finite float must not overflow a ``float`` column, a date
 column takes dates but no datetimes (whose time of day would be dropped), and a timestamp
 column takes ``datetime`` values (naive ones are UTC) but no numbers, whose unit would be a
-guess (streamstate's event times are milliseconds, Spark's timestamps microseconds).
+guess (streamstate's event times are milliseconds, Spark's timestamps microseconds). An array
+column takes lists or tuples, a map column dicts or lists of ``(key, value)`` pairs, a struct
+column dicts with exactly its fields or tuples by position; their elements are checked like
+top-level columns (no fraction into an integer, no string parsed into a number).
 """
 
 from __future__ import annotations
@@ -237,6 +240,44 @@ def _direct(values: Sequence[Any], type_: Any) -> Any:
     return pa.array(values, type=type_, from_pandas=False)
 
 
+def _nested(values: Sequence[Any], type_: Any) -> Any:
+    """An array, map or struct column: inferred and safely cast where Arrow can infer the
+    values (lists, dicts for structs), so that a fraction in an integer list or struct field
+    raises as in a top-level column, and a struct dict must give exactly the declared fields;
+    built directly otherwise (maps from dicts or pairs, structs from tuples)."""
+    import pyarrow as pa
+
+    try:
+        inferred = pa.array(values, from_pandas=False)
+    except (pa.ArrowException, OverflowError, TypeError, ValueError):
+        return _direct(values, type_)
+    if pa.types.is_struct(type_) and pa.types.is_struct(inferred.type):
+        declared = {type_.field(i).name for i in range(type_.num_fields)}
+        given = {inferred.type.field(i).name for i in range(inferred.type.num_fields)}
+        if given != declared:
+            extra, missing = sorted(given - declared), sorted(declared - given)
+            raise ValueError(
+                "a struct value must give exactly the declared fields"
+                + (f"; not declared: {extra}" if extra else "")
+                + (f"; missing: {missing} (give None for a null)" if missing else "")
+            )
+    if _strings_in(inferred.type) and not _strings_in(type_):
+        raise ValueError("strings where the declared type has none (a cast would parse them)")
+    try:
+        return inferred.cast(type_)
+    except (pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        return _direct(values, type_)  # Arrow inferred another shape (dicts for a map)
+
+
+def _strings_in(type_: Any) -> bool:
+    """Whether a (nested) Arrow type has string leaves."""
+    import pyarrow as pa
+
+    if pa.types.is_string(type_) or pa.types.is_large_string(type_):
+        return True
+    return any(_strings_in(type_.field(i).type) for i in range(type_.num_fields))
+
+
 def _integer(values: Sequence[Any], type_: Any) -> Any:
     import pyarrow as pa
 
@@ -340,6 +381,8 @@ def _column_builder(type_: Any) -> Any:
         return _float32
     if pa.types.is_date(type_):
         return _date
+    if pa.types.is_list(type_) or pa.types.is_struct(type_) or pa.types.is_map(type_):
+        return _nested
     return _direct
 
 

@@ -6,19 +6,21 @@ checkpoint; the driver commits the checkpoint and then hands the staged files to
 gets the same staged files again (the batch is not recomputed), so a sink that is idempotent per
 batch id makes the query exactly-once end to end.
 
-=================  ====================================  =======================================
-name               class                                 guarantee
-=================  ====================================  =======================================
-``"parquet"``      :class:`FileSink` (``path=``)         exactly-once: ``<path>/batch=<b>/`` is
+===================  ==================================  =====================================
+name                 class                               guarantee
+===================  ==================================  =====================================
+``"parquet"``        :class:`FileSink` (``path=``)       exactly-once: ``<path>/batch=<b>/`` is
                                                          renamed into place, then
                                                          ``<path>/_commits/<b>`` is written; a
-                                                         replayed batch with a marker is skipped
-``"memory"``       :class:`MemorySink`                   exactly-once (a replay replaces the
+                                                         replayed batch with a marker is
+                                                         skipped
+``"memory"``         :class:`MemorySink`                 exactly-once (a replay replaces the
                                                          batch); for tests
-``"console"``      :class:`ConsoleSink`                  prints each batch (at-least-once)
-``"foreach_batch"``:class:`ForeachBatchSink`             ``callback(df, batch_id)``; at-least-once
-                   (``callback=``)                       unless the callback dedups by batch id
-=================  ====================================  =======================================
+``"console"``        :class:`ConsoleSink`                prints each batch (at-least-once)
+``"foreach_batch"``  :class:`ForeachBatchSink`           ``callback(df, batch_id)``;
+                     (``callback=``)                     at-least-once unless the callback
+                                                         dedups by batch id
+===================  ==================================  =====================================
 """
 
 from __future__ import annotations
@@ -65,9 +67,11 @@ class StagedBatch:
 
     @property
     def rows(self) -> int:
+        """Every staged row as dicts (reads the files)."""
         return sum(f.rows for f in self.files)
 
     def urls(self) -> list[str]:
+        """The staged files' URLs."""
         return [self.storage.url_of(f.path) for f in self.files]
 
     def to_arrow(self) -> Any:
@@ -171,10 +175,12 @@ class MemorySink(Sink):
         return pa.concat_tables(tables) if tables else None
 
     def rows(self) -> list[dict[str, Any]]:
+        """Every delivered row, as dicts, in batch order."""
         table = self.table()
         return [] if table is None else table.to_pylist()
 
     def to_pandas(self) -> Any:
+        """The delivered rows as a pandas DataFrame."""
         import pandas as pd
 
         table = self.table()
@@ -219,7 +225,7 @@ class FileSink(Sink):
     marker ``<path>/_commits/<b>`` is written. A replayed batch whose marker exists is skipped; a
     half-written one is replaced. ``spark.read.parquet(path)`` reads every batch (with a
     ``batch`` partition column); on object stores without atomic rename, read only the batches
-    that have a marker (:meth:`committed_batches`).
+    that have a marker (:meth:`FileSink.committed_batches`).
     """
 
     def __init__(self, path: str, storage_options: dict[str, Any] | None = None) -> None:
@@ -236,6 +242,7 @@ class FileSink(Sink):
         return "/".join((self.root, *parts))
 
     def committed_batches(self) -> list[int]:
+        """The batch ids whose outputs are committed (a marker under ``_commits/``)."""
         try:
             names = self.fs.ls(self._p("_commits"), detail=False)
         except FileNotFoundError:

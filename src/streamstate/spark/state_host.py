@@ -72,6 +72,7 @@ __all__ = [
     "HostSpec",
     "JobPin",
     "StateHost",
+    "clean_stale_host_files",
     "host_id",
     "host_paths",
     "run_dir",
@@ -173,6 +174,76 @@ def host_paths(hid: str, directory: str) -> dict[str, str]:
         "log": base + ".log",
         "local": base + ".d",
     }
+
+
+#: files of a host that exited are removed once this old (seconds since last written)...
+STALE_AFTER_S = 3600.0
+#: ... and its log once this old (it tells what happened to a run, for a while)
+KEEP_LOGS_S = 7 * 86400.0
+
+
+def clean_stale_host_files(
+    directory: str,
+    *,
+    stale_after: float = STALE_AFTER_S,
+    keep_logs: float = KEEP_LOGS_S,
+    now: float | None = None,
+) -> list[str]:
+    """Remove what hosts that no longer run left in a node's run directory: the ``.lock``,
+    ``.spawn`` and ``.sock`` files and the ``.d`` working directory (RocksDB) of every host
+    whose lock is free and whose files were last written ``stale_after`` seconds ago or
+    earlier, and its ``.log`` once ``keep_logs`` seconds old. A host that runs holds its lock
+    (and a task that starts one holds the spawn lock), so neither is touched. Returns the paths
+    removed."""
+    import shutil
+
+    now = time.time() if now is None else now
+    removed: list[str] = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    ids = {n.rsplit(".", 1)[0] for n in names if n.endswith((".lock", ".spawn", ".log"))}
+    for hid in sorted(ids):
+        paths = host_paths(hid, directory)
+        try:
+            newest = max(
+                os.stat(paths[k]).st_mtime
+                for k in ("lock", "spawn", "log")
+                if os.path.exists(paths[k])
+            )
+        except (OSError, ValueError):
+            continue
+        if now - newest < stale_after:
+            continue
+        held = []
+        try:
+            for k in ("spawn", "lock"):
+                if not os.path.exists(paths[k]):
+                    continue
+                f = open(paths[k], "a")  # noqa: SIM115 - closed below
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    f.close()
+                    raise
+                held.append(f)
+            for k in ("sock", "lock", "spawn"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(paths[k])
+                    removed.append(paths[k])
+            if os.path.isdir(paths["local"]):
+                shutil.rmtree(paths["local"], ignore_errors=True)
+                removed.append(paths["local"])
+            if os.path.exists(paths["log"]) and now - newest >= keep_logs:
+                os.unlink(paths["log"])
+                removed.append(paths["log"])
+        except BlockingIOError:
+            continue  # a host runs, or a task is starting it
+        finally:
+            for f in held:
+                f.close()
+    return removed
 
 
 def _log(msg: str) -> None:
@@ -462,6 +533,9 @@ def serve(
     )
     _report(status, "READY")
     threading.Thread(target=_warm_imports, name="streamstate-warm-imports", daemon=True).start()
+    threading.Thread(
+        target=_clean_run_dir, args=(spec.run_dir,), name="streamstate-clean", daemon=True
+    ).start()
 
     def unlink_socket() -> None:
         try:
@@ -550,7 +624,13 @@ def _handle(
                 return None
             except Exception as exc:
                 _log(f"batch {begin.batch} failed: {exc!r}")
-                _send_error(conn, exc)
+                spec = host.spec
+                _send_error(
+                    conn,
+                    exc,
+                    f"in the state host of {spec.operator!r} subtask {spec.subtask} "
+                    f"(micro-batch {begin.batch})",
+                )
                 return None
         else:
             refusals(peer, "frame", f"unknown message {str(kind)[:40]!r}")
@@ -558,16 +638,22 @@ def _handle(
             return None
 
 
-def _send_error(conn: Connection, exc: BaseException) -> None:
+def _send_error(conn: Connection, exc: BaseException, where: str = "") -> None:
+    """Report ``exc`` to the client. A function error (:func:`~streamstate.spark.failures.
+    is_function_error`) carries its ``report`` as plain data: the task hands it to the driver
+    instead of failing (Spark does not retry a deterministic error)."""
+    from streamstate.spark.failures import is_function_error, task_error_report
+
+    message: dict[str, Any] = {
+        "t": "ERROR",
+        "type": type(exc).__name__,
+        "message": str(exc),
+        "traceback": traceback.format_exc(),
+    }
+    if where and is_function_error(exc):
+        message["report"] = task_error_report(exc, where)
     with contextlib.suppress(OSError, ProtocolError):
-        conn.send(
-            {
-                "t": "ERROR",
-                "type": type(exc).__name__,
-                "message": str(exc),
-                "traceback": traceback.format_exc(),
-            }
-        )
+        conn.send(message)
 
 
 def _read_stdin() -> tuple[bytes | None, JobPin | None]:
@@ -597,6 +683,18 @@ _FIRST_BATCH_MODULES = (
     "streamstate.checkpoint.writer",
     "streamstate.checkpoint.restore",
 )
+
+
+def _clean_run_dir(directory: str) -> None:
+    """What hosts that exited long ago left in this node's run directory goes (every host
+    start sweeps it: the directory does not grow with every query run)."""
+    try:
+        removed = clean_stale_host_files(directory)
+    except Exception as exc:  # never worth failing a host for
+        _log(f"cleaning {directory} failed: {exc!r}")
+        return
+    if removed:
+        _log(f"removed {len(removed)} files of hosts that exited in {directory}")
 
 
 def _warm_imports() -> None:

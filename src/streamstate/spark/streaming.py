@@ -17,8 +17,11 @@ The query is driven by ``foreachBatch``. Micro-batch ``b`` on the driver
 4. The sink gets the staged outputs (idempotent per batch id), each side sink its side
    output's; Spark then commits its own log.
 
-A task that fails (host killed, user function raised, worker lost) is retried by Spark; its
-host has dropped the half-applied batch and reloads ``chk-(b-1)``. Old staged outputs and
+A function error (the user's function raised; streamstate's errors about what the job
+declares) is data: the host drops the half-applied batch, the task returns the error in its
+acknowledgement, and the driver raises it once, uncommitted (spark/failures.py). A task that
+fails (host killed, worker lost, storage) is retried by Spark; its host has dropped the
+half-applied batch and reloads ``chk-(b-1)``. Old staged outputs and
 checkpoints are deleted behind the retained ones.
 
 A query takes an epoch in the checkpoint directory when it starts (fencing: an older query on
@@ -45,8 +48,11 @@ from streamstate.spark.commit import BatchPlan, CheckpointLog
 from streamstate.spark.failures import (
     error_from_report,
     failure_report,
+    is_function_error,
     original_error,
     parse_remote_error,
+    quiet_query_failure_log,
+    raise_function_error,
 )
 from streamstate.spark.job import (
     FUNCTIONS_DIR,
@@ -78,7 +84,8 @@ CONNECT_REPORTS_KEPT = 3
 
 
 class KeyedStream:
-    """A keyed function over a streaming DataFrame; start it with :meth:`write_stream`."""
+    """A keyed function over a streaming DataFrame; start it with
+    :meth:`KeyedStream.write_stream`."""
 
     def __init__(self, options: KeyedOptions) -> None:
         self.options = options
@@ -240,6 +247,9 @@ class KeyedStreamingQuery:
         self._hosts_stopped = False
         #: what made a micro-batch fail, as raised (see streamstate.spark.failures)
         self._failure: BaseException | None = None
+        #: restores Spark's query-failure loggers silenced while a function error stops the
+        #: query (failures.quiet_query_failure_log)
+        self._restore_logs: Any = None
         self._lock = threading.Lock()
         sink.open(query_name or options.operator_name)
         self.side_schemas = options.side_output_schemas()
@@ -283,7 +293,7 @@ class KeyedStreamingQuery:
         Spark query and lock stay behind."""
         state = dict(self.__dict__)
         state["options"] = dataclasses.replace(self.options, df=None)
-        for name in ("spark", "query", "_lock", "_prespawn"):
+        for name in ("spark", "query", "_lock", "_prespawn", "_restore_logs"):
             state.pop(name, None)
         return state
 
@@ -291,6 +301,7 @@ class KeyedStreamingQuery:
         self.__dict__.update(state)
         self.spark = None
         self._prespawn = None
+        self._restore_logs = None
         self._lock = threading.Lock()
 
     def _prune_reports(self) -> None:
@@ -407,6 +418,9 @@ class KeyedStreamingQuery:
             # Spark turns this into a StreamingQueryException with Java traces; keep what was
             # raised, for await_termination() and process_all_available() to raise instead
             self._failure = original_error(exc)
+            if is_function_error(self._failure) and self._restore_logs is None:
+                # raised once, by this driver: Spark need not log it with its Java frames
+                self._restore_logs = quiet_query_failure_log(df.sparkSession)
             if self._report_dir:  # Spark Connect: the client reads it (_server_failure)
                 try:
                     self.storage.put_atomic(
@@ -533,6 +547,7 @@ class KeyedStreamingQuery:
         figures["place_ms"] = (t_job - t_place) * 1e3
         rows = placed.mapInArrow(task, ACK_SCHEMA).collect()
         figures["job_ms"] = (time.perf_counter() - t_job) * 1e3
+        raise_function_error(rows)
         results = [msgspec.msgpack.decode(r["result"], type=BatchResult) for r in rows]
         routes = self._update_locations(rows)
         figures["rows"] = sum(r.rows for r in results)
@@ -629,21 +644,27 @@ class KeyedStreamingQuery:
 
     @property
     def id(self) -> str:
+        """Spark's query id."""
         return str(self.query.id)
 
     @property
     def is_active(self) -> bool:
+        """Whether Spark's query runs."""
         return bool(self.query.isActive)
 
     def exception(self) -> Any:
+        """Spark's ``StreamingQueryException`` of a failed query (``await_termination()`` raises
+        the original error instead)."""
         return self.query.exception()
 
     @property
     def last_progress(self) -> Any:
+        """Spark's last ``StreamingQueryProgress`` (a dict)."""
         return self.query.lastProgress
 
     @property
     def recent_progress(self) -> Any:
+        """Spark's recent ``StreamingQueryProgress`` es."""
         return self.query.recentProgress
 
     def process_all_available(self) -> None:
@@ -675,12 +696,25 @@ class KeyedStreamingQuery:
         return done
 
     def _raise_failure(self, exc: BaseException) -> None:
+        self._loud_again()
         if self._failure is None and self._report_dir:
             self._failure = self._server_failure(exc)
         failure = self._failure
         if failure is None or failure is exc:
             raise exc
+        if is_function_error(failure):
+            # the function's own error, once: Spark's exception (query.exception()) only
+            # repeats it with Java frames
+            raise failure.with_traceback(None) from None
         raise failure from exc
+
+    def _loud_again(self) -> None:
+        """Give Spark's query-failure loggers their levels back (once the query stopped)."""
+        restore, self._restore_logs = self._restore_logs, None
+        if restore is not None and not self.query.isActive:
+            restore()
+        elif restore is not None:
+            self._restore_logs = restore
 
     def stop(self) -> None:
         """Stop the query and shut this job's state hosts down."""
@@ -688,6 +722,7 @@ class KeyedStreamingQuery:
         try:
             self.query.stop()
         finally:
+            self._loud_again()
             self.timings.setdefault("stop_ms", (time.perf_counter() - t) * 1e3)
             self._sync_from_server()
             self.shutdown_hosts()

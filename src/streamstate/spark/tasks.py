@@ -21,11 +21,14 @@ import msgspec
 
 __all__ = ["ACK_SCHEMA", "bounded_task", "micro_batch_task"]
 
-#: the Spark schema of acknowledgement rows
-ACK_SCHEMA = "subtask int, result binary, timings string"
+#: the Spark schema of acknowledgement rows: ``error`` (JSON) is set instead of ``result`` when
+#: the function raised (spark/failures.py: a function error is data, not a failed task)
+ACK_SCHEMA = "subtask int, result binary, timings string, error string"
 
 
-def _ack(subtask: int, result: bytes, timings: dict[str, Any]) -> Any:
+def _ack(
+    subtask: int, result: bytes, timings: dict[str, Any], error: dict[str, Any] | None = None
+) -> Any:
     import pyarrow as pa
 
     return pa.RecordBatch.from_arrays(
@@ -33,8 +36,9 @@ def _ack(subtask: int, result: bytes, timings: dict[str, Any]) -> Any:
             pa.array([subtask], pa.int32()),
             pa.array([result], pa.binary()),
             pa.array([json.dumps(timings)], pa.string()),
+            pa.array([None if error is None else json.dumps(error)], pa.string()),
         ],
-        names=["subtask", "result", "timings"],
+        names=["subtask", "result", "timings", "error"],
     )
 
 
@@ -60,7 +64,7 @@ def micro_batch_task(
     def task(batches: Iterator[Any]) -> Iterator[Any]:
         from pyspark import TaskContext
 
-        from streamstate.spark.host_client import host_spec, run_batch
+        from streamstate.spark.host_client import FunctionFailed, host_spec, run_batch
         from streamstate.spark.job import JobSpec
 
         ctx = _task_context(TaskContext.get())
@@ -88,15 +92,20 @@ def micro_batch_task(
             "watermark": plan["watermark"],
             "processing_time": plan["processing_time"],
         }
-        result, timings = run_batch(
-            spec,
-            begin,
-            batches,
-            pythonpath=host.get("pythonpath"),
-            secret=host.get("secret"),
-            location=plan.get("hosts", {}).get(index),
-            connect_timeout=host.get("connect_timeout", 3.0),
-        )
+        try:
+            result, timings = run_batch(
+                spec,
+                begin,
+                batches,
+                pythonpath=host.get("pythonpath"),
+                secret=host.get("secret"),
+                location=plan.get("hosts", {}).get(index),
+                connect_timeout=host.get("connect_timeout", 3.0),
+            )
+        except FunctionFailed as failed:
+            # the host dropped the batch; the driver raises the error once, no retry
+            yield _ack(index, b"", {}, failed.report)
+            return
         timings["worker_pid"] = os.getpid()
         timings["attempt_number"] = ctx.attemptNumber()
         yield _ack(index, result, timings)
@@ -117,6 +126,7 @@ def bounded_task(
         import cloudpickle
         from pyspark import TaskContext
 
+        from streamstate.spark.failures import is_function_error, task_error_report
         from streamstate.spark.job import JobSpec
         from streamstate.spark.subtask import SubtaskRuntime
 
@@ -143,9 +153,15 @@ def bounded_task(
                 "savepoint",
                 savepoint=savepoint["directory"],
             )
-            yield _ack(index, msgspec.msgpack.encode(result), {})
+        except Exception as exc:
+            if savepoint is None or not is_function_error(exc):
+                raise  # a lazy DataFrame's rows carry no error: Spark reports it
+            where = f"in {job.operator!r} subtask {index} (batch mode)"
+            yield _ack(index, b"", {}, task_error_report(exc, where))
+            return
         finally:
             runtime.close()
+        yield _ack(index, msgspec.msgpack.encode(result), {})
 
     return task
 

@@ -248,6 +248,8 @@ class SlidingEventTimeWindows(WindowAssigner):
     def of(
         cls, size: int | timedelta, slide: int | timedelta, offset: int | timedelta = 0
     ) -> SlidingEventTimeWindows:
+        """Windows of ``size`` every ``slide`` (an element belongs to ``size / slide`` windows),
+        shifted by ``offset``."""
         return cls(_millis(size, "size"), _millis(slide, "slide"), _millis(offset, "offset"))
 
     def _timestamp(self, timestamp: int | None, context: Any) -> int:
@@ -296,6 +298,7 @@ class EventTimeSessionWindows(MergingWindowAssigner):
 
     @classmethod
     def with_gap(cls, gap: int | timedelta) -> EventTimeSessionWindows:
+        """Sessions that close after ``gap`` (ms or ``timedelta``) without an element."""
         return cls(_millis(gap, "gap"))
 
     @staticmethod
@@ -334,6 +337,7 @@ class ProcessingTimeSessionWindows(EventTimeSessionWindows):
 
     @staticmethod
     def with_dynamic_gap(extractor: Any) -> EventTimeSessionWindows:
+        """Processing-time sessions whose gap ``extractor(element)`` chooses per element (ms)."""
         return DynamicProcessingTimeSessionWindows(extractor)
 
     def _timestamp(self, timestamp: int | None, context: Any) -> int:
@@ -376,18 +380,21 @@ class DynamicProcessingTimeSessionWindows(ProcessingTimeSessionWindows):
 
 
 class GlobalWindows(WindowAssigner):
-    """Every element of a key in one :class:`GlobalWindow`.
+    """Every element of a key in one
+    :class:`~streamstate.serializers.window_namespaces.GlobalWindow`.
 
     ``create()``'s default trigger never fires, so give a trigger (``CountTrigger.of(n)``,
     usually wrapped in ``PurgingTrigger``); ``create_with_end_of_stream_trigger()``'s fires once,
-    when a bounded input ends (:class:`EndOfStreamTrigger`)."""
+    when a bounded input ends (:class:`~streamstate.windows.triggers.EndOfStreamTrigger`)."""
 
     def __init__(self, end_of_stream: bool = False) -> None:
-        #: whether the default trigger is the :class:`EndOfStreamTrigger`
+        #: whether the default trigger is the
+        #: :class:`~streamstate.windows.triggers.EndOfStreamTrigger`
         self.end_of_stream = end_of_stream
 
     @classmethod
     def create(cls) -> GlobalWindows:
+        """The assigner of one global window per key (give it a trigger)."""
         return cls()
 
     @classmethod

@@ -45,12 +45,15 @@ class TimestampedValue:
         self.timestamp = timestamp
 
     def get_value(self) -> Any:
+        """The element."""
         return self.value
 
     def get_timestamp(self) -> int | None:
+        """Its event time (ms), or None."""
         return self.timestamp
 
     def has_timestamp(self) -> bool:
+        """Whether it has an event time."""
         return self.timestamp is not None
 
     def __eq__(self, other: object) -> bool:
@@ -81,18 +84,20 @@ class EvictorContext(ABC):
 
 class Evictor(ABC):
     """Removes elements of a firing window: :meth:`evict_before` runs before the window
-    function, :meth:`evict_after` after it; ``elements`` is changed in place and ``size`` is its
-    length."""
+    function, :meth:`evict_after` after it; ``elements`` is changed in place and ``size`` is
+    its length."""
 
     @abstractmethod
     def evict_before(
         self, elements: list[TimestampedValue], size: int, window: Any, ctx: EvictorContext
-    ) -> None: ...
+    ) -> None:
+        """Remove elements of ``window`` from ``elements`` before the window function runs."""
 
     @abstractmethod
     def evict_after(
         self, elements: list[TimestampedValue], size: int, window: Any, ctx: EvictorContext
-    ) -> None: ...
+    ) -> None:
+        """Remove elements of ``window`` from ``elements`` after the window function ran."""
 
     def __repr__(self) -> str:
         params = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
@@ -139,6 +144,7 @@ class CountEvictor(_BeforeOrAfter):
 
     @classmethod
     def of(cls, max_count: int, do_evict_after: bool = False) -> CountEvictor:
+        """Keep the last ``max_count`` elements (before the function, or after it)."""
         return cls(max_count, do_evict_after)
 
     def _evict(self, elements: list[TimestampedValue], size: int) -> None:
@@ -157,6 +163,7 @@ class TimeEvictor(_BeforeOrAfter):
 
     @classmethod
     def of(cls, window_size: int | timedelta, do_evict_after: bool = False) -> TimeEvictor:
+        """Keep the elements within ``window_size`` of the window's latest timestamp."""
         return cls(_millis(window_size, "TimeEvictor window_size"), do_evict_after)
 
     def _evict(self, elements: list[TimestampedValue], size: int) -> None:
@@ -190,6 +197,7 @@ class DeltaEvictor(_BeforeOrAfter):
 
     @classmethod
     def of(cls, threshold: float, delta_fn: Any, do_evict_after: bool = False) -> DeltaEvictor:
+        """Evict every element with ``delta_fn(element, last element) >= threshold``."""
         return cls(threshold, delta_fn, do_evict_after)
 
     def _evict(self, elements: list[TimestampedValue], size: int) -> None:

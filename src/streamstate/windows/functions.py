@@ -48,7 +48,8 @@ class ProcessWindowFunction(Function, ABC):
 
         @abstractmethod
         def window_state(self) -> KeyedStateStore:
-            """Keyed state scoped to this key and window; clear it in :meth:`clear`."""
+            """Keyed state scoped to this key and window; clear it in
+            :meth:`ProcessWindowFunction.clear`."""
 
         @abstractmethod
         def global_state(self) -> KeyedStateStore:

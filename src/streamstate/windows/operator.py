@@ -183,7 +183,7 @@ class _FunctionContext(ProcessWindowFunction.Context):
 
 class WindowOperator(KeyedProcessFunction[Any, Any]):
     """A window specification run as a keyed function; build it with
-    :func:`streamstate.windows.window`."""
+    :func:`~streamstate.windows.windowed_stream.window`."""
 
     def __init__(
         self,

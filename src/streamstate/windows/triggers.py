@@ -46,9 +46,11 @@ class TriggerResult(enum.Enum):
     PURGE = (False, True)
 
     def is_fire(self) -> bool:
+        """Whether the window function runs."""
         return self.value[0]
 
     def is_purge(self) -> bool:
+        """Whether the window's contents are cleared."""
         return self.value[1]
 
 
@@ -56,25 +58,32 @@ class TriggerContext(ABC):
     """What a trigger sees: clocks, timers and state in the current window's namespace."""
 
     @abstractmethod
-    def get_current_processing_time(self) -> int: ...
+    def get_current_processing_time(self) -> int:
+        """The current processing time (ms)."""
 
     @abstractmethod
-    def get_metric_group(self) -> Any: ...
+    def get_metric_group(self) -> Any:
+        """The operator's metric group."""
 
     @abstractmethod
-    def get_current_watermark(self) -> int: ...
+    def get_current_watermark(self) -> int:
+        """The current watermark (ms)."""
 
     @abstractmethod
-    def register_processing_time_timer(self, time: int) -> None: ...
+    def register_processing_time_timer(self, time: int) -> None:
+        """Call ``on_processing_time`` for this key and window at ``time``."""
 
     @abstractmethod
-    def register_event_time_timer(self, time: int) -> None: ...
+    def register_event_time_timer(self, time: int) -> None:
+        """Call ``on_event_time`` for this key and window when the watermark reaches ``time``."""
 
     @abstractmethod
-    def delete_processing_time_timer(self, time: int) -> None: ...
+    def delete_processing_time_timer(self, time: int) -> None:
+        """Delete this key's and window's processing-time timer at ``time``."""
 
     @abstractmethod
-    def delete_event_time_timer(self, time: int) -> None: ...
+    def delete_event_time_timer(self, time: int) -> None:
+        """Delete this key's and window's event-time timer at ``time``."""
 
     @abstractmethod
     def get_partitioned_state(self, state_descriptor: StateDescriptor) -> Any:
@@ -82,7 +91,7 @@ class TriggerContext(ABC):
 
 
 class OnMergeContext(TriggerContext):
-    """The context of :meth:`Trigger.on_merge`."""
+    """The context of :meth:`~streamstate.windows.triggers.Trigger.on_merge`."""
 
     @abstractmethod
     def merge_partitioned_state(self, state_descriptor: StateDescriptor) -> None:
@@ -95,19 +104,24 @@ class Trigger(ABC):
     @abstractmethod
     def on_element(
         self, element: Any, timestamp: int | None, window: Any, ctx: TriggerContext
-    ) -> TriggerResult: ...
+    ) -> TriggerResult:
+        """Called for every element added to ``window``: fire, purge, both or continue."""
 
     @abstractmethod
-    def on_processing_time(self, time: int, window: Any, ctx: TriggerContext) -> TriggerResult: ...
+    def on_processing_time(self, time: int, window: Any, ctx: TriggerContext) -> TriggerResult:
+        """Called when a processing-time timer this trigger registered for ``window`` fires."""
 
     @abstractmethod
-    def on_event_time(self, time: int, window: Any, ctx: TriggerContext) -> TriggerResult: ...
+    def on_event_time(self, time: int, window: Any, ctx: TriggerContext) -> TriggerResult:
+        """Called when an event-time timer this trigger registered for ``window`` fires."""
 
     def can_merge(self) -> bool:
         """Whether the trigger supports merging windows (sessions)."""
         return False
 
     def on_merge(self, window: Any, ctx: OnMergeContext) -> None:
+        """Windows were merged into ``window`` (sessions): re-register the merged windows'
+        timers for it (only triggers whose :meth:`can_merge` is true)."""
         raise NotImplementedError(f"{type(self).__name__} does not support merging windows")
 
     @abstractmethod
@@ -124,6 +138,7 @@ class EventTimeTrigger(Trigger):
 
     @classmethod
     def create(cls) -> EventTimeTrigger:
+        """The trigger (fires when the watermark passes the window's end)."""
         return cls()
 
     def on_element(
@@ -156,6 +171,7 @@ class ProcessingTimeTrigger(Trigger):
 
     @classmethod
     def create(cls) -> ProcessingTimeTrigger:
+        """The trigger (fires when processing time passes the window's end)."""
         return cls()
 
     def on_element(
@@ -196,6 +212,7 @@ class CountTrigger(Trigger):
 
     @classmethod
     def of(cls, count: int) -> CountTrigger:
+        """Fires every ``count`` elements of a window."""
         return cls(count)
 
     def on_element(
@@ -235,6 +252,7 @@ class PurgingTrigger(Trigger):
 
     @classmethod
     def of(cls, nested: Trigger) -> PurgingTrigger:
+        """``nested``, with every FIRE turned into FIRE_AND_PURGE."""
         return cls(nested)
 
     @staticmethod
@@ -477,6 +495,8 @@ class DeltaTrigger(Trigger):
 
     @classmethod
     def of(cls, threshold: float, delta_fn: Any, state_serializer: Any) -> DeltaTrigger:
+        """Fires when ``delta_fn(last, element) > threshold``; ``state_serializer`` types the kept
+        last element."""
         return cls(threshold, delta_fn, state_serializer)
 
     def on_element(

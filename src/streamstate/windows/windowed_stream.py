@@ -1,6 +1,7 @@
 """The window API: ``window(assigner)...reduce/aggregate/process/apply`` (SPEC §9).
 
-The builder mirrors PyFlink's ``WindowedStream`` and returns a :class:`WindowOperator`, a
+The builder mirrors PyFlink's ``WindowedStream`` and returns a
+:class:`~streamstate.windows.operator.WindowOperator`, a
 ``KeyedProcessFunction`` that any keyed runner runs:
 
 >>> from streamstate import LocalRunner, Time
@@ -36,7 +37,8 @@ def window(assigner: WindowAssigner) -> WindowedStream:
 
 class WindowedStream:
     """A window specification; finish it with ``reduce``, ``aggregate``, ``process`` or
-    ``apply``, which return the :class:`WindowOperator` to run."""
+    ``apply``, which return the
+    :class:`~streamstate.windows.operator.WindowOperator` to run."""
 
     def __init__(self, assigner: WindowAssigner) -> None:
         if not isinstance(assigner, WindowAssigner):

@@ -41,10 +41,12 @@ def open_native_snapshot(
 ) -> RocksDBKeyedStateSnapshot:
     """The files of ``manifest``, downloaded into ``directory`` (:func:`download_snapshot`),
     opened as a canonical snapshot (``release()`` it when done). ``only_states``: keep only
-    these states and no timers (None: everything)."""
+    these states and timer queues (None: everything)."""
     if only_states is not None:
         manifest = msgspec.structs.replace(
-            manifest, states=[m for m in manifest.states if m.name in only_states], timers=[]
+            manifest,
+            states=[m for m in manifest.states if m.name in only_states],
+            timers=[t for t in manifest.timers if t.meta.name in only_states],
         )
     return RocksDBKeyedStateSnapshot.of_manifest(manifest, directory)
 

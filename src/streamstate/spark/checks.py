@@ -1,0 +1,132 @@
+"""What ``keyed_process`` checks on the driver before the first Spark job (SPEC §12).
+
+Without these checks a mistake is found by an executor, seconds into the job, in a task
+that Spark then retries: a key column of a type without a stable hash, an output column Arrow
+cannot carry, a state type streamstate cannot serialize, a state declared differently from
+the checkpoint it restores. :func:`check_before_first_job` finds each of them on the driver and
+raises the error the executor would have raised, naming the column or the state:
+
+* the key columns' types (:class:`~streamstate.errors.UnsupportedKeyTypeError`);
+* every output and side-output column (an ``OutputSchemaError`` for a type Spark cannot pass
+  through Arrow, e.g. an interval);
+* the function's states: a copy of the function is opened once on the driver, on an empty heap
+  backend that knows the state declarations of the checkpoint the job restores (its latest
+  checkpoint, else ``initial_state``), then closed. Every descriptor it creates is checked as
+  on an executor: a type without a serializer raises
+  :class:`~streamstate.errors.UnsupportedStateTypeError`, a state declared with another kind,
+  type or time-to-live than checkpointed raises
+  :class:`~streamstate.errors.StateMigrationException` with both declarations and the remedies.
+  Only streamstate's errors are raised here: an ``open()`` that fails on the driver for its own
+  reasons (a resource only the executors reach) is logged and left to the executors.
+
+States a function creates later than ``open()`` (in ``process_element``) are checked when they
+are created, on the executors, as before.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from streamstate.errors import OutputSchemaError, StreamStateError
+
+__all__ = ["check_before_first_job", "check_output_schema"]
+
+log = logging.getLogger(__name__)
+
+
+def check_output_schema(struct: Any, what: str = "output") -> None:
+    """Raise :class:`OutputSchemaError` naming the first column of ``struct`` (a Spark
+    ``StructType``) that Spark cannot pass through Arrow, or that streamstate cannot build."""
+    from pyspark.sql.pandas.types import to_arrow_type
+
+    from streamstate.spark.records import OutputConverter
+
+    for field in struct.fields:
+        try:
+            arrow_type = to_arrow_type(field.dataType)
+            import pyarrow as pa
+
+            OutputConverter(pa.schema([pa.field(field.name, arrow_type)]))
+        except Exception as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise OutputSchemaError(
+                f"{what} column {field.name!r} has type {field.dataType.simpleString()}, which "
+                f"a keyed function cannot produce through Arrow ({first}); declare another "
+                "type (a long for an interval, a string, ...)"
+            ) from None
+
+
+def check_before_first_job(options: Any, restored: Any = None) -> None:
+    """Check ``options`` (``keyed_process``'s resolved options) as the module docstring says;
+    ``restored`` is the completed checkpoint (or savepoint) the job restores, if any."""
+    from streamstate.spark.job import key_serializer_for
+
+    check_output_schema(options.output_struct)
+    for tag, struct in options.side_output_structs.items():
+        check_output_schema(struct, f"side output {tag!r}")
+    input_schema, _ = options.arrow_schemas()
+    key_serializer = key_serializer_for(input_schema, options.key_columns)
+    _open_function(options, key_serializer, _state_declarations(options, restored))
+
+
+def _state_declarations(options: Any, restored: Any) -> list[Any]:
+    """What ``restored`` says about each keyed state of the operator (timers aside): the state
+    meta data of every subtask's first keyed file (a snapshot's header, a RocksDB manifest)."""
+    if restored is None:
+        return []
+    from streamstate.checkpoint.restore import keyed_file_restore
+    from streamstate.keygroups import KeyGroupRange
+
+    op = restored.metadata.operators.get(options.operator_name)
+    if op is None:
+        return []
+    found: dict[str, Any] = {}
+    for sub in op.subtasks:
+        if not sub.keyed:
+            continue
+        kg_range = KeyGroupRange(*sub.key_group_range)
+        reader = keyed_file_restore(restored, list(sub.keyed), kg_range)[0]
+        try:
+            for meta in reader.states:
+                if meta.kind != "timer":
+                    found.setdefault(meta.name, meta)
+        finally:
+            reader.close()
+    return list(found.values())
+
+
+def _open_function(options: Any, key_serializer: Any, declared: list[Any]) -> None:
+    """Open and close a copy of the function, as subtask 0 on an empty heap backend that
+    knows the checkpoint's ``declared`` states."""
+    import cloudpickle
+
+    from streamstate.backends.heap.factory import HeapStateBackend
+    from streamstate.runtime.operator import KeyedProcessOperator
+    from streamstate.spark.job import pickle_function
+
+    function = cloudpickle.loads(pickle_function(options.function))  # as an executor gets it
+    op = KeyedProcessOperator(
+        function,
+        key_serializer,
+        operator_name=options.operator_name,
+        subtask_index=0,
+        parallelism=options.parallelism,
+        max_parallelism=options.max_parallelism,
+        state_backend=HeapStateBackend(),
+    )
+    try:
+        for meta in declared:
+            op.keyed_backend.add_restored_meta(meta)
+        op.open()
+    except StreamStateError:
+        raise
+    except Exception as exc:  # the function's own open() on the driver: the executors decide
+        log.info(
+            "keyed_process could not open %s on the driver to check its states (%r); the "
+            "executors check them when they open it",
+            type(options.function).__name__,
+            exc,
+        )
+    finally:
+        op.dispose()
