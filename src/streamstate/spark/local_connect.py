@@ -32,10 +32,12 @@ def _free_port() -> int:
 def connect_session(url: str) -> Any:
     """A Spark Connect client session for ``url`` (``sc://host:port``). Built with the Connect
     builder itself, so it coexists with a classic SparkSession in the same process (the generic
-    ``SparkSession.builder.remote`` refuses when a classic session runs)."""
+    ``SparkSession.builder.remote`` refuses when a classic session runs). Always a new client:
+    ``getOrCreate`` would hand back the process's default Connect session, whatever server it
+    talks to, and stopping it would close another caller's session."""
     from pyspark.sql.connect.session import SparkSession as ConnectSession
 
-    return ConnectSession.builder.remote(url).getOrCreate()
+    return ConnectSession.builder.remote(url).create()
 
 
 class LocalConnectServer:
