@@ -269,7 +269,9 @@ class KeyedStreamingQuery:
         self.timings["epoch_ms"] = (time.perf_counter() - t) * 1e3
         #: starts this run's state hosts while Spark plans the first micro-batch (local master)
         self._prespawn = self._prespawn_hosts()
-        #: one dict of figures per micro-batch run by this query object
+        #: one dict of figures per step run by this query object: ``batch`` (Spark's
+        #: micro-batch), ``checkpoint``, ``no_data`` (with ``due`` and ``idle``), ``replayed``,
+        #: rows, outputs, watermark, restores, routes and timings (docs/spark.md)
         self.batches: list[dict[str, Any]] = []
         self._hosts_stopped = False
         #: what made a micro-batch fail, as raised (see streamstate.spark.failures)
@@ -294,8 +296,10 @@ class KeyedStreamingQuery:
         #: delivered (see _recover)
         self._recovered = False
         self._last_step_end = time.monotonic()
-        #: the session a Spark Connect server's idle ticker runs its jobs with
+        #: the session a Spark Connect server's idle ticker runs its jobs with, and the id of
+        #: the Spark query it serves (the client reports it)
         self._idle_spark: Any = None
+        self._query_id: str | None = None
         sink.open(query_name or options.operator_name)
         self.side_schemas = options.side_output_schemas()
         for tag, side_sink in self.side_sinks.items():
@@ -329,6 +333,10 @@ class KeyedStreamingQuery:
         self.timings["spark_start_ms"] = (time.perf_counter() - t) * 1e3
         if not self._report_dir:
             self._start_idle_ticker()  # Spark Connect: the server's process starts its own
+        elif self._idle_interval is not None:
+            # the server's idle ticker finds the query by its id (is it active, is a trigger
+            # with input running, stop it after a failure)
+            self.storage.put_atomic(f"{self._report_dir}/query-id", str(self.query.id).encode())
         self.timings["init_ms"] = (time.perf_counter() - t_init) * 1e3
 
     # ---- Spark Connect -------------------------------------------------------------------------
@@ -733,7 +741,7 @@ class KeyedStreamingQuery:
             return 0.0
         log.error("a no-data micro-batch of the idle ticker failed; stopping the query: %r", failed)
         # outside the step lock: Spark's streaming thread may be waiting for it
-        query = getattr(self, "query", None)
+        query = self._spark_query()
         if query is not None:
             try:
                 query.stop()
@@ -741,19 +749,37 @@ class KeyedStreamingQuery:
                 log.warning("could not stop the query after the failure: %r", stop_error)
         return None
 
-    def _still_running(self) -> bool:
-        """The query is active (a Spark Connect server's ticker: the client did not stop it)."""
+    def _spark_query(self) -> Any:
+        """The Spark query of this run: the client's handle, or (the idle ticker in a Spark
+        Connect server's foreachBatch process, which has none) the active query its session
+        finds by the id the client reported; None if not found."""
         query = getattr(self, "query", None)
-        if query is not None:
-            return bool(query.isActive)
-        if self._report_dir:
-            return self.storage.size(f"{self._report_dir}/stopped") is None
-        return True
+        if query is not None or not self._report_dir or self._idle_spark is None:
+            return query
+        if self._query_id is None:
+            path = f"{self._report_dir}/query-id"
+            if self.storage.size(path) is None:
+                return None
+            self._query_id = self.storage.read_bytes(path).decode()
+        try:
+            return self._idle_spark.streams.get(self._query_id)
+        except Exception as exc:
+            log.warning("the idle ticker cannot find query %s: %r", self._query_id, exc)
+            return None
+
+    def _still_running(self) -> bool:
+        """The query is active (under Spark Connect also: the client did not stop it)."""
+        if self._report_dir and self.storage.size(f"{self._report_dir}/stopped") is not None:
+            return False
+        query = self._spark_query()
+        if query is None:
+            # a server's ticker that cannot find the query: it ended (once its id is known)
+            return self._query_id is None
+        return bool(query.isActive)
 
     def _input_batch_starting(self) -> bool:
-        """Spark is running a trigger that found new input (classic sessions; a Spark Connect
-        server's ticker cannot ask)."""
-        query = getattr(self, "query", None)
+        """Spark is running a trigger that found new input."""
+        query = self._spark_query()
         if query is None:
             return False
         try:
@@ -950,8 +976,8 @@ class KeyedStreamingQuery:
             self._raise_failure(exc)
         finally:
             self._sync_from_server()
-        if self._idle_failure is not None:
-            raise self._idle_failure
+        if not self.query.isActive:
+            self._raise_idle_failure()
 
     def await_termination(self, timeout: float | None = None) -> bool | None:
         """Wait for the query to end (an ``availableNow`` trigger ends by itself); then shut
@@ -969,9 +995,21 @@ class KeyedStreamingQuery:
             self._sync_from_server()
             if not self.query.isActive:
                 self.shutdown_hosts()
-        if self._idle_failure is not None:  # the idle ticker stopped the query with it
-            raise self._idle_failure
+        if not self.query.isActive:
+            self._raise_idle_failure()
         return done
+
+    def _raise_idle_failure(self) -> None:
+        """The query ended without an error from Spark: if the idle ticker stopped it after a
+        no-data micro-batch failed (under Spark Connect: the server's ticker, which reported
+        the error), raise that error."""
+        failure = self._idle_failure
+        if failure is None and self._report_dir:
+            path = f"{self._report_dir}/failure.json"
+            if self.storage.size(path) is not None:
+                failure = self._idle_failure = error_from_report(self.storage.read_bytes(path))
+        if failure is not None:
+            raise failure
 
     def _raise_failure(self, exc: BaseException) -> None:
         self._loud_again()
