@@ -711,29 +711,34 @@ class KeyedStreamingQuery:
             ticker = self._ticker
             if ticker is None or ticker.stopped or self._failure is not None:
                 return None
+            session = self.spark if self.spark is not None else self._idle_spark
+            if session is None:
+                return _IDLE_LOOK_S
             now = time.time_ns() // 1_000_000
             reason = self.log.due(now)
-            if reason is None:
+            if reason is None and self._recovered:
                 timer = self.log.next_processing_timer()
                 if timer is None:
                     return _IDLE_LOOK_S
                 return min(_IDLE_LOOK_S, max(0.0, (timer - now) / 1e3))
-            wait = self._last_step_end + interval - time.monotonic()
-            if wait > 0:
-                return min(wait, _IDLE_LOOK_S)
-            session = self.spark if self.spark is not None else self._idle_spark
-            if session is None:
-                return _IDLE_LOOK_S
+            if reason is not None:
+                wait = self._last_step_end + interval - time.monotonic()
+                if wait > 0:
+                    return min(wait, _IDLE_LOOK_S)
             if not self._still_running():
                 return None
-            if self._input_batch_starting():
+            if reason is not None and self._input_batch_starting():
                 log.debug("idle ticker: %s due, but Spark runs a micro-batch with input", reason)
                 return interval  # its step fires what is due, before its records
             try:
-                t0 = time.perf_counter()
+                # the run's first look: the delivery of an earlier run's last no-data
+                # micro-batch may not have happened, and no input may come to do it
                 self._recover(session)
-                plan = self.log.plan_no_data(None)
-                self._run_step(session, None, plan, t0, (time.perf_counter() - t0) * 1e3, reason)
+                if reason is not None:
+                    t0 = time.perf_counter()
+                    plan = self.log.plan_no_data(None)
+                    plan_ms = (time.perf_counter() - t0) * 1e3
+                    self._run_step(session, None, plan, t0, plan_ms, reason)
             except BaseException as exc:
                 self._record_failure(exc, None, session)
                 self._idle_failure = failed = self._failure or exc
