@@ -13,8 +13,8 @@ the file and key group of any corruption.
 
 ``streamstate checkpoints rollback <dir> --to N``: rolls a streaming job back to checkpoint
 ``chk-N``: later checkpoints go, Spark's offset and commit logs are rolled back with them, and
-(with ``--sink``) the parquet sink's later batches, so the restarted query re-runs batch N+1 and
-every later one exactly once (:mod:`streamstate.spark.rollback`).
+(with ``--sink``) the parquet sink's later batches, so the restarted query re-runs the Spark
+micro-batch after chk-N's and every later one exactly once (:mod:`streamstate.spark.rollback`).
 """
 
 from __future__ import annotations

@@ -98,11 +98,14 @@ def test_a_running_query_closes_the_last_window_when_its_input_stops(
         query.stop()
 
 
-def _reminders(spark: Any, tmp_path: Any, function: Any, interval: float) -> Any:
+def _reminders(
+    spark: Any, tmp_path: Any, function: Any, interval: float, sink: Any = "memory", **write: Any
+) -> Any:
     directory = tmp_path / "in"
-    os.makedirs(directory)
-    table = pa.table({"user": ["a", "b", "a"], "v": pa.array([1, 2, 3])})
-    pq.write_table(table, directory / "0.parquet")
+    if not directory.exists():
+        os.makedirs(directory)
+        table = pa.table({"user": ["a", "b", "a"], "v": pa.array([1, 2, 3])})
+        pq.write_table(table, directory / "0.parquet")
     return keyed_process(
         spark.readStream.schema("user string, v long").parquet(str(directory)),
         key="user",
@@ -110,7 +113,7 @@ def _reminders(spark: Any, tmp_path: Any, function: Any, interval: float) -> Any
         output_schema="user string, what string, n long",
         checkpoint=str(tmp_path / "ck"),
         parallelism=2,
-    ).write_stream("memory", trigger={"processingTime": f"{interval} seconds"})
+    ).write_stream(sink, trigger={"processingTime": f"{interval} seconds"}, **write)
 
 
 @pytest.mark.parametrize("session", ["spark", "connect_spark"])
@@ -166,6 +169,50 @@ def test_a_timer_that_fails_in_an_idle_micro_batch_fails_the_query(
     assert [b["no_data"] for b in query.batches] == [False]  # the failed one is not committed
     storage = FileSystemCheckpointStorage(str(tmp_path / "ck"), "")
     assert storage.latest_checkpoint().checkpoint_id == 0
+
+
+class FailsOnNoData(FileSink):
+    """A parquet sink that fails to deliver a no-data micro-batch (the driver went down)."""
+
+    def write(self, batch: Any) -> None:
+        if batch.no_data:
+            raise ConnectionError(f"delivery of checkpoint {batch.batch_id} failed")
+        super().write(batch)
+
+
+def test_an_idle_micro_batch_whose_delivery_failed_is_delivered_by_the_next_run(
+    spark: Any, tmp_path: Any
+) -> None:
+    """The idle ticker's micro-batch is not covered by Spark's commit of the micro-batch it
+    follows: when its delivery did not happen, the next run delivers it at its first look,
+    with no input, once."""
+    out = str(tmp_path / "out")
+    first = _reminders(spark, tmp_path, RemindLater(500), 0.5, FailsOnNoData(out))
+    with pytest.raises(ConnectionError, match=r"delivery of checkpoint 1 failed"):
+        first.await_termination(90)
+    storage = FileSystemCheckpointStorage(str(tmp_path / "ck"), "")
+    assert storage.latest_checkpoint().metadata.properties["no_data"] is True  # committed
+    sink = FileSink(out)
+    assert sink.committed_batches() == [0]
+    second = _reminders(spark, tmp_path, RemindLater(500), 0.5, "parquet", path=out)
+    try:
+        deadline = time.monotonic() + 60
+        while sink.committed_batches() != [0, 1]:
+            assert time.monotonic() < deadline, second.batches
+            time.sleep(0.2)
+    finally:
+        second.stop()
+    assert [(b["checkpoint"], b["no_data"], b["replayed"]) for b in second.batches] == [
+        (1, True, True)
+    ]
+    rows = sorted((r["user"], r["what"], r["n"], r["batch"]) for r in sink.read_arrow().to_pylist())
+    assert rows == [
+        ("a", "reminder", 2, 1),
+        ("a", "seen", 1, 0),
+        ("a", "seen", 2, 0),
+        ("b", "reminder", 1, 1),
+        ("b", "seen", 1, 0),
+    ]
 
 
 def test_a_driver_killed_inside_a_no_data_micro_batch_loses_and_duplicates_nothing(
