@@ -747,11 +747,19 @@ class KeyedStreamingQuery:
         log.error("a no-data micro-batch of the idle ticker failed; stopping the query: %r", failed)
         # outside the step lock: Spark's streaming thread may be waiting for it
         query = self._spark_query()
-        if query is not None:
+        for attempt in (1, 2):
+            if query is None:
+                break
             try:
                 query.stop()
+                break
             except Exception as stop_error:
-                log.warning("could not stop the query after the failure: %r", stop_error)
+                log.warning(
+                    "could not stop the query after the failure (attempt %d): %s",
+                    attempt,
+                    str(stop_error)[:2000],
+                )
+                time.sleep(1.0)
         return None
 
     def _spark_query(self) -> Any:
