@@ -158,12 +158,18 @@ def test_a_processing_time_timer_fires_while_the_input_is_idle(
     assert storage.checkpoint_ids()[-1] == idle[0]["checkpoint"]
 
 
+@pytest.mark.parametrize("session", ["spark", "connect_spark"])
 def test_a_timer_that_fails_in_an_idle_micro_batch_fails_the_query(
-    spark: Any, tmp_path: Any
+    request: Any, tmp_path: Any, session: str
 ) -> None:
+    """The function's error, with its notes, stops the query (a Spark Connect server's ticker
+    cannot stop it: the client does when it waits on the query)."""
+    spark = request.getfixturevalue(session)
     query = _reminders(spark, tmp_path, FailingReminder(500), 0.5)
     with pytest.raises(Boom, match="reminder of '[ab]' failed") as info:
-        query.await_termination(90)
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            query.await_termination(0.5)
     assert any("on_timer of key" in n for n in getattr(info.value, "__notes__", ()))
     assert not query.is_active
     assert [b["no_data"] for b in query.batches] == [False]  # the failed one is not committed

@@ -296,10 +296,8 @@ class KeyedStreamingQuery:
         #: delivered (see _recover)
         self._recovered = False
         self._last_step_end = time.monotonic()
-        #: the session a Spark Connect server's idle ticker runs its jobs with, and the id of
-        #: the Spark query it serves (the client reports it)
+        #: the session a Spark Connect server's idle ticker runs its jobs with
         self._idle_spark: Any = None
-        self._query_id: str | None = None
         sink.open(query_name or options.operator_name)
         self.side_schemas = options.side_output_schemas()
         for tag, side_sink in self.side_sinks.items():
@@ -333,10 +331,6 @@ class KeyedStreamingQuery:
         self.timings["spark_start_ms"] = (time.perf_counter() - t) * 1e3
         if not self._report_dir:
             self._start_idle_ticker()  # Spark Connect: the server's process starts its own
-        elif self._idle_interval is not None:
-            # the server's idle ticker finds the query by its id (is it active, is a trigger
-            # with input running, stop it after a failure)
-            self.storage.put_atomic(f"{self._report_dir}/query-id", str(self.query.id).encode())
         self.timings["init_ms"] = (time.perf_counter() - t_init) * 1e3
 
     # ---- Spark Connect -------------------------------------------------------------------------
@@ -763,35 +757,21 @@ class KeyedStreamingQuery:
         return None
 
     def _spark_query(self) -> Any:
-        """The Spark query of this run: the client's handle, or (the idle ticker in a Spark
-        Connect server's foreachBatch process, which has none) the active query its session
-        finds by the id the client reported; None if not found."""
-        query = getattr(self, "query", None)
-        if query is not None or not self._report_dir or self._idle_spark is None:
-            return query
-        if self._query_id is None:
-            path = f"{self._report_dir}/query-id"
-            if self.storage.size(path) is None:
-                return None
-            self._query_id = self.storage.read_bytes(path).decode()
-        try:
-            return self._idle_spark.streams.get(self._query_id)
-        except Exception as exc:
-            log.warning("the idle ticker cannot find query %s: %r", self._query_id, exc)
-            return None
+        """The Spark query of this run; None in a Spark Connect server's foreachBatch process
+        (its session is a clone of the client's, which does not see the client's queries)."""
+        return getattr(self, "query", None)
 
     def _still_running(self) -> bool:
-        """The query is active (under Spark Connect also: the client did not stop it)."""
+        """The query is active (in a Spark Connect server's process: the client did not stop
+        it; Spark ends the process with the query)."""
         if self._report_dir and self.storage.size(f"{self._report_dir}/stopped") is not None:
             return False
         query = self._spark_query()
-        if query is None:
-            # a server's ticker that cannot find the query: it ended (once its id is known)
-            return self._query_id is None
-        return bool(query.isActive)
+        return query is None or bool(query.isActive)
 
     def _input_batch_starting(self) -> bool:
-        """Spark is running a trigger that found new input."""
+        """Spark is running a trigger that found new input (unknown in a Spark Connect
+        server's process: no)."""
         query = self._spark_query()
         if query is None:
             return False
@@ -989,8 +969,7 @@ class KeyedStreamingQuery:
             self._raise_failure(exc)
         finally:
             self._sync_from_server()
-        if not self.query.isActive:
-            self._raise_idle_failure()
+        self._raise_idle_failure()
 
     def await_termination(self, timeout: float | None = None) -> bool | None:
         """Wait for the query to end (an ``availableNow`` trigger ends by itself); then shut
@@ -1008,21 +987,23 @@ class KeyedStreamingQuery:
             self._sync_from_server()
             if not self.query.isActive:
                 self.shutdown_hosts()
-        if not self.query.isActive:
-            self._raise_idle_failure()
+        self._raise_idle_failure()
         return done
 
     def _raise_idle_failure(self) -> None:
-        """The query ended without an error from Spark: if the idle ticker stopped it after a
-        no-data micro-batch failed (under Spark Connect: the server's ticker, which reported
-        the error), raise that error."""
+        """Spark raised nothing: if a no-data micro-batch of the idle ticker failed, stop the
+        query (the ticker of a classic session did already; a Spark Connect server's ticker
+        cannot: it reported the error) and raise that error."""
         failure = self._idle_failure
         if failure is None and self._report_dir:
             path = f"{self._report_dir}/failure.json"
             if self.storage.size(path) is not None:
                 failure = self._idle_failure = error_from_report(self.storage.read_bytes(path))
-        if failure is not None:
-            raise failure
+        if failure is None:
+            return
+        if self.query.isActive:
+            self.stop()
+        raise failure
 
     def _raise_failure(self, exc: BaseException) -> None:
         self._loud_again()
