@@ -13,8 +13,8 @@ the file and key group of any corruption.
 
 ``streamstate checkpoints rollback <dir> --to N``: rolls a streaming job back to checkpoint
 ``chk-N``: later checkpoints go, Spark's offset and commit logs are rolled back with them, and
-(with ``--sink``) the parquet sink's later batches, so the restarted query re-runs batch N+1 and
-every later one exactly once (:mod:`streamstate.spark.rollback`).
+(with ``--sink``) the parquet sink's later batches, so the restarted query re-runs the Spark
+micro-batch after chk-N's and every later one exactly once (:mod:`streamstate.spark.rollback`).
 """
 
 from __future__ import annotations
@@ -320,8 +320,9 @@ def rollback_command(
 ) -> None:
     """Roll a streaming job back to checkpoint N (after a lost or corrupt latest _metadata).
 
-    Stop the query first (a running one is fenced anyway): the restarted query re-runs batch
-    N+1 and every later one from chk-N."""
+    Stop the query first (a running one is fenced anyway): the restarted query re-runs the
+    Spark micro-batch after chk-N's (N+1 until the query's first no-data micro-batch) and every
+    later one from chk-N."""
     from streamstate.spark.rollback import plan_rollback, rollback
 
     console = Console()
@@ -344,7 +345,7 @@ def rollback_command(
     console.print(table)
     if sink is None:
         console.print(
-            "[yellow]no --sink: batches the sink already delivered after batch "
+            "[yellow]no --sink: batches the sink already delivered after checkpoint "
             f"{to} keep their first delivery[/]"
         )
     if not yes and not typer.confirm("roll back?", default=False):
@@ -354,7 +355,10 @@ def rollback_command(
     except CheckpointError as exc:
         console.print(f"[red]{escape(str(exc))}[/]")
         raise typer.Exit(1) from None
-    console.print(f"[green]rolled back to chk-{to}: restart the query to re-run batch {to + 1}[/]")
+    console.print(
+        f"[green]rolled back to chk-{to}: restart the query to re-run micro-batch "
+        f"{plan.spark_batch + 1}[/]"
+    )
 
 
 def _verify_file(cp: CompletedCheckpoint, handle: Any) -> str | None:

@@ -184,6 +184,14 @@ class InternalTimerService:
             target(ts, key, ns)
             fired += 1
 
+    def earliest_event_time_timer(self) -> int | None:
+        """The timestamp of the next event-time timer to fire, or None (amortized O(1))."""
+        return self.event_time_timers.peek_timestamp()
+
+    def earliest_processing_time_timer(self) -> int | None:
+        """The timestamp of the next processing-time timer to fire, or None."""
+        return self.processing_time_timers.peek_timestamp()
+
     def num_event_time_timers(self) -> int:
         return len(self.event_time_timers)
 

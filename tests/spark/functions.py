@@ -140,3 +140,48 @@ class FailOnKey(Count):
         if ctx.get_current_key() == self.key:
             raise Boom(f"cannot count {value.v}")
         yield from super().process_element(value, ctx)
+
+
+class RemindLater(KeyedProcessFunction):
+    """Emits ``(key, "seen", n)`` per record and registers a processing-time timer
+    ``after_ms`` later; the timer emits ``(key, "reminder", n)`` (records seen so far)."""
+
+    def __init__(self, after_ms: int) -> None:
+        self.after_ms = after_ms
+
+    def open(self, ctx: Any) -> None:
+        self.n = ctx.get_state(ValueStateDescriptor("n", int, default=0))
+
+    def process_element(self, value: Any, ctx: Any) -> Any:
+        n = self.n.value() + 1
+        self.n.update(n)
+        timers = ctx.timer_service()
+        timers.register_processing_time_timer(timers.current_processing_time() + self.after_ms)
+        yield ctx.get_current_key(), "seen", n
+
+    def on_timer(self, timestamp: int, ctx: Any) -> Any:
+        yield ctx.get_current_key(), "reminder", self.n.value()
+
+
+class WindowSizeWithSleep(ProcessWindowFunction):
+    """:class:`WindowSize` that, the first time it fires the window starting at ``sleep_at``,
+    creates ``marker`` and sleeps until killed (a driver is killed inside that micro-batch)."""
+
+    def __init__(self, sleep_at: int, marker: str) -> None:
+        self.sleep_at = sleep_at
+        self.marker = marker
+
+    def process(self, key: Any, context: Any, elements: Any) -> Any:
+        start = context.window().start
+        if start == self.sleep_at and not os.path.exists(self.marker):
+            with open(self.marker, "w") as f:
+                f.write(str(os.getpid()))
+            time.sleep(600)
+        yield key, start, len(list(elements))
+
+
+class FailingReminder(RemindLater):
+    """:class:`RemindLater` whose timer raises :class:`Boom`."""
+
+    def on_timer(self, timestamp: int, ctx: Any) -> Any:
+        raise Boom(f"reminder of {ctx.get_current_key()!r} failed")

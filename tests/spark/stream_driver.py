@@ -9,9 +9,12 @@ commit), state_backend, delay (seconds per record) with marker/marker_at/go (Slo
 pause_after_batch with go (the sink waits for the file ``go`` after delivering it),
 start_when (a file: the driver starts its SparkSession at once, prints ``READY`` and starts
 the query only once that file exists - a test overlaps the JVM's start with an earlier
-driver's run without changing when the query starts). Prints ``BATCH <id>`` after each
-delivered batch, ``SLEEPING`` before a sleep, ``DONE [...]`` at the
-end, or ``FENCED <message>`` (exit status 3) if another driver took the job over.
+driver's run without changing when the query starts), window (event-time windows of this
+size over ``v`` with watermark delay 0: outputs user, start, n) with sleep_at_window (a host
+sleeps, once, when it fires the window starting there; marker file ``fault_marker``). Prints
+``BATCH <id>`` after each delivered batch (its checkpoint id), ``SLEEPING`` before a sleep,
+``DONE [...]`` at the end, or ``FENCED <message>`` (exit status 3) if another driver took the
+job over.
 """
 
 from __future__ import annotations
@@ -22,11 +25,12 @@ import sys
 import time
 from typing import Any
 
-from functions import Count, CountWithFaults, SlowCount
+from functions import Count, CountWithFaults, SlowCount, WindowSize, WindowSizeWithSleep
 from pyspark.sql import SparkSession
 
 from streamstate.errors import CheckpointFencedError
 from streamstate.spark import FileSink, keyed_process
+from streamstate.windows import TumblingEventTimeWindows, window
 
 
 class ReportingSink(FileSink):
@@ -79,7 +83,16 @@ def main() -> None:
                 raise TimeoutError(f"no {cfg['start_when']} after 600 s")
             time.sleep(0.05)
     function: Any = Count()
-    if cfg.get("fault_marker"):
+    output_schema = "user string, n long"
+    timing: dict[str, Any] = {}
+    if cfg.get("window"):
+        fires: Any = WindowSize()
+        if cfg.get("fault_marker"):
+            fires = WindowSizeWithSleep(cfg["sleep_at_window"], cfg["fault_marker"])
+        function = window(TumblingEventTimeWindows.of(cfg["window"])).process(fires)
+        output_schema = "user string, start long, n long"
+        timing = {"event_time": "v", "watermark_delay": 0}
+    elif cfg.get("fault_marker"):
         function = CountWithFaults(cfg["fault_at"], cfg["fault_marker"], mode="sleep")
     if cfg.get("delay"):
         function = SlowCount(
@@ -94,10 +107,11 @@ def main() -> None:
         source,
         key="user",
         function=function,
-        output_schema="user string, n long",
+        output_schema=output_schema,
         checkpoint=cfg["checkpoint"],
         parallelism=cfg["parallelism"],
         state_backend=cfg.get("state_backend", "heap"),
+        **timing,
     ).write_stream(
         ReportingSink(
             cfg["sink"], cfg.get("sleep_after_batch"), cfg.get("pause_after_batch"), cfg.get("go")

@@ -33,11 +33,14 @@ def test_demo_resumes_from_its_checkpoint_and_counts_every_view(
     directory = str(tmp_path / "demo")
     out = io.StringIO()
     console = Console(file=out, width=160)
-    # 5 micro-batches of 20 minutes of event time per run: the first run closes hour 0 and ends
-    # inside hour 1, which the second run closes from its restored state
+    # 5 micro-batches of 20 minutes of event time per run, watermark delay 5 minutes: the first
+    # run closes hour 0 (in the no-data micro-batch after micro-batch 3, whose input moved the
+    # watermark past it) and ends inside hour 1, which the second run closes from its restored
+    # state (after micro-batch 6); the watermark of its input (195 minutes) closes hour 2 too
     first = run_streaming(directory, events=1_000, batches=5, spark=spark, console=console)
-    assert first.resumed_from is None and first.checkpoint_id == 4
-    assert [b["restore"] for b in first.batches] == [["empty"]] + [["hot"]] * 4
+    assert first.resumed_from is None and first.checkpoint_id == 5
+    assert [b["restore"] for b in first.batches] == [["empty"]] + [["hot"]] * 5
+    assert [b["batch"] for b in first.batches if b["no_data"]] == [3]
     first_input = _brute_force(directory)
 
     second = run_streaming(
@@ -48,11 +51,15 @@ def test_demo_resumes_from_its_checkpoint_and_counts_every_view(
         console=console,
         state_backend=second_backend,
     )
-    assert "resuming from checkpoint 4" in out.getvalue()
+    assert "resuming from checkpoint 5" in out.getvalue()
     switched = "switching backends: the heap backend's checkpoint is restored into the rocksdb"
     assert (switched in out.getvalue()) == (second_backend == "rocksdb")
-    assert second.resumed_from == 4 and second.checkpoint_id == 9
-    assert [b["batch"] for b in second.batches] == [5, 6, 7, 8, 9]
+    assert second.resumed_from == 5 and second.checkpoint_id == 12
+    steps = [(b["batch"], b["checkpoint"], b["no_data"]) for b in second.batches]
+    assert steps == [
+        (5, 6, False), (6, 7, False), (6, 8, True), (7, 9, False), (8, 10, False), (9, 11, False),
+        (9, 12, True),
+    ]  # fmt: skip
     assert second.batches[0]["restore"] == ["reload"]  # a new query: hosts load checkpoint 4
     assert second.processed == 1_000 and second.state_backend == second_backend
 
@@ -61,9 +68,9 @@ def test_demo_resumes_from_its_checkpoint_and_counts_every_view(
     assert sorted(second.results) == sorted((app, hour, n) for (app, hour), n in closed.items())
     assert set(first.results) < set(second.results)
     hours = sorted({h for _, h, _ in second.results})
-    assert len(hours) == 2 and len(closed) < len(views)  # the last hour is still open
+    assert len(hours) == 3 and len(closed) < len(views)  # the last hour is still open
     # hour 1 was counted across both runs: part of it came from the first run's state
     second_hour = hours[1]
     assert all(first_input[(a, second_hour)] > 0 for a, h, _ in second.results if h == hours[1])
     assert {(a, h) for a, h, _ in second.results if h == second_hour} <= second.new
-    assert "new (resumed from checkpoint 4)" in out.getvalue()
+    assert "new (resumed from checkpoint 5)" in out.getvalue()

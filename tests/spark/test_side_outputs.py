@@ -1,5 +1,6 @@
 """Side outputs on Spark: a window's late data goes to a second exactly-once sink, dropped late
-elements are counted per micro-batch, and a replayed batch delivers its side output again."""
+elements are counted per micro-batch, and a replayed batch delivers its side output again (with
+the no-data micro-batches between the input's, which deliver none)."""
 
 from __future__ import annotations
 
@@ -119,12 +120,20 @@ def test_late_data_goes_to_a_side_sink_exactly_once(any_spark: Any, tmp_path: An
         return query
 
     query = start(("parquet", late_path))
-    assert [b["batch"] for b in query.batches] == [0, 1, 2, 3]
-    assert [b["side_output_rows"] for b in query.batches] == [{"late": len(x)} for x in late]
-    assert [b["late_records_dropped"] for b in query.batches] == [0, 0, 0, 0]
-    got = FileSink(late_path).read_arrow().to_pylist()
+    # the watermark after micro-batches 0, 1 and 2 closes windows: a no-data micro-batch each
+    steps = [(b["batch"], b["checkpoint"], b["no_data"]) for b in query.batches]
+    assert steps == [
+        (0, 0, False), (0, 1, True), (1, 2, False), (1, 3, True), (2, 4, False), (2, 5, True),
+        (3, 6, False),
+    ]  # fmt: skip
+    checkpoint_of = {b: c for b, c, no_data in steps if not no_data}
+    assert [b["side_output_rows"] for b in query.batches] == [
+        {"late": 0 if no_data else len(late[b])} for b, _, no_data in steps
+    ]
+    assert [b["late_records_dropped"] for b in query.batches] == [0] * len(steps)
+    got = FileSink(late_path).read_arrow().to_pylist()  # its batches are checkpoint ids
     assert sorted((r["batch"], r["k"], r["ts"]) for r in got) == sorted(
-        (b, k, t) for b, rows in enumerate(late) for k, t in rows
+        (checkpoint_of[b], k, t) for b, rows in enumerate(late) for k, t in rows
     )
     assert sum(map(len, late)) == 5  # the data does have late records
     out = FileSink(str(tmp_path / "out")).read_arrow().to_pylist()
@@ -145,7 +154,7 @@ def test_late_data_goes_to_a_side_sink_exactly_once(any_spark: Any, tmp_path: An
     assert [b["replayed"] for b in again.batches] == [True]
     assert [b["side_output_rows"] for b in again.batches] == [{"late": len(late[3])}]
     if not is_connect(spark):  # a Connect query's sinks deliver in the server's process
-        assert replay_sink.deliveries == [(3, len(late[3]))]
+        assert replay_sink.deliveries == [(checkpoint_of[3], len(late[3]))]
     assert [(r["k"], r["ts"]) for r in replay_sink.rows()] == late[3]
 
 
@@ -164,8 +173,10 @@ def test_dropped_late_records_are_counted_per_batch(spark: Any, tmp_path: Any) -
         state_backend="rocksdb",
     ).write_stream("memory", trigger={"availableNow": True})
     query.await_termination()
-    assert [b["late_records_dropped"] for b in query.batches] == [len(x) for x in late]
-    assert [b["side_outputs_dropped"] for b in query.batches] == [0, 0, 0, 0]
+    data = [b for b in query.batches if not b["no_data"]]
+    assert [b["late_records_dropped"] for b in data] == [len(x) for x in late]
+    assert [b["late_records_dropped"] for b in query.batches if b["no_data"]] == [0, 0, 0]
+    assert [b["side_outputs_dropped"] for b in query.batches] == [0] * 7
 
 
 def test_side_output_declarations_are_checked(spark: Any, tmp_path: Any) -> None:

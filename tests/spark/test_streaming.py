@@ -100,11 +100,22 @@ def test_restart_with_another_parallelism_rescales_state(
     assert {r.key: r.value for r in state} == final_counts(batches)
 
 
+@pytest.mark.parametrize(
+    ("session", "no_data_batches"),
+    [("spark", True), ("connect_spark", True), ("spark", False)],
+)
 def test_event_time_windows_fire_as_the_watermark_crosses_batches(
-    any_spark: Any, tmp_path: Any
+    request: Any, tmp_path: Any, session: str, no_data_batches: bool
 ) -> None:
-    spark = any_spark
-    events = list(generate_events(4_000, apps=3, hours=6, disorder_ms=30_000))
+    """With no-data micro-batches (the default) an ``availableNow`` run emits every window the
+    watermark of the input it read closes (as Spark SQL's window aggregation in append mode
+    does); without them, only those that the watermark of its last micro-batch with input
+    closed, and the others at the next input."""
+    spark = request.getfixturevalue(session)  # a classic session or a Spark Connect client
+    # 8 files of 30 minutes each, read 4 per run; with a 45-minute delay the watermark of each
+    # run's input (75 and 195 minutes) closes one hour more than its last micro-batch's did
+    # (45 and 165 minutes)
+    events = list(generate_events(4_000, apps=3, hours=4, disorder_ms=30_000))
     events.sort(key=lambda e: e[1])
     chunks = [events[i : i + 500] for i in range(0, len(events), 500)]
     directory = str(tmp_path / "in")
@@ -132,13 +143,21 @@ def test_event_time_windows_fire_as_the_watermark_crosses_batches(
             function=page_views_per_hour(),
             output_schema="app string, hour long, views long",
             event_time="ts",
-            watermark_delay=600_000,
+            watermark_delay=2_700_000,
             checkpoint=str(tmp_path / "ck"),
             parallelism=2,
-        ).write_stream("memory", trigger={"availableNow": True})
+        ).write_stream("memory", trigger={"availableNow": True}, no_data_batches=no_data_batches)
         query.await_termination()
-        assert len(query.batches) == 4
+        assert [b["batch"] for b in query.batches if not b["no_data"]] == list(
+            range(4 * half, 4 * half + 4)
+        )
         results += [(r["app"], r["hour"], r["views"]) for r in query.sink.rows()]
+        seen = [ts for _, ts in events[: 2000 * (half + 1)]]
+        if no_data_batches:  # the run ended on the watermark of everything it read
+            assert query.batches[-1]["no_data"]
+            assert query.batches[-1]["watermark"] == max(seen) - 2_700_000 - 1
+        else:
+            assert not any(b["no_data"] for b in query.batches)
     watermark = query.batches[-1]["watermark"]
     expected: dict[tuple[str, int], int] = {}
     for app, ts in events:
@@ -168,7 +187,13 @@ def test_windows_fire_after_a_restart_on_a_batch_that_only_advances_the_watermar
             checkpoint=str(tmp_path / "ck"),
             parallelism=2,
             state_backend=state_backend,
-        ).write_stream("memory", trigger={"availableNow": True})
+        ).write_stream(
+            # with no-data micro-batches the watermark of phase 0 would fire the windows at
+            # once: the restart's path is the one without them
+            "memory",
+            trigger={"availableNow": True},
+            no_data_batches=False,
+        )
         query.await_termination()
         results.append(sorted((r["user"], r["start"], r["n"]) for r in query.sink.rows()))
         if phase == 1:

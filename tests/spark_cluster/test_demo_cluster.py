@@ -25,7 +25,7 @@ def test_demo_runs_on_a_two_node_cluster_and_leaves_nothing_behind(tmp_path: Any
             "--events",
             "6000",
             "--batches",
-            "3",
+            "4",
             "--dir",
             str(tmp_path / "demo"),
         ],
@@ -38,6 +38,8 @@ def test_demo_runs_on_a_two_node_cluster_and_leaves_nothing_behind(tmp_path: Any
     out = done.stdout
     assert done.returncode == 0, out[-3000:] + done.stderr[-3000:]
     assert "2 workers" in out
-    # every micro-batch after the first found its state hot on the cluster's two nodes
-    assert "state per batch: empty x1, hot x2" in out, out[-2000:]
+    # every micro-batch after the first found its state hot on the cluster's two nodes, the
+    # no-data one that closes hour 0 after the fourth too (its tasks reach the hosts anywhere)
+    assert "5 micro-batches (1 without input, closing hours)" in out, out[-2000:]
+    assert "state per batch: empty x1, hot x4" in out, out[-2000:]
     assert not {p for p, (_, cmd) in live_processes().items() if "streamstate-demo-cluster-" in cmd}

@@ -66,7 +66,8 @@ class DemoRun:
     resumed_from: int | None
     resumed_parallelism: int | None
     parallelism: int
-    #: the figures of each micro-batch (``KeyedStreamingQuery.batches``)
+    #: the figures of each micro-batch (``KeyedStreamingQuery.batches``; those without input,
+    #: which close the hours the last input's watermark passed, have ``no_data``)
     batches: list[dict[str, Any]]
     #: views generated for this run, views processed by it, seconds of streaming
     events: int
@@ -362,10 +363,11 @@ def _stream(
             done = bool(query.await_termination(0.2))
             for figures in query.batches[seen:]:
                 seen += 1
+                what = "no-data micro-batch" if figures.get("no_data") else "micro-batch"
                 progress.update(
                     task,
                     advance=figures.get("rows", 0),
-                    description=f"micro-batch {figures['batch']} "
+                    description=f"{what} {figures['batch']} "
                     f"(watermark {_time_label(figures.get('watermark', 0))})",
                 )
     seconds = time.perf_counter() - t0
@@ -426,9 +428,11 @@ def print_run(run: DemoRun, console: Any, max_hours: int = 6) -> None:
     if rest_ms:
         rate = sum(b.get("rows", 0) for b in rest) / rest_ms * 1000
         warm = f"; {rate:,.0f}/s after batch 0"
+    no_data = sum(1 for b in run.batches if b.get("no_data"))
+    without = f" ({no_data} without input, closing hours)" if no_data else ""
     console.print(
-        f"{len(run.batches)} micro-batches: {run.processed:,} views in {run.seconds:.1f} s "
-        f"({run.events_per_second:,.0f}/s{warm})"
+        f"{len(run.batches)} micro-batches{without}: {run.processed:,} views in "
+        f"{run.seconds:.1f} s ({run.events_per_second:,.0f}/s{warm})"
     )
     restores = Counter(r for b in run.batches for r in b.get("restore", ()))
     console.print(

@@ -525,6 +525,20 @@ class KeyedProcessOperator:
         for service in self.timer_services.values():
             service.current_watermark = max(service.current_watermark, self._watermark)
 
+    def earliest_timers(self) -> tuple[int | None, int | None]:
+        """The next event-time and processing-time timer to fire over every timer service
+        (None: none pending); what a subtask reports so that the driver knows when a no-data
+        micro-batch is due (``streamstate.spark.no_data``)."""
+        event = processing = None
+        for s in self.timer_services.values():
+            e = s.earliest_event_time_timer()
+            if e is not None and (event is None or e < event):
+                event = e
+            p = s.earliest_processing_time_timer()
+            if p is not None and (processing is None or p < processing):
+                processing = p
+        return event, processing
+
     def num_timers(self) -> int:
         """Event-time plus processing-time timers of every timer service."""
         return sum(

@@ -1,21 +1,33 @@
-"""The driver's side of exactly-once micro-batches: which state version a batch starts from,
+"""The driver's side of exactly-once micro-batches: which state version a step starts from,
 and the commit of the version it ends with.
 
-Micro-batch ``b`` runs every subtask on state version ``b - 1`` (checkpoint ``chk-(b-1)``, or
-the empty/initial state for the first batch) and ends with checkpoint ``chk-b``, whose
-``_metadata`` the driver writes (:class:`~streamstate.checkpoint.coordinator.
-CheckpointCoordinator`) only after every subtask acknowledged. The metadata's properties carry
-what the next batch needs:
+A *step* is one run of every subtask that ends with a checkpoint: the step of a Spark
+micro-batch's input, or a no-data micro-batch (:mod:`streamstate.spark.no_data`). Checkpoint ids
+are consecutive: step ``c`` runs every subtask on state version ``c - 1`` (checkpoint
+``chk-(c-1)``, or the empty/initial state for the first one) and ends with checkpoint ``chk-c``,
+whose ``_metadata`` the driver writes (:class:`~streamstate.checkpoint.coordinator.
+CheckpointCoordinator`) only after every subtask acknowledged. Until a query's first no-data
+micro-batch, checkpoint ``c`` is the step of Spark micro-batch ``c``. The metadata's properties
+carry what the next step needs:
 
 ``lineage``
-    a uuid drawn for this commit; a host holds "version b" only if it also holds its lineage,
-    so state from an uncommitted or foreign run of batch ``b`` is never mistaken for it.
+    a uuid drawn for this commit; a host holds "version c" only if it also holds its lineage,
+    so state from an uncommitted or foreign run of step ``c`` is never mistaken for it.
+``batch_id``
+    the Spark micro-batch whose input the state has consumed: the step of micro-batch ``b``
+    and the no-data micro-batches after it record ``b``.
+``no_data`` / ``during_batch``
+    ``no_data`` is true for a no-data micro-batch; ``during_batch`` names the Spark micro-batch
+    whose ``foreachBatch`` call ran the step (absent: the idle ticker ran it).
 ``watermark`` / ``max_timestamp``
-    the event-time watermark applied in the batch and the largest event time seen so far; the
-    next batch's watermark is ``max(watermark, max_timestamp - delay - 1)``.
+    the event-time watermark applied in the step and the largest event time seen so far; the
+    next step's watermark is ``max(watermark, max_timestamp - delay - 1)``.
+``event_timer`` / ``processing_timer``
+    the earliest pending timer of each time domain over every subtask after the step (null:
+    none): whether a no-data micro-batch is due follows from these and the watermarks.
 ``outputs``
     the Parquet files the subtasks staged: the sink reads them after the commit, and reads
-    them again if Spark replays the batch after a crash between our commit and Spark's.
+    them again if the delivery may not have happened (a replay after a crash).
 ``side_outputs``
     the same for each side output the query delivers (tag id -> files), when there are any.
 
@@ -24,10 +36,13 @@ newer one took over (same directory) stops at its next plan or commit with
 :class:`~streamstate.errors.CheckpointFencedError`, and ``_metadata`` is created only if absent,
 so a committed checkpoint is never replaced.
 
-Cases at the start of batch ``b`` (:meth:`CheckpointLog.plan`): the latest complete checkpoint
-is ``b - 1`` (normal), ``b`` (the driver died after our commit and Spark replays: only the sink
-runs again) or anything else (a gap: the state does not belong to this query's progress, an
-error naming both).
+Cases when Spark runs micro-batch ``b`` (:meth:`CheckpointLog.plan`): the latest complete
+checkpoint records micro-batch ``b - 1`` (normal: a new step), ``b`` (the driver died after
+committing ``b``'s step, and perhaps no-data micro-batches after it, before Spark's commit:
+Spark replays ``b``, and only the deliveries of ``b``'s checkpoints run again,
+:meth:`CheckpointLog.deliveries`) or anything else (a gap:
+the state does not belong to this query's progress, an error naming both). Checkpoints written
+before no-data micro-batches existed record ``batch_id`` equal to their id and read the same.
 """
 
 from __future__ import annotations
@@ -41,17 +56,19 @@ from typing import Any
 import msgspec
 
 from streamstate.errors import CheckpointError, CheckpointFencedError, CheckpointNotFoundError
+from streamstate.spark.no_data import TimeProgress, due, next_watermark
 from streamstate.spark.subtask import MIN_WATERMARK, BatchResult, StagedOutput
 
-__all__ = ["BatchPlan", "CheckpointLog"]
+__all__ = ["BatchPlan", "CheckpointLog", "spark_batch_of"]
 
 log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
 class BatchPlan:
-    """What every subtask of batch ``batch`` is told at BEGIN."""
+    """What every subtask of one step is told at BEGIN."""
 
+    #: the checkpoint id the step commits (the state version it ends with)
     batch: int
     #: the state version to start from (-1: empty or the initial state)
     base: int
@@ -68,6 +85,12 @@ class BatchPlan:
     outputs: list[StagedOutput] = dataclasses.field(default_factory=list)
     #: the staged side outputs of a replayed batch, per tag id
     side_outputs: dict[str, list[StagedOutput]] = dataclasses.field(default_factory=dict)
+    #: the Spark micro-batch whose input the state has consumed after the step
+    spark_batch: int = 0
+    #: a micro-batch without input (streamstate.spark.no_data)
+    no_data: bool = False
+    #: the Spark micro-batch whose foreachBatch call runs the step (None: the idle ticker)
+    during_batch: int | None = None
 
 
 class CheckpointLog:
@@ -106,10 +129,8 @@ class CheckpointLog:
         return self._latest
 
     def plan(self, batch: int) -> BatchPlan:
-        if self.epoch is not None:
-            # a fenced query must not even run its tasks: they would move the state hosts,
-            # which the newer query shares, to this query's lineage
-            self.storage.check_epoch(self.epoch, f"run micro-batch {batch}")
+        """The step of Spark micro-batch ``batch``'s input (or its replay, see the module doc)."""
+        self._check_epoch(f"run micro-batch {batch}")
         latest = self.latest()
         now = time.time_ns() // 1_000_000
         if latest is None:
@@ -118,47 +139,143 @@ class CheckpointLog:
                     f"Spark runs micro-batch {batch} but {self.storage.url} has no complete "
                     "checkpoint to start from (its checkpoints are incomplete or were deleted)"
                 )
-            return BatchPlan(batch, -1, "empty", _lineage(), {}, MIN_WATERMARK, now, MIN_WATERMARK)
-        cid = latest.checkpoint_id
-        props = latest.metadata.properties
-        if cid == batch:
-            outputs = [msgspec.convert(o, StagedOutput) for o in props.get("outputs", [])]
-            side = {
-                tag: [msgspec.convert(o, StagedOutput) for o in files]
-                for tag, files in props.get("side_outputs", {}).items()
-            }
             return BatchPlan(
-                batch, cid, props["lineage"], props["lineage"], {}, 0, now, 0, True, outputs, side
+                batch,
+                -1,
+                "empty",
+                _lineage(),
+                {},
+                MIN_WATERMARK,
+                now,
+                MIN_WATERMARK,
+                spark_batch=batch,
+                during_batch=batch,
             )
-        if cid != batch - 1:
+        cid = latest.checkpoint_id
+        consumed = spark_batch_of(latest)
+        if consumed == batch:
+            return self.delivery_of(latest)
+        if consumed != batch - 1:
+            where = "" if consumed == cid else f" (after Spark micro-batch {consumed})"
             raise CheckpointError(
                 f"Spark runs micro-batch {batch} but the latest complete state checkpoint in "
-                f"{self.storage.url} is chk-{cid}: the state does not match the query's progress "
-                "(was the Spark checkpoint or the state directory replaced? if later checkpoints "
-                f"were lost or corrupt: streamstate checkpoints rollback {self.storage.url} "
-                f"--to {cid})"
+                f"{self.storage.url} is chk-{cid}{where}: the state does not match the query's "
+                "progress (was the Spark checkpoint or the state directory replaced? if later "
+                f"checkpoints were lost or corrupt: streamstate checkpoints rollback "
+                f"{self.storage.url} --to {cid})"
             )
+        return self._next_step(latest, now, spark_batch=batch, during_batch=batch)
+
+    def delivery_of(self, checkpoint: Any) -> BatchPlan:
+        """A plan that only delivers a committed checkpoint's staged outputs again (``replay``)."""
+        props = checkpoint.metadata.properties
+        cid = checkpoint.checkpoint_id
+        return BatchPlan(
+            cid,
+            cid,
+            props["lineage"],
+            props["lineage"],
+            {},
+            0,
+            time.time_ns() // 1_000_000,
+            0,
+            replay=True,
+            outputs=[msgspec.convert(o, StagedOutput) for o in props.get("outputs", [])],
+            side_outputs={
+                tag: [msgspec.convert(o, StagedOutput) for o in files]
+                for tag, files in props.get("side_outputs", {}).items()
+            },
+            spark_batch=spark_batch_of(checkpoint),
+            no_data=bool(props.get("no_data")),
+            during_batch=props.get("during_batch"),
+        )
+
+    def deliveries(self, batch: int) -> list[BatchPlan]:
+        """The complete checkpoints of Spark micro-batch ``batch`` (its step and the no-data
+        micro-batches after it), oldest first, as plans that only deliver them again: what a
+        replay of ``batch`` hands to the sinks. Those that retention deleted were delivered
+        before a later one was committed (steps are delivered in order)."""
+        out = []
+        checkpoint = self.latest()
+        while checkpoint is not None and spark_batch_of(checkpoint) == batch:
+            out.append(self.delivery_of(checkpoint))
+            if checkpoint.checkpoint_id == 0:
+                break
+            try:
+                checkpoint = self.storage.load(checkpoint.checkpoint_id - 1)
+            except CheckpointError:
+                break
+        return out[::-1]
+
+    def plan_no_data(self, during_batch: int | None) -> BatchPlan:
+        """A no-data micro-batch after the latest checkpoint, run in the ``foreachBatch`` call
+        of Spark micro-batch ``during_batch`` (None: by the idle ticker)."""
+        self._check_epoch("run a no-data micro-batch")
+        latest = self.latest()
+        if latest is None:
+            raise CheckpointError(
+                f"no complete checkpoint in {self.storage.url} to run a no-data micro-batch on"
+            )
+        return self._next_step(
+            latest,
+            time.time_ns() // 1_000_000,
+            spark_batch=spark_batch_of(latest),
+            no_data=True,
+            during_batch=during_batch,
+        )
+
+    def _check_epoch(self, action: str) -> None:
+        if self.epoch is not None:
+            # a fenced query must not even run its tasks: they would move the state hosts,
+            # which the newer query shares, to this query's lineage
+            self.storage.check_epoch(self.epoch, action)
+
+    def _next_step(
+        self,
+        latest: Any,
+        now: int,
+        *,
+        spark_batch: int,
+        no_data: bool = False,
+        during_batch: int | None = None,
+    ) -> BatchPlan:
+        props = latest.metadata.properties
         op = latest.metadata.operators.get(self.operator)
         attempts = {} if op is None else {s.subtask_index: s.attempt for s in op.subtasks}
         if op is not None and op.parallelism != self.parallelism:
             attempts = {}  # rescale: every subtask restores its key groups anyway
-        watermark = int(props.get("watermark", MIN_WATERMARK))
-        max_ts = int(props.get("max_timestamp", MIN_WATERMARK))
+        progress = TimeProgress.of(props)
         return BatchPlan(
-            batch,
-            cid,
+            latest.checkpoint_id + 1,
+            latest.checkpoint_id,
             props["lineage"],
             _lineage(),
             attempts,
-            self._next_watermark(watermark, max_ts),
+            next_watermark(progress.watermark, progress.max_timestamp, self.watermark_delay),
             now,
-            max_ts,
+            progress.max_timestamp,
+            spark_batch=spark_batch,
+            no_data=no_data,
+            during_batch=during_batch,
         )
 
-    def _next_watermark(self, watermark: int, max_timestamp: int) -> int:
-        if self.watermark_delay is None or max_timestamp == MIN_WATERMARK:
-            return watermark
-        return max(watermark, max_timestamp - self.watermark_delay - 1)
+    def due(self, now: int | None = None, *, processing_time: bool = True) -> str | None:
+        """Why a no-data micro-batch after the latest checkpoint is due (``no_data.due``), or
+        None."""
+        latest = self.latest()
+        if latest is None:
+            return None
+        if now is None:
+            now = time.time_ns() // 1_000_000
+        progress = TimeProgress.of(latest.metadata.properties)
+        return due(progress, self.watermark_delay, now, processing_time=processing_time)
+
+    def next_processing_timer(self) -> int | None:
+        """The earliest pending processing-time timer after the latest checkpoint (ms)."""
+        latest = self.latest()
+        if latest is None:
+            return None
+        return TimeProgress.of(latest.metadata.properties).processing_timer
 
     def commit(self, plan: BatchPlan, results: list[BatchResult]) -> Any:
         """Commit ``chk-<plan.batch>`` from every subtask's result; raises CheckpointError
@@ -183,14 +300,22 @@ class CheckpointLog:
             if r.max_event_time is not None and r.max_event_time > max_ts:
                 max_ts = r.max_event_time
         outputs = [msgspec.to_builtins(r.outputs) for r in results if r.outputs is not None]
-        properties = {
+        event_timers = [r.event_timer for r in results if r.event_timer is not None]
+        processing_timers = [r.processing_timer for r in results if r.processing_timer is not None]
+        properties: dict[str, Any] = {
             "lineage": plan.new_lineage,
-            "batch_id": plan.batch,
+            "batch_id": plan.spark_batch,
             "watermark": plan.watermark,
             "max_timestamp": max_ts,
             "processing_time": plan.processing_time,
+            "event_timer": min(event_timers, default=None),
+            "processing_timer": min(processing_timers, default=None),
             "outputs": outputs,
         }
+        if plan.no_data:
+            properties["no_data"] = True
+        if plan.during_batch is not None:
+            properties["during_batch"] = plan.during_batch
         side: dict[str, list[Any]] = {}
         for r in sorted(results, key=lambda r: r.subtask):
             for tag, staged in r.side_outputs.items():
@@ -240,6 +365,12 @@ class CheckpointLog:
 
     def close(self) -> None:
         self.coordinator.close()
+
+
+def spark_batch_of(checkpoint: Any) -> int:
+    """The Spark micro-batch whose input a committed checkpoint's state has consumed (its
+    ``batch_id``; checkpoints without one are from before no-data micro-batches: their id)."""
+    return int(checkpoint.metadata.properties.get("batch_id", checkpoint.checkpoint_id))
 
 
 def _lineage() -> str:

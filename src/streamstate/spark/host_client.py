@@ -408,12 +408,27 @@ def run_batch(
             timings["fallback"] = why
         return bytes(done["result"]), timings
     except (EOFError, ConnectionError, TimeoutError, ProtocolError) as exc:
+        error = _error_before_close(conn) if isinstance(exc, ConnectionError) else None
+        if error is not None:
+            _raise_remote(spec, error)
         raise StateHostError(
             f"lost the state host of {spec.operator!r} subtask {spec.subtask} over {route} "
             f"({exc!r}); see {where}"
         ) from exc
     finally:
         conn.close()
+
+
+def _error_before_close(conn: Connection) -> dict[str, Any] | None:
+    """The ERROR a host sent before closing the connection, if it is there to read: a host
+    whose batch fails at its start (a timer the watermark fires raises) reports and closes
+    while the task may still be sending (END, a DATA frame), which then breaks its pipe first."""
+    try:
+        conn.sock.settimeout(1.0)
+        msg, _ = conn.recv()
+    except (OSError, EOFError, ProtocolError):
+        return None
+    return msg if msg.get("t") == "ERROR" else None
 
 
 #: what a client of a host that is gone, busy past the timeout or not ours may raise

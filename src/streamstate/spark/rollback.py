@@ -3,7 +3,9 @@ rollback <dir> --to N``), for when its latest ``_metadata`` is lost or corrupt a
 refuses to start.
 
 The job directory and Spark's streaming checkpoint must agree on the progress (SPEC §7), so both
-are rolled back together, for micro-batch ``N`` = checkpoint ``chk-N``:
+are rolled back together. Checkpoint ``chk-N`` records the Spark micro-batch ``B`` whose input
+its state has consumed (its ``batch_id``: ``B == N`` until the query's first no-data
+micro-batch, which takes the next checkpoint id; ``streamstate.spark.no_data``):
 
 ===============================  ============================================================
 what                             after the rollback
@@ -11,16 +13,18 @@ what                             after the rollback
 ``chk-M``, ``M > N``             deleted (complete or not), with the shared files (SSTs,
                                  incremental chains) that checkpoints after ``N`` wrote and the
                                  staged outputs ``outputs/batch-M``
-Spark ``commits/M``              deleted for ``M > N``: batch ``N`` stays done for Spark
-Spark ``offsets/M``              deleted for ``M > N + 1``; ``offsets/N+1`` is kept, so Spark
-                                 re-runs batch ``N + 1`` on exactly the input it had
-Spark ``sources/<i>/M``          deleted for ``M > N + 1`` (a file source's list of files
-                                 taken; a compacted source log past ``N + 1`` is refused)
-the parquet sink (``sink=``)     batches ``> N`` are deleted, marker first: the re-run delivers
-                                 each of them exactly once from the rolled-back state
+Spark ``commits/M``              deleted for ``M > B``: micro-batch ``B`` stays done for Spark
+Spark ``offsets/M``              deleted for ``M > B + 1``; ``offsets/B+1`` is kept, so Spark
+                                 re-runs micro-batch ``B + 1`` on exactly the input it had
+Spark ``sources/<i>/M``          deleted for ``M > B + 1`` (a file source's list of files
+                                 taken; a compacted source log past ``B + 1`` is refused)
+the parquet sink (``sink=``)     batches ``> N`` (checkpoint ids) are deleted, marker first:
+                                 the re-run delivers each of them exactly once from the
+                                 rolled-back state
 ===============================  ============================================================
 
-Restarting the query then re-runs batch ``N + 1`` (the state hosts reload ``chk-N``) and every
+Restarting the query then re-runs micro-batch ``B + 1`` (the state hosts reload ``chk-N``; a
+no-data micro-batch that ``chk-N`` owes runs first, as checkpoint ``N + 1`` again) and every
 later one. Without ``sink=``, batches the sink already delivered keep their first delivery (a
 parquet sink skips a batch whose marker exists), which is exact for a deterministic function on
 a source that plans the same batches again (files with ``maxFilesPerTrigger``); otherwise pass
@@ -55,6 +59,8 @@ class RollbackPlan:
     to: int
     storage: CheckpointStorage
     spark_checkpoint: str | None
+    #: the Spark micro-batch whose input ``chk-<to>`` has consumed: Spark re-runs the next one
+    spark_batch: int = 0
     checkpoints: list[str] = dataclasses.field(default_factory=list)
     shared: list[str] = dataclasses.field(default_factory=list)
     outputs: list[str] = dataclasses.field(default_factory=list)
@@ -75,6 +81,7 @@ class RollbackPlan:
             ("Spark log files removed", few(self.spark_files)),
             ("sink batches removed", few(self.sink_batches)),
             ("Spark checkpoint", self.spark_checkpoint or "(none found)"),
+            ("Spark re-runs from micro-batch", str(self.spark_batch + 1)),
         ]
 
 
@@ -133,7 +140,9 @@ def plan_rollback(
             "pick an earlier checkpoint"
         )
     where = spark_checkpoint or spark_checkpoint_of(storage)
-    plan = RollbackPlan(to, storage, where)
+    # the Spark micro-batch of the checkpoint (older checkpoints: their id)
+    batch = int(target.metadata.properties.get("batch_id", to))
+    plan = RollbackPlan(to, storage, where, batch)
     plan.checkpoints = [storage.checkpoint_directory(c) for c in storage.checkpoint_ids() if c > to]
     plan.shared = [
         p for p in storage.walk_files("shared") if (shared_file_checkpoint_id(p) or -1) > to
@@ -146,30 +155,30 @@ def plan_rollback(
     plan._spark_fs = fs
     if fs.exists(root):
         offsets = {b for _, b, _ in _log_files(fs, f"{root}/offsets")}
-        if any(b > to for b in offsets):
-            # Spark re-runs batch to+1 from offsets/to+1 and reads offsets/to as its start
-            missing = sorted({to, to + 1} - offsets - {-1})
+        if any(b > batch for b in offsets):
+            # Spark re-runs batch+1 from offsets/batch+1 and reads offsets/batch as its start
+            missing = sorted({batch, batch + 1} - offsets - {-1})
             if missing:
                 raise CheckpointError(
-                    f"cannot roll Spark's offset log in {root}/offsets back to batch {to + 1}: "
+                    f"cannot roll Spark's offset log in {root}/offsets back to batch {batch + 1}: "
                     f"it no longer has batch(es) {missing} (Spark keeps the last "
                     "spark.sql.streaming.minBatchesToRetain batches); roll back to a later "
                     "checkpoint"
                 )
-        for log, keep_upto in (("commits", to), ("offsets", to + 1)):
+        for log, keep_upto in (("commits", batch), ("offsets", batch + 1)):
             plan.spark_files += [p for p, b, _ in _log_files(fs, f"{root}/{log}") if b > keep_upto]
         try:
             sources = fs.ls(f"{root}/sources", detail=False)
         except FileNotFoundError:
             sources = []
         for source in sources:
-            for path, batch, compacted in _log_files(fs, str(source)):
-                if batch <= to + 1:
+            for path, logged, compacted in _log_files(fs, str(source)):
+                if logged <= batch + 1:
                     continue
                 if compacted:
                     raise CheckpointError(
-                        f"cannot roll Spark's source log back to batch {to + 1}: {path} is a "
-                        f"compaction of it up to batch {batch} (roll back to a checkpoint at "
+                        f"cannot roll Spark's source log back to batch {batch + 1}: {path} is a "
+                        f"compaction of it up to batch {logged} (roll back to a checkpoint at "
                         "or after the last compaction, or restart the query with a new "
                         "Spark checkpoint)"
                     )

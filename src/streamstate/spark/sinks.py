@@ -1,10 +1,16 @@
 """Where the outputs of a streaming keyed query go.
 
-The subtasks of micro-batch ``b`` stage their outputs as Parquet files next to the state
+The subtasks of a micro-batch stage their outputs as Parquet files next to the state
 checkpoint; the driver commits the checkpoint and then hands the staged files to the sink as a
-:class:`StagedBatch`. If the driver dies after the commit and Spark replays batch ``b``, the sink
-gets the same staged files again (the batch is not recomputed), so a sink that is idempotent per
-batch id makes the query exactly-once end to end.
+:class:`StagedBatch`. If the driver dies after the commit and Spark replays the micro-batch, the
+sink gets the same staged files again (the batch is not recomputed), so a sink that is idempotent
+per batch id makes the query exactly-once end to end.
+
+The batch id a sink sees is the **checkpoint id** of the step: the same as Spark's micro-batch
+id until the query's first no-data micro-batch (:mod:`streamstate.spark.no_data`), which takes
+the next id, as every later step does. It is stable across replays and restarts, so it stays
+the key to deduplicate by; :attr:`StagedBatch.spark_batch` names Spark's micro-batch and
+:attr:`StagedBatch.no_data` marks a micro-batch without input.
 
 ===================  ==================================  =====================================
 name                 class                               guarantee
@@ -56,6 +62,7 @@ def spark_readable(url: str) -> str:
 class StagedBatch:
     """The committed outputs of one micro-batch, as staged files in checkpoint storage."""
 
+    #: the checkpoint id of the step (see the module docstring): the sink's dedup key
     batch_id: int
     #: StagedOutput values (path relative to the storage root, size, rows)
     files: list[Any]
@@ -64,6 +71,10 @@ class StagedBatch:
     schema: Any
     struct: Any
     spark: Any
+    #: the Spark micro-batch whose input the state had consumed (None: unknown)
+    spark_batch: int | None = None
+    #: a no-data micro-batch: only timers fired (streamstate.spark.no_data)
+    no_data: bool = False
 
     @property
     def rows(self) -> int:
@@ -205,7 +216,9 @@ class ForeachBatchSink(Sink):
     """Calls ``callback(df, batch_id)`` with each batch's outputs as a Spark DataFrame.
 
     Like Spark's ``foreachBatch``, a replayed batch calls it again with the same id: dedup by
-    ``batch_id`` (or write idempotently) for exactly-once.
+    ``batch_id`` (or write idempotently) for exactly-once. ``batch_id`` is the checkpoint id of
+    the step (Spark's micro-batch id until the first no-data micro-batch; see the module
+    docstring).
     """
 
     def __init__(self, callback: Any) -> None:

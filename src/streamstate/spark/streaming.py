@@ -1,21 +1,27 @@
 """Streaming mode: a keyed function over a Structured Streaming query, exactly-once.
 
 The query is driven by ``foreachBatch``. Micro-batch ``b`` on the driver
-(:meth:`KeyedStream._run_batch`):
+(:meth:`KeyedStream._run_batch`) runs one *step* that ends with checkpoint ``c`` (``c == b``
+until the query's first no-data micro-batch):
 
 1. :meth:`~streamstate.spark.commit.CheckpointLog.plan`: the state version to start from
-   (``chk-(b-1)``), its lineage, the watermark; if ``chk-b`` is already committed (the driver
-   died after our commit, before Spark's), skip to step 4.
+   (``chk-(c-1)``), its lineage, the watermark; if ``b``'s step is already committed (the
+   driver died after our commit, before Spark's), skip to step 4 with each checkpoint of ``b``.
 2. One Spark job: placement by key group, ``repartitionById``, ``mapInArrow`` with
    :func:`~streamstate.spark.tasks.micro_batch_task`: each task streams its partition to its
-   subtask's state host, which applies it, writes the incremental checkpoint ``chk-b`` of the
+   subtask's state host, which applies it, writes the incremental checkpoint ``chk-c`` of the
    subtask and stages the outputs, and the task yields one acknowledgement row. The
-   acknowledgement says where the host lives; the next batch's plan carries these locations,
+   acknowledgement says where the host lives; the next step's plan carries these locations,
    so the task of subtask ``i`` reaches the same host from whichever node Spark runs it on
    (:mod:`streamstate.spark.host_client`).
-3. Commit: ``chk-b/_metadata`` is written only when all subtasks acknowledged version ``b``.
-4. The sink gets the staged outputs (idempotent per batch id), each side sink its side
-   output's; Spark then commits its own log.
+3. Commit: ``chk-c/_metadata`` is written only when all subtasks acknowledged version ``c``.
+4. The sink gets the staged outputs (idempotent per checkpoint id), each side sink its side
+   output's.
+5. While the committed checkpoint owes a no-data micro-batch (the next watermark passes a
+   pending event-time timer; :mod:`streamstate.spark.no_data`), steps 1-4 again without input,
+   as checkpoint ``c + 1``, ...; Spark then commits its own log. In a running query an
+   :class:`~streamstate.spark.no_data.IdleTicker` runs the no-data micro-batches that
+   processing-time timers call for while no input arrives.
 
 A function error (the user's function raised; streamstate's errors about what the job
 declares) is data: the host drops the half-applied batch, the task returns the error in its
@@ -44,7 +50,7 @@ from typing import Any
 
 import msgspec
 
-from streamstate.spark.commit import BatchPlan, CheckpointLog
+from streamstate.spark.commit import BatchPlan, CheckpointLog, spark_batch_of
 from streamstate.spark.failures import (
     error_from_report,
     failure_report,
@@ -63,8 +69,14 @@ from streamstate.spark.job import (
 )
 from streamstate.spark.keyed import KeyedOptions, function_blob
 from streamstate.spark.locations import spark_checkpoint_location
+from streamstate.spark.no_data import (
+    MAX_NO_DATA_BATCHES,
+    MIN_IDLE_INTERVAL,
+    IdleTicker,
+    trigger_interval,
+)
 from streamstate.spark.placement import place
-from streamstate.spark.session import is_connect, is_local
+from streamstate.spark.session import conf, is_connect, is_local
 from streamstate.spark.sinks import MemorySink, Sink, StagedBatch, sink_from
 from streamstate.spark.subtask import OUTPUTS_DIR, BatchResult, StagedOutput, job_storage
 from streamstate.spark.tasks import ACK_SCHEMA, micro_batch_task
@@ -81,6 +93,11 @@ CONNECT_DIR = "connect"
 #: when it starts (the reports are the client's only copy of the figures, memory-sink outputs
 #: and errors of a run; an earlier run's client may still be reading them)
 CONNECT_REPORTS_KEPT = 3
+#: Spark's switch for its own no-data micro-batches: ``write_stream(no_data_batches=None)``
+#: follows it
+NO_DATA_CONF = "spark.sql.streaming.noDataMicroBatches.enabled"
+#: the idle ticker looks at least this often (s) whether a no-data micro-batch is due
+_IDLE_LOOK_S = 1.0
 
 
 class KeyedStream:
@@ -104,6 +121,7 @@ class KeyedStream:
         host_bind: str | None = None,
         host_connect_timeout: float = 3.0,
         spark_checkpoint: str | None = None,
+        no_data_batches: bool | None = None,
     ) -> KeyedStreamingQuery:
         """Start the query, writing outputs to ``sink`` (see :mod:`streamstate.spark.sinks`).
 
@@ -132,6 +150,13 @@ class KeyedStream:
                 ``<checkpoint>/spark``). Use it when the state checkpoint is on storage Spark
                 has no connector for (``s3://`` without ``hadoop-aws``). It must stay with the
                 state checkpoint for the life of the query.
+            no_data_batches: run micro-batches without input when the watermark would fire a
+                pending event-time timer, or a processing-time timer is due
+                (:mod:`streamstate.spark.no_data`): the last windows close at the end of an
+                ``availableNow`` run, and within a trigger interval when the input pauses.
+                Default (None): Spark's ``spark.sql.streaming.noDataMicroBatches.enabled``
+                (on unless the session turns it off). ``False``: timers fire only when input
+                arrives.
         """
         if storage_options is None:
             storage_options = self.options.storage_options
@@ -145,6 +170,7 @@ class KeyedStream:
             host_bind,
             host_connect_timeout,
             spark_checkpoint,
+            no_data_batches,
         )
 
     start = write_stream
@@ -192,6 +218,7 @@ class KeyedStreamingQuery:
         host_bind: str | None = None,
         host_connect_timeout: float = 3.0,
         spark_checkpoint: str | None = None,
+        no_data_batches: bool | None = None,
     ) -> None:
         from streamstate.spark.security import new_secret
 
@@ -242,7 +269,9 @@ class KeyedStreamingQuery:
         self.timings["epoch_ms"] = (time.perf_counter() - t) * 1e3
         #: starts this run's state hosts while Spark plans the first micro-batch (local master)
         self._prespawn = self._prespawn_hosts()
-        #: one dict of figures per micro-batch run by this query object
+        #: one dict of figures per step run by this query object: ``batch`` (Spark's
+        #: micro-batch), ``checkpoint``, ``no_data`` (with ``due`` and ``idle``), ``replayed``,
+        #: rows, outputs, watermark, restores, routes and timings (docs/spark.md)
         self.batches: list[dict[str, Any]] = []
         self._hosts_stopped = False
         #: what made a micro-batch fail, as raised (see streamstate.spark.failures)
@@ -250,7 +279,25 @@ class KeyedStreamingQuery:
         #: restores Spark's query-failure loggers silenced while a function error stops the
         #: query (failures.quiet_query_failure_log)
         self._restore_logs: Any = None
+        #: a no-data micro-batch of the idle ticker failed: the query was stopped with it
+        self._idle_failure: BaseException | None = None
+        #: guards ``batches``
         self._lock = threading.Lock()
+        #: one step at a time: Spark's foreachBatch calls and the idle ticker
+        self._step_lock = threading.Lock()
+        if no_data_batches is None:
+            no_data_batches = (conf(self.spark, NO_DATA_CONF, "true") or "true").lower() != "false"
+        #: run no-data micro-batches (streamstate.spark.no_data)
+        self.no_data_batches = bool(no_data_batches)
+        #: seconds between micro-batches of a running query (None: the run ends by itself)
+        self._idle_interval = trigger_interval(trigger) if self.no_data_batches else None
+        self._ticker: IdleTicker | None = None
+        #: this run delivered again what a no-data micro-batch of an earlier run may not have
+        #: delivered (see _recover)
+        self._recovered = False
+        self._last_step_end = time.monotonic()
+        #: the session a Spark Connect server's idle ticker runs its jobs with
+        self._idle_spark: Any = None
         sink.open(query_name or options.operator_name)
         self.side_schemas = options.side_output_schemas()
         for tag, side_sink in self.side_sinks.items():
@@ -282,6 +329,8 @@ class KeyedStreamingQuery:
             writer, connect=self._report_dir is not None, where=self.spark_checkpoint
         )
         self.timings["spark_start_ms"] = (time.perf_counter() - t) * 1e3
+        if not self._report_dir:
+            self._start_idle_ticker()  # Spark Connect: the server's process starts its own
         self.timings["init_ms"] = (time.perf_counter() - t_init) * 1e3
 
     # ---- Spark Connect -------------------------------------------------------------------------
@@ -293,8 +342,17 @@ class KeyedStreamingQuery:
         Spark query and lock stay behind."""
         state = dict(self.__dict__)
         state["options"] = dataclasses.replace(self.options, df=None)
-        for name in ("spark", "query", "_lock", "_prespawn", "_restore_logs"):
+        for name in (
+            "spark",
+            "query",
+            "_lock",
+            "_step_lock",
+            "_prespawn",
+            "_restore_logs",
+            "_ticker",
+        ):
             state.pop(name, None)
+        state["_idle_spark"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -302,7 +360,10 @@ class KeyedStreamingQuery:
         self.spark = None
         self._prespawn = None
         self._restore_logs = None
+        self._ticker = None
+        self._idle_spark = None
         self._lock = threading.Lock()
+        self._step_lock = threading.Lock()
 
     def _prune_reports(self) -> None:
         """Delete the reports of all but the last ``CONNECT_REPORTS_KEPT - 1`` earlier Connect
@@ -413,91 +474,312 @@ class KeyedStreamingQuery:
 
     def _run_batch(self, df: Any, batch_id: int) -> None:
         try:
-            self._run_micro_batch(df, batch_id)
+            with self._step_lock:
+                if self._idle_failure is not None:  # the query is being stopped with it
+                    raise self._idle_failure
+                self._run_micro_batch(df, batch_id)
         except BaseException as exc:
-            # Spark turns this into a StreamingQueryException with Java traces; keep what was
-            # raised, for await_termination() and process_all_available() to raise instead
-            self._failure = original_error(exc)
-            if is_function_error(self._failure) and self._restore_logs is None:
-                # raised once, by this driver: Spark need not log it with its Java frames
-                self._restore_logs = quiet_query_failure_log(df.sparkSession)
-            if self._report_dir:  # Spark Connect: the client reads it (_server_failure)
-                try:
-                    self.storage.put_atomic(
-                        f"{self._report_dir}/failure.json",
-                        failure_report(self._failure, batch_id, self.options.operator_name),
-                    )
-                except Exception as report_error:
-                    log.warning("could not report the failure to the client: %r", report_error)
+            self._record_failure(exc, batch_id, df.sparkSession)
             raise
+
+    def _record_failure(self, exc: BaseException, batch_id: int | None, session: Any) -> None:
+        """Spark turns what a micro-batch raised into a StreamingQueryException with Java
+        traces; keep what was raised, for await_termination() and process_all_available() to
+        raise instead."""
+        self._failure = original_error(exc)
+        if is_function_error(self._failure) and self._restore_logs is None:
+            # raised once, by this driver: Spark need not log it with its Java frames
+            self._restore_logs = quiet_query_failure_log(session)
+        if self._report_dir:  # Spark Connect: the client reads it (_server_failure)
+            try:
+                self.storage.put_atomic(
+                    f"{self._report_dir}/failure.json",
+                    failure_report(self._failure, batch_id, self.options.operator_name),  # type: ignore[arg-type]
+                )
+            except Exception as report_error:
+                log.warning("could not report the failure to the client: %r", report_error)
 
     def _run_micro_batch(self, df: Any, batch_id: int) -> None:
         t0 = time.perf_counter()
         if not self.batches:
             self.timings.setdefault("first_batch_at_ms", (t0 - self._t_created) * 1e3)
+        session = df.sparkSession
+        if self._report_dir:
+            self._idle_spark = session
         plan = self.log.plan(batch_id)
-        figures: dict[str, Any] = {
-            "batch": batch_id,
-            "replayed": plan.replay,
-            "plan_ms": (time.perf_counter() - t0) * 1e3,
-        }
+        plan_ms = (time.perf_counter() - t0) * 1e3
         if plan.replay:
-            files = plan.outputs
-            side_files = plan.side_outputs
+            # the driver died after committing this micro-batch's step (and perhaps no-data
+            # micro-batches after it): Spark hands the micro-batch over again, and so do we
+            # with each of its checkpoints (the sinks keep one copy)
+            self._recovered = True
+            for delivery in self.log.deliveries(batch_id):
+                self._deliver_again(session, delivery, t0, plan_ms)
+                t0, plan_ms = time.perf_counter(), 0.0
         else:
-            results = self._compute(df, plan, figures)
-            t_commit = time.perf_counter()
-            completed = self.log.commit(plan, results)
-            figures["commit_ms"] = (time.perf_counter() - t_commit) * 1e3
-            files = [r.outputs for r in results if r.outputs is not None]
-            side_files = {}
-            for r in sorted(results, key=lambda r: r.subtask):
-                for tag, staged in r.side_outputs.items():
-                    side_files.setdefault(tag, []).append(staged)
-            if completed.metadata.properties.get("lineage") != plan.new_lineage:
-                # an older run committed this batch just before this query took over: its
-                # outputs are the batch's (commit.CheckpointLog._adopt)
-                props = completed.metadata.properties
-                files = [msgspec.convert(o, StagedOutput) for o in props.get("outputs", [])]
-                side_files = {
-                    tag: [msgspec.convert(o, StagedOutput) for o in staged]
-                    for tag, staged in props.get("side_outputs", {}).items()
-                }
+            self._recover(session)
+            if self.no_data_batches and self.log.due(processing_time=False):
+                # the state owes an event-time no-data micro-batch from before this input (a
+                # rollback to the checkpoint before it, or the bound stopped an earlier call):
+                # run it first, so that each checkpoint id holds the step it held before
+                self._run_no_data_batches(session, batch_id, processing_time=False)
+                t0 = time.perf_counter()
+                plan = self.log.plan(batch_id)
+                plan_ms = (time.perf_counter() - t0) * 1e3
+            self._run_step(session, df, plan, t0, plan_ms)
+        if self.no_data_batches:
+            # processing time too when no idle ticker fires due timers between micro-batches
+            # (availableNow, once): the run ends only when nothing more is due
+            self._run_no_data_batches(
+                session, batch_id, processing_time=self._idle_interval is None
+            )
+        if self._report_dir and self._idle_interval is not None and self._ticker is None:
+            self._start_idle_ticker()
+
+    def _run_no_data_batches(
+        self, session: Any, during_batch: int | None, *, processing_time: bool
+    ) -> int:
+        """Run no-data micro-batches while one is due (at most ``MAX_NO_DATA_BATCHES``);
+        returns how many ran."""
+        for n in range(MAX_NO_DATA_BATCHES):
+            reason = self.log.due(processing_time=processing_time)
+            if reason is None:
+                return n
+            t0 = time.perf_counter()
+            plan = self.log.plan_no_data(during_batch)
+            self._run_step(session, None, plan, t0, (time.perf_counter() - t0) * 1e3, reason)
+        if self.log.due(processing_time=processing_time):
+            log.warning(
+                "%d no-data micro-batches in a row and another is due (a timer that fires "
+                "again at once?): the next micro-batch goes on",
+                MAX_NO_DATA_BATCHES,
+            )
+        return MAX_NO_DATA_BATCHES
+
+    def _recover(self, session: Any) -> None:
+        """Once per query run, before its first step: a no-data micro-batch that ran outside
+        the foreachBatch call of the Spark micro-batch it follows (by the idle ticker, or before
+        a micro-batch's input) is not covered by Spark's commit of that micro-batch; if it is the
+        latest checkpoint, its delivery may not have happened: deliver it again (the
+        ``parquet`` and ``memory`` sinks keep one copy)."""
+        if self._recovered:
+            return
+        self._recovered = True
+        latest = self.log.latest()
+        if latest is None:
+            return
+        props = latest.metadata.properties
+        if props.get("no_data") and props.get("during_batch") != spark_batch_of(latest):
+            t0 = time.perf_counter()
+            plan = self.log.delivery_of(latest)
+            self._deliver_again(session, plan, t0, (time.perf_counter() - t0) * 1e3)
+
+    def _deliver_again(self, session: Any, plan: BatchPlan, t0: float, plan_ms: float) -> None:
+        figures = self._figures(plan, plan_ms)
+        self._deliver(session, plan, plan.outputs, plan.side_outputs, figures)
+        self._finish(figures, t0)
+
+    def _figures(self, plan: BatchPlan, plan_ms: float, due: str | None = None) -> dict[str, Any]:
+        figures: dict[str, Any] = {
+            "batch": plan.spark_batch,
+            "checkpoint": plan.batch,
+            "no_data": plan.no_data,
+            "replayed": plan.replay,
+            "plan_ms": plan_ms,
+        }
+        if plan.no_data and not plan.replay:
+            figures["due"] = due
+            figures["idle"] = plan.during_batch is None
+        return figures
+
+    def _run_step(
+        self,
+        session: Any,
+        df: Any,
+        plan: BatchPlan,
+        t0: float,
+        plan_ms: float,
+        due: str | None = None,
+    ) -> None:
+        """Run, commit and deliver one step: ``df``'s records, or none (``plan.no_data``)."""
+        figures = self._figures(plan, plan_ms, due)
+        results = self._compute(session, df, plan, figures)
+        t_commit = time.perf_counter()
+        completed = self.log.commit(plan, results)
+        figures["commit_ms"] = (time.perf_counter() - t_commit) * 1e3
+        files: list[Any] = [r.outputs for r in results if r.outputs is not None]
+        side_files: dict[str, list[Any]] = {}
+        for r in sorted(results, key=lambda r: r.subtask):
+            for tag, staged in r.side_outputs.items():
+                side_files.setdefault(tag, []).append(staged)
+        if completed.metadata.properties.get("lineage") != plan.new_lineage:
+            # an older run committed this step just before this query took over: its
+            # outputs are the step's (commit.CheckpointLog._adopt)
+            props = completed.metadata.properties
+            files = [msgspec.convert(o, StagedOutput) for o in props.get("outputs", [])]
+            side_files = {
+                tag: [msgspec.convert(o, StagedOutput) for o in staged]
+                for tag, staged in props.get("side_outputs", {}).items()
+            }
+        self._deliver(session, plan, files, side_files, figures)
+        self._finish(figures, t0)
+
+    def _deliver(
+        self,
+        session: Any,
+        plan: BatchPlan,
+        files: list[Any],
+        side_files: dict[str, list[Any]],
+        figures: dict[str, Any],
+    ) -> None:
+        """Hand a committed step's staged outputs to the sink and each side sink."""
         t_sink = time.perf_counter()
+        checkpoint_id = plan.batch
         self.sink.write(
             StagedBatch(
-                batch_id,
+                checkpoint_id,
                 files,
                 self.storage,
                 self.output_schema,
                 self.options.output_struct,
-                df.sparkSession,
+                session,
+                plan.spark_batch,
+                plan.no_data,
             )
         )
         for tag, side_sink in self.side_sinks.items():
             side_sink.write(
                 StagedBatch(
-                    batch_id,
+                    checkpoint_id,
                     side_files.get(tag, []),
                     self.storage,
                     self.side_schemas[tag],
                     self.options.side_output_structs[tag],
-                    df.sparkSession,
+                    session,
+                    plan.spark_batch,
+                    plan.no_data,
                 )
             )
         figures["side_output_rows"] = {
             tag: sum(f.rows for f in side_files.get(tag, [])) for tag in self.side_sinks
         }
         figures["sink_ms"] = (time.perf_counter() - t_sink) * 1e3
-        self._delete_old_outputs(batch_id)
+        self._delete_old_outputs(checkpoint_id)
+
+    def _finish(self, figures: dict[str, Any], t0: float) -> None:
         figures["batch_ms"] = (time.perf_counter() - t0) * 1e3
         with self._lock:
             self.batches.append(figures)
+            count = len(self.batches)
         if self._report_dir:
             self.storage.put_atomic(
-                f"{self._report_dir}/batches/{batch_id:012d}-{len(self.batches):06d}.json",
+                f"{self._report_dir}/batches/{figures['checkpoint']:012d}-{count:06d}.json",
                 json.dumps(figures, default=str).encode(),
             )
+        self._last_step_end = time.monotonic()
+        if self._ticker is not None:
+            self._ticker.wake()  # a new checkpoint may bring a nearer processing-time timer
+
+    # ---- the idle ticker -----------------------------------------------------------------------
+
+    def _start_idle_ticker(self) -> None:
+        """A running query (``processingTime`` or the default trigger) gets a ticker that runs
+        the no-data micro-batches due while no input comes; ``availableNow`` and ``once`` runs
+        end by themselves and run theirs inside their last micro-batch."""
+        if self._idle_interval is None or self._ticker is not None:
+            return
+        self._ticker = IdleTicker(self._idle_tick, f"streamstate-idle-{self.run_id[:8]}")
+        self._ticker.start()
+
+    def _stop_idle_ticker(self) -> None:
+        if self._ticker is not None:
+            self._ticker.stop()
+
+    def _idle_tick(self) -> float | None:
+        """One look of the idle ticker: if a no-data micro-batch is due, the last step ended at
+        least one trigger interval ago and Spark is not running a micro-batch with input, run
+        one. Returns the seconds until the next look (None: the ticker ends)."""
+        interval = max(self._idle_interval or 0.0, MIN_IDLE_INTERVAL)
+        failed: BaseException | None = None
+        with self._step_lock:
+            ticker = self._ticker
+            if ticker is None or ticker.stopped or self._failure is not None:
+                return None
+            session = self.spark if self.spark is not None else self._idle_spark
+            if session is None:
+                return _IDLE_LOOK_S
+            now = time.time_ns() // 1_000_000
+            reason = self.log.due(now)
+            if reason is None and self._recovered:
+                timer = self.log.next_processing_timer()
+                if timer is None:
+                    return _IDLE_LOOK_S
+                return min(_IDLE_LOOK_S, max(0.0, (timer - now) / 1e3))
+            if reason is not None:
+                wait = self._last_step_end + interval - time.monotonic()
+                if wait > 0:
+                    return min(wait, _IDLE_LOOK_S)
+            if not self._still_running():
+                return None
+            if reason is not None and self._input_batch_starting():
+                log.debug("idle ticker: %s due, but Spark runs a micro-batch with input", reason)
+                return interval  # its step fires what is due, before its records
+            try:
+                # the run's first look: the delivery of an earlier run's last no-data
+                # micro-batch may not have happened, and no input may come to do it
+                self._recover(session)
+                if reason is not None:
+                    t0 = time.perf_counter()
+                    plan = self.log.plan_no_data(None)
+                    plan_ms = (time.perf_counter() - t0) * 1e3
+                    self._run_step(session, None, plan, t0, plan_ms, reason)
+            except BaseException as exc:
+                self._record_failure(exc, None, session)
+                self._idle_failure = failed = self._failure or exc
+        if failed is None:
+            return 0.0
+        log.error("a no-data micro-batch of the idle ticker failed; stopping the query: %r", failed)
+        # outside the step lock: Spark's streaming thread may be waiting for it
+        query = self._spark_query()
+        for attempt in (1, 2):
+            if query is None:
+                break
+            try:
+                query.stop()
+                break
+            except Exception as stop_error:
+                log.warning(
+                    "could not stop the query after the failure (attempt %d): %s",
+                    attempt,
+                    str(stop_error)[:2000],
+                )
+                time.sleep(1.0)
+        return None
+
+    def _spark_query(self) -> Any:
+        """The Spark query of this run; None in a Spark Connect server's foreachBatch process
+        (its session is a clone of the client's, which does not see the client's queries)."""
+        return getattr(self, "query", None)
+
+    def _still_running(self) -> bool:
+        """The query is active (in a Spark Connect server's process: the client did not stop
+        it; Spark ends the process with the query)."""
+        if self._report_dir and self.storage.size(f"{self._report_dir}/stopped") is not None:
+            return False
+        query = self._spark_query()
+        return query is None or bool(query.isActive)
+
+    def _input_batch_starting(self) -> bool:
+        """Spark is running a trigger that found new input (unknown in a Spark Connect
+        server's process: no)."""
+        query = self._spark_query()
+        if query is None:
+            return False
+        try:
+            status = query.status
+        except Exception:
+            return False
+        return bool(status.get("isTriggerActive") and status.get("isDataAvailable"))
 
     def _sync_from_server(self) -> None:
         """Spark Connect client: load what the server's batches reported (figures into
@@ -515,12 +797,20 @@ class KeyedStreamingQuery:
             if isinstance(s, MemorySink):
                 s.sync()
 
-    def _compute(self, df: Any, plan: BatchPlan, figures: dict[str, Any]) -> list[BatchResult]:
+    def _compute(
+        self, session: Any, df: Any, plan: BatchPlan, figures: dict[str, Any]
+    ) -> list[BatchResult]:
         options = self.options
-        if not options.adaptive:
-            df.sparkSession.conf.set("spark.sql.adaptive.enabled", "false")
         t_place = time.perf_counter()
-        placed = place(df, options.key_columns, options.parallelism, options.max_parallelism)
+        if plan.no_data:
+            # one placeholder row in each of p partitions: Spark runs the task of every
+            # subtask (partition i is subtask i), without a shuffle
+            p = options.parallelism
+            placed = session.range(0, p, 1, p)
+        else:
+            if not options.adaptive:
+                session.conf.set("spark.sql.adaptive.enabled", "false")
+            placed = place(df, options.key_columns, options.parallelism, options.max_parallelism)
         task = micro_batch_task(
             msgspec.msgpack.encode(self.job),
             {
@@ -532,6 +822,8 @@ class KeyedStreamingQuery:
                 "watermark": plan.watermark,
                 "processing_time": plan.processing_time,
                 "hosts": dict(self.host_locations),
+                "spark_batch": plan.during_batch,
+                "no_data": plan.no_data,
             },
             {
                 "run_dir": self.run_dir,
@@ -634,8 +926,9 @@ class KeyedStreamingQuery:
         return False
 
     def _delete_old_outputs(self, batch_id: int) -> None:
-        """Staged outputs are needed until their batch is delivered and no replay can ask for
-        them (a replay is of the last committed batch only): keep the last few."""
+        """Staged outputs are needed until their step is delivered and no replay can ask for
+        them (a replay delivers the latest checkpoint only: steps are delivered in order, one
+        after the other): keep the last few."""
         old = batch_id - max(2, self.options.retained_checkpoints)
         if old >= 0:
             self.storage.delete(f"{OUTPUTS_DIR}/batch-{old}")
@@ -676,6 +969,7 @@ class KeyedStreamingQuery:
             self._raise_failure(exc)
         finally:
             self._sync_from_server()
+        self._raise_idle_failure()
 
     def await_termination(self, timeout: float | None = None) -> bool | None:
         """Wait for the query to end (an ``availableNow`` trigger ends by itself); then shut
@@ -693,7 +987,23 @@ class KeyedStreamingQuery:
             self._sync_from_server()
             if not self.query.isActive:
                 self.shutdown_hosts()
+        self._raise_idle_failure()
         return done
+
+    def _raise_idle_failure(self) -> None:
+        """Spark raised nothing: if a no-data micro-batch of the idle ticker failed, stop the
+        query (the ticker of a classic session did already; a Spark Connect server's ticker
+        cannot: it reported the error) and raise that error."""
+        failure = self._idle_failure
+        if failure is None and self._report_dir:
+            path = f"{self._report_dir}/failure.json"
+            if self.storage.size(path) is not None:
+                failure = self._idle_failure = error_from_report(self.storage.read_bytes(path))
+        if failure is None:
+            return
+        if self.query.isActive:
+            self.stop()
+        raise failure
 
     def _raise_failure(self, exc: BaseException) -> None:
         self._loud_again()
@@ -719,6 +1029,14 @@ class KeyedStreamingQuery:
     def stop(self) -> None:
         """Stop the query and shut this job's state hosts down."""
         t = time.perf_counter()
+        if self._ticker is not None:
+            self._ticker.stop(timeout=0)  # no new no-data micro-batch; one running finishes
+        if self._report_dir:
+            # the server's idle ticker runs no no-data micro-batch after this
+            try:
+                self.storage.put_atomic(f"{self._report_dir}/stopped", b"")
+            except Exception as exc:
+                log.warning("could not tell the server's idle ticker to stop: %r", exc)
         try:
             self.query.stop()
         finally:
@@ -741,6 +1059,7 @@ class KeyedStreamingQuery:
             return 0
         self._hosts_stopped = True
         t = time.perf_counter()
+        self._stop_idle_ticker()  # its no-data micro-batches would start hosts again
         if self._prespawn is not None:
             self._prespawn.join()  # a host it is starting must be found and stopped too
         self.log.close()

@@ -78,6 +78,11 @@ class BatchResult(msgspec.Struct, kw_only=True):
     side_outputs_dropped: int = 0
     #: late elements the window operator dropped in this batch (no late-data side output)
     late_records_dropped: int = 0
+    #: the subtask's earliest pending event-time and processing-time timers after the batch
+    #: (None: none): the driver runs a no-data micro-batch when one is due
+    #: (streamstate.spark.no_data)
+    event_timer: int | None = None
+    processing_timer: int | None = None
 
 
 def job_storage(job: JobSpec) -> Any:
@@ -374,6 +379,7 @@ class SubtaskRuntime:
             raise
         t2 = time.perf_counter()
         self.version, self.lineage, self.attempt = batch_id, new_lineage, attempt
+        event_timer, processing_timer = self.op.earliest_timers()
         return BatchResult(
             subtask=self.index,
             batch=batch_id,
@@ -388,6 +394,8 @@ class SubtaskRuntime:
             side_outputs=side_outputs,
             side_outputs_dropped=self._side_dropped,
             late_records_dropped=self._late_records_dropped() - self._late_dropped_before,
+            event_timer=event_timer,
+            processing_timer=processing_timer,
         )
 
     def _stage(self, batch_id: int, attempt: int, savepoint: str | None) -> StagedOutput | None:

@@ -1,7 +1,9 @@
 """The functions Spark runs in ``mapInArrow``, one per subtask (= partition).
 
 * :func:`micro_batch_task`: streams the partition to the subtask's state host and yields one
-  acknowledgement row (the subtask's ``BatchResult``); the outputs are staged by the host.
+  acknowledgement row (the subtask's ``BatchResult``); the outputs are staged by the host. A
+  no-data micro-batch runs the same task over one row per subtask (``range(p)`` in ``p``
+  partitions: no shuffle) and streams nothing.
 * :func:`bounded_task`: batch mode; runs the subtask inside the task and yields its outputs
   (or, when a savepoint is written, stages them and yields the acknowledgement).
 
@@ -42,9 +44,9 @@ def _ack(
     )
 
 
-def _check_batch_id(ctx: Any, batch_id: int) -> None:
+def _check_batch_id(ctx: Any, batch_id: int | None) -> None:
     prop = ctx.getLocalProperty("streaming.sql.batchId")
-    if prop is not None and int(prop) != batch_id:
+    if batch_id is not None and prop is not None and int(prop) != batch_id:
         raise RuntimeError(
             f"the task was planned for micro-batch {batch_id} but Spark runs it in micro-batch "
             f"{prop}"
@@ -56,9 +58,11 @@ def micro_batch_task(
     plan: dict[str, Any],
     host: dict[str, Any],
 ) -> Callable[[Iterator[Any]], Iterator[Any]]:
-    """The task of one micro-batch: ``plan`` holds batch, base, lineage, new_lineage,
-    base_attempts, watermark, processing_time and ``hosts`` (subtask -> the location of its
-    host after the previous batch); ``host`` the host settings (run_dir, idle_timeout,
+    """The task of one step: ``plan`` holds batch (the checkpoint id), base, lineage,
+    new_lineage, base_attempts, watermark, processing_time, ``hosts`` (subtask -> the location
+    of its host after the previous step), ``spark_batch`` (the Spark micro-batch whose
+    ``foreachBatch`` call runs it; None: the idle ticker) and ``no_data`` (stream no records:
+    the partition is one placeholder row); ``host`` the host settings (run_dir, idle_timeout,
     pythonpath, run, secret, bind, connect_timeout)."""
 
     def task(batches: Iterator[Any]) -> Iterator[Any]:
@@ -69,7 +73,11 @@ def micro_batch_task(
 
         ctx = _task_context(TaskContext.get())
         index = ctx.partitionId()
-        _check_batch_id(ctx, plan["batch"])
+        _check_batch_id(ctx, plan.get("spark_batch", plan["batch"]))
+        if plan.get("no_data"):
+            for _ in batches:  # the placeholder row that makes Spark run this task
+                pass
+            batches = iter(())
         job = msgspec.msgpack.decode(job_bytes, type=JobSpec)
         spec = host_spec(
             job.checkpoint_url,
