@@ -53,6 +53,7 @@ from streamstate.windows.assigners import (
 from streamstate.windows.contents import WINDOW_CONTENTS, WindowContents
 from streamstate.windows.functions import InternalWindowFunction, ProcessWindowFunction
 from streamstate.windows.merging_window_set import MergingWindowSet
+from streamstate.windows.pre_aggregation import LATE, PARTIAL, Partial
 from streamstate.windows.triggers import OnMergeContext, Trigger
 
 __all__ = ["WindowOperator"]
@@ -207,6 +208,13 @@ class WindowOperator(KeyedProcessFunction[Any, Any]):
         self.allowed_lateness = allowed_lateness
         self.late_data_output_tag = late_data_output_tag
         self._internal: Any = None
+
+    def assume_element_type(self, element_type: Any) -> None:
+        """Type the elements of a ``reduce`` window that was given no ``element_type``, before
+        it opens: pre-aggregated on Spark its subtasks never see a first element to infer it
+        from, so the type comes from the input's schema."""
+        if self.contents.element_type is None:
+            self.contents.element_type = element_type
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -375,6 +383,74 @@ class WindowOperator(KeyedProcessFunction[Any, Any]):
             else:
                 self._late_records_dropped.inc()
         return None
+
+    def process_partial(self, partial: Partial) -> None:
+        """Take a group of the current key's elements folded before the shuffle (SPEC §13.2,
+        :mod:`streamstate.windows.pre_aggregation`): a PARTIAL's accumulator (or reduced value)
+        is merged into its window's contents with ``merge`` (or the reduce function), then the
+        trigger sees it as one element with the group's earliest timestamp and the cleanup timer
+        is registered, as :meth:`process_element` does for each element; without a window, the
+        windows are the assigner's for the subtask's time (processing-time and global windows,
+        the same for every element of a micro-batch). LATE elements are dropped and counted, or
+        sent to the late side output; WINDOWLESS ones belong to no window.
+
+        Only non-merging assigners (:func:`~streamstate.windows.pre_aggregation.
+        pre_aggregation_of`).
+        """
+        kind = partial.kind
+        if kind == LATE:
+            if self.late_data_output_tag is not None:
+                self._internal.output(self.late_data_output_tag, partial.element)
+            else:
+                self._late_records_dropped.inc(partial.count)
+            return
+        if kind != PARTIAL:
+            # elements in no window: late (counted) if behind the watermark, as per record
+            if partial.timestamp is not None and self._is_element_late(partial.timestamp):
+                self._late_elements(partial)
+            return
+        tctx = self._ctx
+        tctx.key = key = self._backend.get_current_key()
+        timestamp = partial.timestamp
+        window = partial.window
+        windows = (
+            [window] if window is not None else self.assigner.assign_windows(None, timestamp, tctx)
+        )
+        state = self._contents_state()
+        fn = self.contents.function
+        merge = fn.merge if self.contents.kind == "aggregating" else fn.reduce
+        trigger = self.trigger
+        accumulators = [partial.accumulator]
+        if len(windows) > 1:  # one accumulator for several windows: merge may change it
+            copy = state.descriptor.serializer.copy
+            accumulators = [copy(partial.accumulator) for _ in windows]
+        for w, accumulator in zip(windows, accumulators, strict=True):
+            if self._is_window_late(w):
+                # the fold left lateness to the subtask: the window is late for all of the
+                # group's elements, and those whose latest window it is are late
+                self._late_elements(partial)
+                continue
+            state.set_current_namespace(w)
+            current = state.get_internal()
+            state.update_internal(accumulator if current is None else merge(current, accumulator))
+            tctx.window = w
+            result = trigger.on_element(None, timestamp, w, tctx)
+            if result.is_fire():
+                self._fire(key, w, state)
+            if result.is_purge():
+                state.clear()
+            self._register_cleanup_timer(w)
+
+    def _late_elements(self, partial: Partial) -> None:
+        """The late elements of a group whose lateness the fold left to the subtask: counted
+        (such a fold runs only without a late side output, which needs the elements)."""
+        if self.late_data_output_tag is not None:
+            raise StateAccessError(
+                f"{partial.records} late elements reached the window operator pre-aggregated, "
+                f"so they cannot go to the late side output {self.late_data_output_tag!r}: the "
+                "fold must decide lateness when there is a late side output"
+            )
+        self._late_records_dropped.inc(partial.records)
 
     def _merge(
         self, merge_result: Any, merged_windows: list[Any], state_window: Any, merged: list[Any]
