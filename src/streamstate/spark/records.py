@@ -32,7 +32,7 @@ from typing import Any
 
 from streamstate.errors import OutputSchemaError
 
-__all__ = ["OutputConverter", "Row", "row_class", "rows_from_batch"]
+__all__ = ["OutputConverter", "Row", "row_class", "row_serializer", "rows_from_batch"]
 
 
 class Row(tuple):  # type: ignore[type-arg]
@@ -104,6 +104,48 @@ def rows_from_batch(batch: Any, columns: Sequence[str] | None = None) -> Iterato
     new = functools.partial(tuple.__new__, cls)
     data = [batch.column(n).to_pylist() for n in names]
     return map(new, zip(*data, strict=True)) if data else iter(())
+
+
+def row_serializer(struct: Any, columns: Sequence[str]) -> Any:
+    """The serializer a window infers for a :class:`Row` of ``columns`` of the Spark schema
+    ``struct`` (``TupleSerializer`` of the fields, as ``infer_serializer`` types a non-null
+    Row's values), or None if a column's type has no such serializer.
+
+    >>> from pyspark.sql.types import StructType, StructField, LongType, StringType
+    >>> row_serializer(StructType([StructField("k", StringType()), StructField("v", LongType())]),
+    ...                ["k", "v"])
+    TupleSerializer(fields=[{'type': 'str', 'version': 1}, {'type': 'int64', 'version': 1}])
+    """
+    from streamstate.serializers import (
+        BoolSerializer,
+        BytesSerializer,
+        Float64Serializer,
+        Int64Serializer,
+        StrSerializer,
+        TupleSerializer,
+        serializer_for,
+    )
+
+    by_type: dict[str, Any] = {
+        "ByteType": Int64Serializer,
+        "ShortType": Int64Serializer,
+        "IntegerType": Int64Serializer,
+        "LongType": Int64Serializer,
+        "FloatType": Float64Serializer,
+        "DoubleType": Float64Serializer,
+        "StringType": StrSerializer,
+        "BinaryType": BytesSerializer,
+        "BooleanType": BoolSerializer,
+        "TimestampType": lambda: serializer_for(datetime.datetime),
+        "DateType": lambda: serializer_for(datetime.date),
+    }
+    fields: list[Any] = []
+    for name in columns:
+        make = by_type.get(type(struct[name].dataType).__name__)
+        if make is None:
+            return None
+        fields.append(make())
+    return TupleSerializer(*fields)
 
 
 def _describe(value: Any) -> str:

@@ -78,7 +78,13 @@ from streamstate.spark.no_data import (
 from streamstate.spark.placement import place
 from streamstate.spark.session import conf, is_connect, is_local
 from streamstate.spark.sinks import MemorySink, Sink, StagedBatch, sink_from
-from streamstate.spark.subtask import OUTPUTS_DIR, BatchResult, StagedOutput, job_storage
+from streamstate.spark.subtask import (
+    MIN_WATERMARK,
+    OUTPUTS_DIR,
+    BatchResult,
+    StagedOutput,
+    job_storage,
+)
 from streamstate.spark.tasks import ACK_SCHEMA, micro_batch_task
 
 __all__ = ["KeyedStream", "KeyedStreamingQuery"]
@@ -395,6 +401,8 @@ class KeyedStreamingQuery:
 
         blob = function_blob(options.function)
         sha = hashlib.sha256(blob).hexdigest()
+        #: the pickled function, for a fold before the shuffle (SPEC §13.2)
+        self._function = (blob, sha)
         path = f"{FUNCTIONS_DIR}/{sha}.pkl"
         job = options.job_spec(options.checkpoint or "", path, sha)
         storage = job_storage(job)
@@ -810,7 +818,7 @@ class KeyedStreamingQuery:
         else:
             if not options.adaptive:
                 session.conf.set("spark.sql.adaptive.enabled", "false")
-            placed = place(df, options.key_columns, options.parallelism, options.max_parallelism)
+            placed = self._placed(df, plan)
         task = micro_batch_task(
             msgspec.msgpack.encode(self.job),
             {
@@ -845,6 +853,8 @@ class KeyedStreamingQuery:
         figures["rows"] = sum(r.rows for r in results)
         figures["output_rows"] = sum(r.output_rows for r in results)
         figures["late_records_dropped"] = sum(r.late_records_dropped for r in results)
+        if self.job.pre_aggregation:
+            figures["partials"] = sum(r.partials for r in results)
         figures["side_outputs_dropped"] = sum(r.side_outputs_dropped for r in results)
         figures["restore"] = sorted({r.restore for r in results})
         # the task's side: connecting (spawn_ms: starting the host, None if it was running),
@@ -871,6 +881,27 @@ class KeyedStreamingQuery:
         figures["routes"] = sorted(set(routes.values()))
         figures["watermark"] = plan.watermark
         return results
+
+    def _placed(self, df: Any, plan: BatchPlan) -> Any:
+        """The micro-batch placed by subtask: its records, or pre-aggregated per (key, window)
+        under the batch's watermark (SPEC §13.2)."""
+        options = self.options
+        pre = options.pre_aggregation
+        if pre is None:
+            return place(df, options.key_columns, options.parallelism, options.max_parallelism)
+        from streamstate.spark.pre_aggregation import pre_aggregated
+        from streamstate.spark.tasks import fold_task
+
+        watermark = None if plan.watermark <= MIN_WATERMARK else plan.watermark
+        blob, sha = self._function
+        return pre_aggregated(
+            df,
+            pre,
+            parallelism=options.parallelism,
+            max_parallelism=options.max_parallelism,
+            watermark=watermark,
+            fold_task=fold_task(msgspec.msgpack.encode(self.job), blob, sha, watermark),
+        )
 
     def _update_locations(self, rows: list[Any]) -> dict[int, str]:
         """Remember where each subtask's host is (for the next batch's plan); a host the

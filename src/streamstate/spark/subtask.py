@@ -83,6 +83,8 @@ class BatchResult(msgspec.Struct, kw_only=True):
     #: (streamstate.spark.no_data)
     event_timer: int | None = None
     processing_timer: int | None = None
+    #: pre-aggregated rows received (SPEC §13.2; ``rows`` counts the records they fold)
+    partials: int = 0
 
 
 def job_storage(job: JobSpec) -> Any:
@@ -170,6 +172,9 @@ class SubtaskRuntime:
         self._max_event_time: int | None = None
         self._rows = 0
         self._output_rows = 0
+        self._partials = 0
+        #: reads pre-aggregated rows for the current operator (SPEC §13.2)
+        self._reader: Any = None
 
     # ---- versions ------------------------------------------------------------------------------
 
@@ -246,6 +251,7 @@ class SubtaskRuntime:
         from streamstate.runtime.operator import KeyedProcessOperator
 
         job = self.job
+        self._reader = None
         return KeyedProcessOperator(
             self.function_factory(),
             self.key_serializer,
@@ -292,7 +298,7 @@ class SubtaskRuntime:
         self._side_dropped = 0
         self._late_dropped_before = self._late_records_dropped()
         self._max_event_time = None
-        self._rows = self._output_rows = 0
+        self._rows = self._output_rows = self._partials = 0
         if watermark is not None and watermark > MIN_WATERMARK:
             self.op.advance_watermark(watermark)
         if processing_time is not None:
@@ -304,6 +310,9 @@ class SubtaskRuntime:
         job = self.job
         n = batch.num_rows
         if not n:
+            return
+        if job.pre_aggregation:
+            self._process_partials(batch)
             return
         self._rows += n
         if len(job.key_columns) == 1:
@@ -324,6 +333,32 @@ class SubtaskRuntime:
         rows = map(tuple.__new__, repeat(cls), zip(*columns, strict=True))
         self.op.process_elements(keys, rows, timestamps, kgs)
         if len(self.op.output) >= _OUTPUT_CHUNK:
+            self._collect()
+
+    def _process_partials(self, batch: Any) -> None:
+        """One Arrow batch of pre-aggregated rows (:mod:`streamstate.spark.partials`)."""
+        reader = self._reader
+        if reader is None:
+            from streamstate.spark.partials import PartialReader
+            from streamstate.windows.pre_aggregation import pre_aggregation_of
+
+            function = self.op.function
+            job = self.job
+            reader = self._reader = PartialReader(
+                function,
+                pre_aggregation_of(function),
+                job.pre_aggregation,
+                job.key_columns,
+                job.value_columns,
+            )
+        keys, kgs, partials, records, top = reader.read(batch)
+        self._partials += batch.num_rows
+        self._rows += records
+        if top is not None and (self._max_event_time is None or top > self._max_event_time):
+            self._max_event_time = top
+        op = self.op
+        op.process_keyed(keys, kgs, partials, op.function.process_partial)
+        if len(op.output) >= _OUTPUT_CHUNK:
             self._collect()
 
     def _collect(self) -> None:
@@ -396,6 +431,7 @@ class SubtaskRuntime:
             late_records_dropped=self._late_records_dropped() - self._late_dropped_before,
             event_timer=event_timer,
             processing_timer=processing_timer,
+            partials=self._partials,
         )
 
     def _stage(self, batch_id: int, attempt: int, savepoint: str | None) -> StagedOutput | None:
