@@ -263,9 +263,21 @@ def _query(spark: Any, data: str, ck: str, aggregate: Any, pre: Any, p: int) -> 
 
 
 def test_streaming_pre_aggregated_equals_per_record_across_a_rescale(
-    spark: Any, tmp_path: Any
+    spark: Any, tmp_path: Any, monkeypatch: Any
 ) -> None:
+    """The built-in count folded by Spark SQL, its rows delivered to the hosts by the driver
+    (a local master); a Python aggregate folded in Python, its rows shuffled to tasks that
+    stream them to the hosts (what a cluster does); per record."""
     from streamstate.demo.job import CountViews
+    from streamstate.spark.streaming import KeyedStreamingQuery
+
+    local_jvm = KeyedStreamingQuery._local_jvm
+
+    def tasks_deliver_python_folds(self: Any) -> Any:
+        folded_in_python = self.options.pre_aggregation.mode == "python"
+        return None if folded_in_python else local_jvm(self)
+
+    monkeypatch.setattr(KeyedStreamingQuery, "_local_jvm", tasks_deliver_python_folds)
 
     data = str(tmp_path / "in")
     _write(data, BATCHES[:3])
@@ -296,6 +308,8 @@ def test_streaming_pre_aggregated_equals_per_record_across_a_rescale(
         for key in ("rows", "late_records_dropped"):
             assert [b[key] for b in got[0] + got[3]] == [b[key] for b in base[0] + base[3]]
         assert all(b["partials"] <= b["rows"] for b in got[0] + got[3])
+        by_driver = name == "sql"
+        assert all(("deliver_ms" in b) == by_driver for b in got[0] + got[3]), name
 
 
 class SumV(AggregateFunction):

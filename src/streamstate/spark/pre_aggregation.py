@@ -53,7 +53,7 @@ from streamstate.windows.pre_aggregation import (
     choose_pre_aggregation,
 )
 
-__all__ = ["PreAggregationPlan", "plan_pre_aggregation", "pre_aggregated"]
+__all__ = ["PreAggregationPlan", "folded", "plan_pre_aggregation", "pre_aggregated"]
 
 #: Spark SQL types a built-in aggregate's column may have (by aggregate)
 _NUMERIC = ("ByteType", "ShortType", "IntegerType", "LongType", "FloatType", "DoubleType")
@@ -165,6 +165,14 @@ def _check_builtin_column(df: Any, aggregate: Any) -> None:
         )
 
 
+def folded(df: Any, plan: PreAggregationPlan, *, watermark: int | None, fold_task: Any) -> Any:
+    """The micro-batch ``df`` folded per (key, window) (the rows of
+    :mod:`streamstate.spark.partials`; the Python fold's have ``_kg``), not yet placed."""
+    if plan.mode == "sql":
+        return _sql_fold(df, plan, watermark)
+    return df.mapInArrow(fold_task, partial_struct(df, plan))
+
+
 def pre_aggregated(
     df: Any,
     plan: PreAggregationPlan,
@@ -221,10 +229,30 @@ def _q(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
-def _sql_fold_text(plan: PreAggregationPlan, watermark: int | None) -> str:
-    """One SQL statement over the micro-batch (``{batch}``): Spark SQL's partial aggregation of
-    a built-in aggregate per (key, kind, window) (one statement: Spark analyzes it at once, and
-    building it costs the driver two calls into the JVM instead of one per column)."""
+@dataclasses.dataclass(frozen=True)
+class SqlFold:
+    """Spark SQL's partial aggregation of a built-in aggregate per (key, kind, window) as the
+    steps of the micro-batch's DataFrame: projections (each a ``selectExpr`` of new columns),
+    then ``groupBy(group).agg(aggregates)``, then the ``columns`` kept."""
+
+    projections: list[list[str]]
+    group: list[str]
+    aggregates: list[str]
+    columns: list[str]
+
+    def apply(self, df: Any) -> Any:
+        """The steps over ``df`` (a few calls into the JVM, one analysis each)."""
+        from streamstate.spark.session import functions_for
+
+        sf = functions_for(df)
+        for exprs in self.projections:
+            df = df.selectExpr("*", *exprs)
+        grouped = df.groupBy(*self.group).agg(*[sf.expr(a) for a in self.aggregates])
+        return grouped.selectExpr(*self.columns)
+
+
+def sql_fold(plan: PreAggregationPlan, watermark: int | None) -> SqlFold:
+    """The :class:`SqlFold` of a micro-batch under ``watermark``."""
     pre = plan.pre
     aggregate = plan.aggregate
     assert aggregate is not None
@@ -237,19 +265,19 @@ def _sql_fold_text(plan: PreAggregationPlan, watermark: int | None) -> str:
         ts = f"(({micros} - pmod({micros}, 1000)) div 1000)"
     else:
         ts = f"CAST({_q(plan.event_time)} AS BIGINT)"
-    source = f"(SELECT *, {ts} AS {_TS} FROM {{batch}})"
+    projections = [[f"{ts} AS {_TS}"]]
     windowing = pre.windowing
     records = f"count(1) AS {RECORDS}"
     if windowing is None:
         # the subtask assigns the windows (the same for every element of the batch)
-        rows = f"SELECT *, {PARTIAL} AS {KIND}, CAST(NULL AS BIGINT) AS {WINDOW} FROM {source}"
+        projections.append([f"{PARTIAL} AS {KIND}", f"CAST(NULL AS BIGINT) AS {WINDOW}"])
     else:
         size, slide, offset = windowing.size, windowing.slide, windowing.offset
-        # without a late side output the subtask decides lateness (same watermark): the text is
-        # then the same every micro-batch, and Spark reuses the code it generated for it (a
-        # literal watermark would make it compile new code for every micro-batch)
+        # without a late side output the subtask decides lateness (same watermark): the steps
+        # are then the same every micro-batch, and Spark reuses the code it generated for them
+        # (a literal watermark would make it compile new code for every micro-batch)
         threshold = windowing.late_threshold(watermark) if plan.carries_values else None
-        last = f"(SELECT *, {_TS} - pmod({_TS} - {offset}, {slide}) AS {_LAST} FROM {source})"
+        projections.append([f"{_TS} - pmod({_TS} - {offset}, {slide}) AS {_LAST}"])
 
         def not_late(start: str) -> str:
             return "TRUE" if threshold is None else f"({start} + {size - 1} > {threshold})"
@@ -257,9 +285,11 @@ def _sql_fold_text(plan: PreAggregationPlan, watermark: int | None) -> str:
         element_late = "FALSE" if threshold is None else f"({_TS} <= {threshold})"
         if windowing.slide == windowing.size:
             # tumbling: one window, which holds its element; late iff the element is
-            rows = (
-                f"SELECT *, CASE WHEN {not_late(_LAST)} THEN {PARTIAL} ELSE {LATE} END AS {KIND}, "
-                f"CASE WHEN {not_late(_LAST)} THEN {_LAST} END AS {WINDOW} FROM {last}"
+            projections.append(
+                [
+                    f"CASE WHEN {not_late(_LAST)} THEN {PARTIAL} ELSE {LATE} END AS {KIND}",
+                    f"CASE WHEN {not_late(_LAST)} THEN {_LAST} END AS {WINDOW}",
+                ]
             )
         else:
             k = windowing.windows_per_element()
@@ -267,7 +297,6 @@ def _sql_fold_text(plan: PreAggregationPlan, watermark: int | None) -> str:
                 f"filter(transform(sequence(0, {k - 1}), i -> {_LAST} - i * {slide}), "
                 f"s -> s > {_TS} - {size} AND {not_late('s')})"
             )
-            with_starts = f"(SELECT *, {starts} AS {_STARTS} FROM {last})"
             kind = (
                 f"CASE WHEN size({_STARTS}) > 0 THEN {PARTIAL} WHEN {element_late} THEN {LATE} "
                 f"ELSE {WINDOWLESS} END"
@@ -277,17 +306,16 @@ def _sql_fold_text(plan: PreAggregationPlan, watermark: int | None) -> str:
                 f"CASE WHEN size({_STARTS}) > 0 THEN {_STARTS} WHEN {element_late} THEN "
                 f"array(CAST(NULL AS BIGINT)) ELSE array({_TS}) END"
             )
-            rows = (
-                f"SELECT *, {kind} AS {KIND} FROM {with_starts} "
-                f"LATERAL VIEW posexplode({exploded}) AS {_POS}, {WINDOW}"
+            projections.append([f"{starts} AS {_STARTS}"])
+            projections.append(
+                [f"{kind} AS {KIND}", f"posexplode({exploded}) AS ({_POS}, {WINDOW})"]
             )
             records = f"count_if({_POS} = 0) AS {RECORDS}"
     group = [*keys, KIND, WINDOW]
     if plan.carries_values:
         # every late element is a group of its own, which keeps its columns
-        rows = (
-            f"SELECT *, CASE WHEN {KIND} = {LATE} THEN monotonically_increasing_id() END AS "
-            f"{_LATE_ID} FROM ({rows})"
+        projections.append(
+            [f"CASE WHEN {KIND} = {LATE} THEN monotonically_increasing_id() END AS {_LATE_ID}"]
         )
         group.append(_LATE_ID)
     aggregates = []
@@ -305,10 +333,6 @@ def _sql_fold_text(plan: PreAggregationPlan, watermark: int | None) -> str:
     if plan.carries_values:
         aggregates += [f"first({_q(c)}) AS {_q(c)}" for c in carried]
     kept = plan.value_columns if plan.carries_values else plan.key_columns
-    grouped = (
-        f"SELECT {', '.join(group)}, {', '.join(aggregates)} FROM ({rows}) "
-        f"GROUP BY {', '.join(group)}"
-    )
     columns = [
         *[_q(c) for c in kept],
         KIND,
@@ -319,10 +343,9 @@ def _sql_fold_text(plan: PreAggregationPlan, watermark: int | None) -> str:
         MAX_TS,
         *[sql_accumulator(i) for i in range(len(aggregate.partials()))],
     ]
-    return f"SELECT {', '.join(columns)} FROM ({grouped})"
+    return SqlFold(projections, group, aggregates, columns)
 
 
 def _sql_fold(df: Any, plan: PreAggregationPlan, watermark: int | None) -> Any:
-    """The micro-batch ``df`` folded by :func:`_sql_fold_text`."""
-    text = _sql_fold_text(plan, watermark)
-    return df.sparkSession.sql(text, batch=df)
+    """The micro-batch ``df`` folded by :func:`sql_fold`."""
+    return sql_fold(plan, watermark).apply(df)

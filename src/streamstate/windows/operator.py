@@ -54,11 +54,12 @@ from streamstate.windows.contents import WINDOW_CONTENTS, WindowContents
 from streamstate.windows.functions import InternalWindowFunction, ProcessWindowFunction
 from streamstate.windows.merging_window_set import MergingWindowSet
 from streamstate.windows.pre_aggregation import LATE, PARTIAL, Partial
-from streamstate.windows.triggers import OnMergeContext, Trigger
+from streamstate.windows.triggers import OnMergeContext, Trigger, TriggerResult
 
 __all__ = ["WindowOperator"]
 
 MERGING_WINDOW_SET = "merging-window-set"
+_CONTINUE = TriggerResult.CONTINUE
 TIMER_SERVICE = "window-timers"
 
 
@@ -261,6 +262,13 @@ class WindowOperator(KeyedProcessFunction[Any, Any]):
         self._late_records_dropped = runtime_context.get_metrics_group().counter(
             "num_late_records_dropped"
         )
+        fn = self.contents.function
+        #: merges a pre-aggregated group into a window's contents (SPEC §13.2)
+        self._merge_contents: Any = None
+        if self.contents.kind == "aggregating":
+            self._merge_contents = fn.merge
+        elif self.contents.kind == "reducing":
+            self._merge_contents = fn.reduce
         self.window_function.open(runtime_context)
 
     def close(self) -> None:
@@ -409,37 +417,44 @@ class WindowOperator(KeyedProcessFunction[Any, Any]):
             if partial.timestamp is not None and self._is_element_late(partial.timestamp):
                 self._late_elements(partial)
             return
+        window = partial.window
+        if window is not None:
+            self._merge_partial(window, partial.accumulator, partial)
+            return
+        windows = self.assigner.assign_windows(None, partial.timestamp, self._ctx)
+        # one accumulator for several windows: merge may change its arguments
+        copy = self._contents_state().descriptor.serializer.copy
+        for w in windows:
+            self._merge_partial(
+                w, partial.accumulator if len(windows) == 1 else copy(partial.accumulator), partial
+            )
+
+    def _merge_partial(self, window: Any, accumulator: Any, partial: Partial) -> None:
+        """:meth:`process_partial` for one window (the per-element steps of
+        :meth:`process_element`, with ``merge`` instead of ``add``)."""
+        if self._event_time and self._is_window_late(window):
+            # the fold left lateness to the subtask: the window is late for all of the group's
+            # elements, and those whose latest window it is are late
+            self._late_elements(partial)
+            return
+        state = self._window_state
+        if state is None:
+            state = self._contents_state()
+        state.set_current_namespace(window)
+        current = state.get_internal()
+        state.update_internal(
+            accumulator if current is None else self._merge_contents(current, accumulator)
+        )
         tctx = self._ctx
         tctx.key = key = self._backend.get_current_key()
-        timestamp = partial.timestamp
-        window = partial.window
-        windows = (
-            [window] if window is not None else self.assigner.assign_windows(None, timestamp, tctx)
-        )
-        state = self._contents_state()
-        fn = self.contents.function
-        merge = fn.merge if self.contents.kind == "aggregating" else fn.reduce
-        trigger = self.trigger
-        accumulators = [partial.accumulator]
-        if len(windows) > 1:  # one accumulator for several windows: merge may change it
-            copy = state.descriptor.serializer.copy
-            accumulators = [copy(partial.accumulator) for _ in windows]
-        for w, accumulator in zip(windows, accumulators, strict=True):
-            if self._is_window_late(w):
-                # the fold left lateness to the subtask: the window is late for all of the
-                # group's elements, and those whose latest window it is are late
-                self._late_elements(partial)
-                continue
-            state.set_current_namespace(w)
-            current = state.get_internal()
-            state.update_internal(accumulator if current is None else merge(current, accumulator))
-            tctx.window = w
-            result = trigger.on_element(None, timestamp, w, tctx)
+        tctx.window = window
+        result = self.trigger.on_element(None, partial.timestamp, window, tctx)
+        if result is not _CONTINUE:
             if result.is_fire():
-                self._fire(key, w, state)
+                self._fire(key, window, state)
             if result.is_purge():
                 state.clear()
-            self._register_cleanup_timer(w)
+        self._register_cleanup_timer(window)
 
     def _late_elements(self, partial: Partial) -> None:
         """The late elements of a group whose lateness the fold left to the subtask: counted
