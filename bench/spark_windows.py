@@ -13,7 +13,7 @@ contender               what runs
 ======================  ========================================================================
 ``spark-sql``           ``withWatermark("ts", "5 minutes").groupBy(window("ts", "1 hour"),
                         "app").count()``, append mode, the Parquet file sink
-``builtin-count``       ``keyed_process`` (parallelism 2, heap) with the built-in ``count()``:
+``builtin-count``       ``keyed_process`` (parallelism 2, heap) with the built-in ``Count()``:
                         pre-aggregated by Spark SQL's partial aggregation before the shuffle
 ``python-aggregate``    the same with a Python ``AggregateFunction`` (the demo's ``CountViews``):
                         pre-aggregated by the Python fold before the shuffle
@@ -175,9 +175,9 @@ def run_spark_sql(spark: Any, src: Any, work: str) -> dict[str, Any]:
 def run_streamstate(spark: Any, src: Any, work: str, name: str) -> dict[str, Any]:
     from streamstate.demo.job import CountViews, EmitHour
     from streamstate.spark import FileSink, keyed_process
-    from streamstate.windows import TumblingEventTimeWindows, count, window
+    from streamstate.windows import Count, TumblingEventTimeWindows, window
 
-    aggregate = count() if name == "builtin-count" else CountViews()
+    aggregate = Count() if name == "builtin-count" else CountViews()
     out = os.path.join(work, "out")
     t0 = time.perf_counter()
     query = keyed_process(

@@ -50,6 +50,7 @@ from streamstate.serializers import (
 )
 from streamstate.windows import (
     Avg,
+    BuiltinAggregate,
     ContinuousEventTimeTrigger,
     ContinuousProcessingTimeTrigger,
     Count,
@@ -100,6 +101,7 @@ __all__ = [
     *_api_all,
     "VOID_NAMESPACE",
     "Avg",
+    "BuiltinAggregate",
     "CheckpointError",
     "CheckpointFencedError",
     "CheckpointNotFoundError",

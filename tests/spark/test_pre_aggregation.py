@@ -44,8 +44,8 @@ from streamstate.windows import (
     TumblingEventTimeWindows,
     window,
 )
-from streamstate.windows.pre_aggregation import LATE as LATE_KIND
-from streamstate.windows.pre_aggregation import PARTIAL
+from streamstate.windows.partial import LATE as LATE_KIND
+from streamstate.windows.partial import PARTIAL
 
 pytestmark = pytest.mark.spark
 
@@ -274,7 +274,8 @@ def test_streaming_pre_aggregated_equals_per_record_across_a_rescale(
     local_jvm = KeyedStreamingQuery._local_jvm
 
     def tasks_deliver_python_folds(self: Any) -> Any:
-        folded_in_python = self.options.pre_aggregation.mode == "python"
+        pre = self.options.pre_aggregation
+        folded_in_python = pre is not None and pre.mode == "python"
         return None if folded_in_python else local_jvm(self)
 
     monkeypatch.setattr(KeyedStreamingQuery, "_local_jvm", tasks_deliver_python_folds)

@@ -237,6 +237,7 @@ def _last_firings(results: list[dict[str, Any]], purging: bool) -> dict[Any, Any
     return last
 
 
+@pytest.mark.slow
 @hyp
 @given(
     lateness=st.sampled_from([3, 25]),

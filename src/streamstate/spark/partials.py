@@ -42,14 +42,9 @@ from typing import Any
 import numpy as np
 
 from streamstate.api.aggregates import BuiltinAggregate
-from streamstate.windows.pre_aggregation import (
-    LATE,
-    PARTIAL,
-    WINDOWLESS,
-    Partial,
-    PreAggregation,
-)
-from streamstate.windows.time_window import TimeWindow
+from streamstate.serializers.window_namespaces import TimeWindow
+from streamstate.windows.partial import LATE, PARTIAL, WINDOWLESS, Partial
+from streamstate.windows.pre_aggregation import PreAggregation
 
 __all__ = [
     "ACCUMULATOR",
@@ -181,7 +176,7 @@ class PartialFold:
 
     def add(self, batch: Any) -> None:
         """Fold one Arrow batch of input records."""
-        from streamstate.spark.subtask import _event_time_ms, _pylist
+        from streamstate.spark.records import column_values, event_time_ms
 
         n = batch.num_rows
         if not n:
@@ -190,10 +185,10 @@ class PartialFold:
             keys: list[Any] = batch.column(self.key_columns[0]).to_pylist()
         else:
             keys = list(zip(*(batch.column(c).to_pylist() for c in self.key_columns), strict=True))
-        columns = [_pylist(batch.column(c)) for c in self.value_columns]
+        columns = [column_values(batch.column(c)) for c in self.value_columns]
         rows = list(map(tuple.__new__, repeat(self.row_type), zip(*columns, strict=True)))
         if self.event_time is not None:
-            ts = _event_time_ms(batch.column(self.event_time)).to_numpy(zero_copy_only=False)
+            ts = event_time_ms(batch.column(self.event_time)).to_numpy(zero_copy_only=False)
             tss: list[Any] = ts.tolist()
         else:
             ts = None
@@ -389,7 +384,7 @@ class PartialReader:
         """(keys, key groups, partials, input records, latest event time) of one batch."""
         import pyarrow.compute as pc
 
-        from streamstate.spark.subtask import _pylist
+        from streamstate.spark.records import column_values
 
         if len(self.key_columns) == 1:
             keys: list[Any] = batch.column(self.key_columns[0]).to_pylist()
@@ -407,7 +402,7 @@ class PartialReader:
         elements: list[Any] = [None] * len(kinds)
         if self.pre.late_output and LATE in kinds:
             cls = self.row_type
-            columns = [_pylist(batch.column(c)) for c in self.value_columns]
+            columns = [column_values(batch.column(c)) for c in self.value_columns]
             for i, kind in enumerate(kinds):
                 if kind == LATE:
                     elements[i] = tuple.__new__(cls, [col[i] for col in columns])

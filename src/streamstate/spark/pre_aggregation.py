@@ -45,13 +45,8 @@ from streamstate.spark.partials import (
     sql_accumulator,
 )
 from streamstate.spark.placement import KEY_GROUP_COLUMN
-from streamstate.windows.pre_aggregation import (
-    LATE,
-    PARTIAL,
-    WINDOWLESS,
-    PreAggregation,
-    choose_pre_aggregation,
-)
+from streamstate.windows.partial import LATE, PARTIAL, WINDOWLESS
+from streamstate.windows.pre_aggregation import PreAggregation, choose_pre_aggregation
 
 __all__ = ["PreAggregationPlan", "folded", "plan_pre_aggregation", "pre_aggregated"]
 

@@ -7,24 +7,12 @@ Start with :func:`window`::
 returns a ``KeyedProcessFunction`` that the ``LocalRunner`` (and ``streamstate.spark``) run like
 any keyed function.
 
-Built-in aggregates over a column (``count``, ``sum``, ``min``, ``max``, ``avg``; Spark SQL's
-semantics) are here too: ``window(...).aggregate(count(), MyWindowFunction())``; on Spark they
+Built-in aggregates over a column (``Count``, ``Sum``, ``Min``, ``Max``, ``Avg``; Spark SQL's
+semantics) are here too: ``window(...).aggregate(Count(), MyWindowFunction())``; on Spark they
 fold before the shuffle in Spark SQL's own partial aggregation (SPEC §13.2).
 """
 
-from streamstate.api.aggregates import (
-    Avg,
-    BuiltinAggregate,
-    Count,
-    Max,
-    Min,
-    Sum,
-    avg,
-    count,
-    max,
-    min,
-    sum,
-)
+from streamstate.api.aggregates import Avg, BuiltinAggregate, Count, Max, Min, Sum
 from streamstate.serializers.window_namespaces import (
     GlobalWindow,
     GlobalWindowSerializer,
@@ -124,10 +112,5 @@ __all__ = [
     "WindowOperator",
     "WindowStagger",
     "WindowedStream",
-    "avg",
-    "count",
-    "max",
-    "min",
-    "sum",
     "window",
 ]

@@ -53,7 +53,7 @@ from streamstate.windows.assigners import (
 from streamstate.windows.contents import WINDOW_CONTENTS, WindowContents
 from streamstate.windows.functions import InternalWindowFunction, ProcessWindowFunction
 from streamstate.windows.merging_window_set import MergingWindowSet
-from streamstate.windows.pre_aggregation import LATE, PARTIAL, Partial
+from streamstate.windows.partial import LATE, PARTIAL, Partial
 from streamstate.windows.triggers import OnMergeContext, Trigger, TriggerResult
 
 __all__ = ["WindowOperator"]

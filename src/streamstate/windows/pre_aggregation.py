@@ -5,7 +5,8 @@ Flink SQL's local-global aggregation and Spark's partial aggregation fold each g
 data is, then ship one accumulator per group. A window operator can do the same when nothing in
 it looks at single elements once they are added: its assigner does not merge windows, its
 contents are an ``aggregate`` or ``reduce`` (no evictor, no ``process``/``apply`` list), and its
-trigger decides from the window, the clocks and at most the window's first timestamp. Then, for
+trigger decides from the window, the clocks and at most the window's first timestamp (and an
+event-time assigner is not staggered: the stagger is chosen by each subtask). Then, for
 one micro-batch,
 
 * the windows of every element come from its timestamp alone (:class:`EventTimeWindowing`, for
@@ -27,16 +28,17 @@ commutative function).
 
 Which outputs are then *identical* to the per-record path (:func:`pre_aggregation_of`): the
 trigger sees elements only to register timers that depend on the window (``EventTimeTrigger``,
-``ProcessingTimeTrigger``, ``ContinuousProcessingTimeTrigger``, ``NeverTrigger``, and
-``PurgingTrigger`` of them), and no element can make the window fire: with event-time windows
-and no allowed lateness, every element that is not dropped belongs to a window the watermark has
-not reached. With allowed lateness (or an event-time trigger on processing-time windows) an
-element can arrive after its window fired: per record the window fires again for each such
-element, pre-aggregated once per window per micro-batch with all of them (Flink SQL's mini-batch
-semantics), so the last firing is the same but earlier ones are missing (with a
-``PurgingTrigger``, each firing holds the micro-batch's late elements of the window together).
-``ContinuousEventTimeTrigger`` aligns its first fire time on the window's first element; a
-pre-aggregated group gives its earliest timestamp instead, so intermediate firings can differ.
+``ProcessingTimeTrigger``, ``ContinuousProcessingTimeTrigger``, ``EndOfStreamTrigger``,
+``NeverTrigger``, and ``PurgingTrigger`` of them), and no element can make the window fire: with
+event-time windows and no allowed lateness, every element that is not dropped belongs to a
+window the watermark has not reached. With allowed lateness (or an event-time trigger on
+processing-time windows) an element can arrive after its window fired: per record the window
+fires again for each such element, pre-aggregated once per window per micro-batch with all of
+them (Flink SQL's mini-batch semantics), so the last firing is the same but earlier ones are
+missing (with a ``PurgingTrigger``, each firing holds the micro-batch's late elements of the
+window together). ``ContinuousEventTimeTrigger`` aligns its first fire time on the window's
+first element; a pre-aggregated group gives its earliest timestamp instead, so intermediate
+firings can differ.
 These are opt-in (``pre_aggregate=True``).
 
 Session windows are refused: whether an element of a session is late depends on the sessions
@@ -48,7 +50,7 @@ know.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -60,19 +62,21 @@ from streamstate.windows.assigners import (
     SlidingProcessingTimeWindows,
     TumblingEventTimeWindows,
     TumblingProcessingTimeWindows,
+    WindowStagger,
 )
+from streamstate.windows.evicting_operator import EvictingWindowOperator
+from streamstate.windows.operator import WindowOperator
+from streamstate.windows.partial import LATE, PARTIAL, WINDOWLESS, Partial
 from streamstate.windows.triggers import (
     ContinuousEventTimeTrigger,
     ContinuousProcessingTimeTrigger,
+    EndOfStreamTrigger,
     EventTimeTrigger,
     NeverTrigger,
     ProcessingTimeTrigger,
     PurgingTrigger,
     Trigger,
 )
-
-if TYPE_CHECKING:
-    from streamstate.windows.operator import WindowOperator
 
 __all__ = [
     "LATE",
@@ -84,13 +88,6 @@ __all__ = [
     "choose_pre_aggregation",
     "pre_aggregation_of",
 ]
-
-#: a partial: the accumulator of one (key, window) group
-PARTIAL = 0
-#: late elements: every window of theirs was late (dropped and counted, or the side output)
-LATE = 1
-#: elements that belong to no window (a sliding window's gaps when slide > size): counted only
-WINDOWLESS = 2
 
 _MIN = -(1 << 63)
 
@@ -194,46 +191,6 @@ class WindowAssignment:
     windowless: np.ndarray
 
 
-class Partial:
-    """What a subtask merges into a window operator for one row it received (see
-    :meth:`~streamstate.windows.operator.WindowOperator.process_partial`)."""
-
-    __slots__ = ("accumulator", "count", "element", "kind", "records", "timestamp", "window")
-
-    def __init__(
-        self,
-        kind: int,
-        window: Any = None,
-        accumulator: Any = None,
-        timestamp: int | None = None,
-        count: int = 1,
-        element: Any = None,
-        records: int | None = None,
-    ) -> None:
-        #: PARTIAL, LATE or WINDOWLESS
-        self.kind = kind
-        #: the window (event-time windows), or None: the operator assigns it
-        self.window = window
-        #: the group's accumulator (aggregate) or reduced value (reduce)
-        self.accumulator = accumulator
-        #: the group's earliest timestamp (what a trigger sees as the element's timestamp);
-        #: WINDOWLESS: the elements' timestamp when the fold left their lateness to the subtask
-        self.timestamp = timestamp
-        #: elements in the group
-        self.count = count
-        #: a late element itself (for the late side output), else None
-        self.element = element
-        #: elements whose latest window is this group's (a PARTIAL): late elements if the
-        #: window is late (the fold left lateness to the subtask)
-        self.records = count if records is None else records
-
-    def __repr__(self) -> str:
-        return (
-            f"Partial(kind={self.kind}, window={self.window!r}, accumulator={self.accumulator!r}, "
-            f"timestamp={self.timestamp}, count={self.count})"
-        )
-
-
 def _trigger_parts(trigger: Trigger) -> tuple[bool, bool]:
     """(fires on an element whose window the watermark passed, aligns on the first element's
     timestamp) of a trigger pre-aggregation can run; PreAggregationError for the others."""
@@ -244,12 +201,18 @@ def _trigger_parts(trigger: Trigger) -> tuple[bool, bool]:
         return True, False
     if kind is ContinuousEventTimeTrigger:
         return True, True
-    if kind in (ProcessingTimeTrigger, ContinuousProcessingTimeTrigger, NeverTrigger):
+    if kind in (
+        ProcessingTimeTrigger,
+        ContinuousProcessingTimeTrigger,
+        NeverTrigger,
+        EndOfStreamTrigger,
+    ):
         return False, False
     raise PreAggregationError(
         f"the trigger {trigger!r} may look at each element (count and delta triggers do, and "
         "streamstate cannot tell for another trigger); only the event-time, continuous "
-        "event-time, processing-time, continuous processing-time and never triggers (or a "
+        "event-time, processing-time, continuous processing-time, end-of-stream and never "
+        "triggers (or a "
         "PurgingTrigger of them) can be pre-aggregated"
     )
 
@@ -260,9 +223,6 @@ def pre_aggregation_of(function: Any, *, bounded: bool = False) -> PreAggregatio
     ``bounded``: batch mode (the watermark stays at its minimum until the input ends, so no
     element arrives behind it).
     """
-    from streamstate.windows.evicting_operator import EvictingWindowOperator
-    from streamstate.windows.operator import WindowOperator
-
     if not isinstance(function, WindowOperator):
         raise PreAggregationError(
             f"{type(function).__name__} is not a window aggregate: a KeyedProcessFunction "
@@ -296,6 +256,15 @@ def pre_aggregation_of(function: Any, *, bounded: bool = False) -> PreAggregatio
     if isinstance(assigner, subtask_windows):
         windowing = None
     elif isinstance(assigner, (TumblingEventTimeWindows, SlidingEventTimeWindows)):
+        if (
+            isinstance(assigner, TumblingEventTimeWindows)
+            and assigner.window_stagger is not WindowStagger.ALIGNED
+        ):
+            raise PreAggregationError(
+                f"{assigner!r} is staggered: each subtask chooses its windows' offset from the "
+                "processing time of its first element, which a fold before the shuffle cannot "
+                "know"
+            )
         slide = assigner.slide if isinstance(assigner, SlidingEventTimeWindows) else assigner.size
         windowing = EventTimeWindowing(
             assigner.size, slide, assigner.offset % slide, op.allowed_lateness
