@@ -175,66 +175,113 @@ class PartialFold:
         self.late_elements: list[tuple[Any, Any, int]] = []
 
     def add(self, batch: Any) -> None:
-        """Fold one Arrow batch of input records."""
+        """Fold one Arrow batch of input records: the groups are found for whole columns
+        (NumPy), then one loop calls ``add`` (or the reduce function) per element, in order."""
         from streamstate.spark.records import column_values, event_time_ms
 
         n = batch.num_rows
         if not n:
             return
-        if len(self.key_columns) == 1:
-            keys: list[Any] = batch.column(self.key_columns[0]).to_pylist()
-        else:
-            keys = list(zip(*(batch.column(c).to_pylist() for c in self.key_columns), strict=True))
+        codes, keys = _key_codes([batch.column(c) for c in self.key_columns])
         columns = [column_values(batch.column(c)) for c in self.value_columns]
         rows = list(map(tuple.__new__, repeat(self.row_type), zip(*columns, strict=True)))
+        ts = None
         if self.event_time is not None:
             ts = event_time_ms(batch.column(self.event_time)).to_numpy(zero_copy_only=False)
-            tss: list[Any] = ts.tolist()
-        else:
-            ts = None
-            tss = [None] * n
         windowing = self.pre.windowing
         if windowing is None:
-            self._fold(keys, rows, tss, range(n), repeat(None), repeat(True))
+            self._fold(codes, keys, rows, ts, None, None, None)
             return
         assert ts is not None  # event-time windows need event time (checked when planned)
         found = windowing.assign(ts, self.watermark)
         index = found.elements
         first = np.ones(len(index), dtype=bool)
         first[1:] = index[1:] != index[:-1]
-        self._fold(keys, rows, tss, index.tolist(), found.starts.tolist(), first.tolist())
+        self._fold(codes, keys, rows, ts, index, found.starts, first)
+        tss = ts.tolist()
         for i in found.late.tolist():
+            key = keys[codes[i]]
             if self.pre.late_output:
-                self.late_elements.append((keys[i], rows[i], tss[i]))
+                self.late_elements.append((key, rows[i], tss[i]))
             else:
-                _count(self.late, keys[i], tss[i])
+                _count(self.late, key, tss[i])
         for i in found.windowless.tolist():
             # by timestamp: an element in no window is late on its own (decided by the subtask
             # when the fold had no watermark)
-            _count(self.windowless, (keys[i], tss[i]), tss[i])
+            _count(self.windowless, (keys[codes[i]], tss[i]), tss[i])
 
     def _fold(
-        self, keys: list[Any], rows: list[Any], tss: list[Any], index: Any, starts: Any, first: Any
+        self,
+        codes: np.ndarray,
+        keys: list[Any],
+        rows: list[Any],
+        ts: np.ndarray | None,
+        index: np.ndarray | None,
+        starts: np.ndarray | None,
+        first: np.ndarray | None,
     ) -> None:
+        """Fold the (element ``index``, window ``starts``) pairs (all elements, without
+        windows, when None) into :attr:`groups`."""
+        if index is not None:
+            if not len(index):
+                return
+            codes = codes[index]
+            rows = [rows[i] for i in index.tolist()]
+            if ts is not None:
+                ts = ts[index]
+        if starts is None:
+            start_values: list[Any] = [None]
+            pair = codes.astype(np.int64)
+        else:
+            unique_starts, start_codes = np.unique(starts, return_inverse=True)
+            start_values = unique_starts.tolist()
+            pair = codes.astype(np.int64) * len(start_values) + start_codes
+        found, group = np.unique(pair, return_inverse=True)
+        width = len(start_values)
         groups = self.groups
-        add, create = self._add, self._create
-        for i, start, is_first in zip(index, starts, first, strict=False):
-            g = (keys[i], start)
-            t = tss[i]
-            entry = groups.get(g)
+        entries = []
+        for g in found.tolist():
+            gk = (keys[g // width], start_values[g % width])
+            entry = groups.get(gk)
             if entry is None:
-                acc = rows[i] if create is None else add(rows[i], create())
-                groups[g] = [acc, 1, 1 if is_first else 0, t, t]
-                continue
-            entry[0] = add(entry[0], rows[i]) if create is None else add(rows[i], entry[0])
-            entry[1] += 1
-            if is_first:
-                entry[2] += 1
-            if t is not None:
-                if t < entry[3]:
-                    entry[3] = t
-                elif t > entry[4]:
-                    entry[4] = t
+                init = None if self._create is None else self._create()
+                entry = groups[gk] = [init, 0, 0, None, None]
+            entries.append(entry)
+        accs = [e[0] for e in entries]
+        fn = self._add
+        if self._create is None:  # reduce: the first element is the value
+            for g, row in zip(group.tolist(), rows, strict=True):
+                acc = accs[g]
+                accs[g] = row if acc is None else fn(acc, row)
+        else:
+            for g, row in zip(group.tolist(), rows, strict=True):
+                accs[g] = fn(row, accs[g])
+        m = len(entries)
+        counts = np.bincount(group, minlength=m).tolist()
+        if first is None:
+            records = counts
+        else:
+            records = np.bincount(group, weights=first, minlength=m).astype(np.int64).tolist()
+        if ts is None:
+            lows: list[Any] = [None] * m
+            highs: list[Any] = lows
+        else:
+            low = np.full(m, np.iinfo(np.int64).max, dtype=np.int64)
+            high = np.full(m, np.iinfo(np.int64).min, dtype=np.int64)
+            np.minimum.at(low, group, ts)
+            np.maximum.at(high, group, ts)
+            lows, highs = low.tolist(), high.tolist()
+        for entry, acc, c, r, lo, hi in zip(
+            entries, accs, counts, records, lows, highs, strict=True
+        ):
+            entry[0] = acc
+            entry[1] += c
+            entry[2] += r
+            if lo is not None:
+                if entry[3] is None or lo < entry[3]:
+                    entry[3] = lo
+                if entry[4] is None or hi > entry[4]:
+                    entry[4] = hi
 
     def batches(self) -> Iterator[Any]:
         """The partition's pre-aggregated rows (one Arrow batch, none if it had no record)."""
@@ -326,6 +373,28 @@ class PartialFold:
             [pa.nulls(n, f.type) if a is None else a for a, f in zip(arrays, schema, strict=True)],
             schema=schema,
         )
+
+
+def _key_codes(columns: list[Any]) -> tuple[np.ndarray, list[Any]]:
+    """(a code per row, the key of each code) of the key column(s) of a batch: equal keys have
+    equal codes (one column dictionary-encoded by Arrow; several: the tuples of their codes)."""
+    import pyarrow.compute as pc
+
+    from streamstate.errors import UnsupportedKeyTypeError
+
+    if any(c.null_count for c in columns):
+        raise UnsupportedKeyTypeError("a key column must not contain nulls")
+    encoded = [pc.dictionary_encode(c) for c in columns]
+    if len(encoded) == 1:
+        codes = encoded[0].indices.to_numpy(zero_copy_only=False).astype(np.int64)
+        return codes, encoded[0].dictionary.to_pylist()
+    parts = np.stack(
+        [e.indices.to_numpy(zero_copy_only=False).astype(np.int64) for e in encoded], axis=1
+    )
+    unique, codes = np.unique(parts, axis=0, return_inverse=True)
+    values = [e.dictionary.to_pylist() for e in encoded]
+    keys = [tuple(values[j][c] for j, c in enumerate(row)) for row in unique.tolist()]
+    return codes.reshape(-1).astype(np.int64), keys
 
 
 def _count(table: dict[Any, list[Any]], key: Any, t: Any) -> None:
