@@ -182,17 +182,21 @@ def test_sql_windows_are_the_assigners_on_edge_values(spark: Any) -> None:
     """A direct look at the windows Spark SQL assigns: Flink's start with offset for negative
     timestamps, as the Python assigner."""
     stamps = [-21, -20, -11, -10, -9, -1, 0, 1, 9, 10, 19, 20]
-    df = spark.createDataFrame([("k", t, 1.0) for t in stamps], "k string, ts long, v double")
+    longs = spark.createDataFrame([("k", t, 1.0) for t in stamps], "k string, ts long, v double")
+    # timestamps 1 µs before each millisecond: the event time is the millisecond below
+    stamps_ms = [t - 1 for t in stamps]
+    timestamps = longs.selectExpr("k", "timestamp_micros(ts * 1000 - 999) AS ts", "v")
     for assigner in (TumblingEventTimeWindows.of(10, 3), SlidingEventTimeWindows.of(10, 5, -2)):
         fn = window(assigner).aggregate(agg.count())
-        _, plan = plan_pre_aggregation(
-            df, fn, True, key_columns=["k"], event_time="ts", streaming=True
-        )
-        got: Counter = Counter()
-        for r in _sql_fold(df, plan, None).collect():
-            got[r[WINDOW]] += r[COUNT]
-        expected = Counter(w.start for t in stamps for w in assigner.assign_windows(None, t, None))
-        assert got == expected, assigner
+        for df, ms in ((longs, stamps), (timestamps, stamps_ms)):
+            _, plan = plan_pre_aggregation(
+                df, fn, True, key_columns=["k"], event_time="ts", streaming=True
+            )
+            got: Counter = Counter()
+            for r in _sql_fold(df, plan, None).collect():
+                got[r[WINDOW]] += r[COUNT]
+            expected = Counter(w.start for t in ms for w in assigner.assign_windows(None, t, None))
+            assert got == expected, (assigner, df.schema)
 
 
 # ---- end to end ----------------------------------------------------------------------------

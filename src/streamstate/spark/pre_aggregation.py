@@ -48,7 +48,13 @@ from streamstate.spark.placement import KEY_GROUP_COLUMN
 from streamstate.windows.partial import LATE, PARTIAL, WINDOWLESS
 from streamstate.windows.pre_aggregation import PreAggregation, choose_pre_aggregation
 
-__all__ = ["PreAggregationPlan", "folded", "plan_pre_aggregation", "pre_aggregated"]
+__all__ = [
+    "PreAggregationPlan",
+    "collected_fold",
+    "folded",
+    "plan_pre_aggregation",
+    "pre_aggregated",
+]
 
 #: Spark SQL types a built-in aggregate's column may have (by aggregate)
 _NUMERIC = ("ByteType", "ShortType", "IntegerType", "LongType", "FloatType", "DoubleType")
@@ -168,6 +174,28 @@ def folded(df: Any, plan: PreAggregationPlan, *, watermark: int | None, fold_tas
     return df.mapInArrow(fold_task, partial_struct(df, plan))
 
 
+def collected_fold(
+    df: Any, plan: PreAggregationPlan, *, watermark: int | None, fold_task: Any
+) -> Any:
+    """:func:`folded` for the driver to collect (a local master): when the micro-batch is one
+    partition, Spark SQL's fold is told so (``coalesce(1)``, which changes nothing else), and
+    plans its partial and final aggregation in one stage, without a shuffle; with several, each
+    reads its own and the groups are merged after a shuffle (a shuffle the driver's collect would
+    make unnecessary, as the hosts merge groups, but Spark plans no partial aggregation alone)."""
+    if plan.mode == "sql" and _partitions(df) == 1:
+        df = df.coalesce(1)
+    return folded(df, plan, watermark=watermark, fold_task=fold_task)
+
+
+def _partitions(df: Any) -> int | None:
+    """The number of partitions of a classic DataFrame (plans it: the plan is kept for the job
+    that runs it); None where it cannot be asked (Spark Connect)."""
+    try:
+        return int(df._jdf.queryExecution().toRdd().getNumPartitions())
+    except Exception:
+        return None
+
+
 def pre_aggregated(
     df: Any,
     plan: PreAggregationPlan,
@@ -233,17 +261,21 @@ class SqlFold:
     projections: list[list[str]]
     group: list[str]
     aggregates: list[str]
-    columns: list[str]
+    #: the columns kept, or None: all the grouped ones (read by name)
+    columns: list[str] | None
 
     def apply(self, df: Any) -> Any:
-        """The steps over ``df`` (a few calls into the JVM, one analysis each)."""
+        """The steps over ``df`` (a call into the JVM and an analysis each: a tumbling or
+        processing-time window without a late side output is one ``groupBy(...).agg(...)``)."""
         from streamstate.spark.session import functions_for
 
         sf = functions_for(df)
         for exprs in self.projections:
             df = df.selectExpr("*", *exprs)
-        grouped = df.groupBy(*self.group).agg(*[sf.expr(a) for a in self.aggregates])
-        return grouped.selectExpr(*self.columns)
+        grouped = df.groupBy(*[sf.expr(g) for g in self.group]).agg(
+            *[sf.expr(a) for a in self.aggregates]
+        )
+        return grouped if self.columns is None else grouped.selectExpr(*self.columns)
 
 
 def sql_fold(plan: PreAggregationPlan, watermark: int | None) -> SqlFold:
@@ -256,15 +288,24 @@ def sql_fold(plan: PreAggregationPlan, watermark: int | None) -> SqlFold:
     if plan.event_time is None:
         ts = "CAST(NULL AS BIGINT)"
     elif plan.event_time_is_timestamp:
-        micros = f"unix_micros({_q(plan.event_time)})"
-        ts = f"(({micros} - pmod({micros}, 1000)) div 1000)"
+        ts = f"unix_millis({_q(plan.event_time)})"  # floor division, as event_time_ms
     else:
         ts = f"CAST({_q(plan.event_time)} AS BIGINT)"
-    projections = [[f"{ts} AS {_TS}"]]
     windowing = pre.windowing
+    aggregates = _aggregate_columns(aggregate, ts)
+    if not plan.carries_values and (windowing is None or windowing.slide == windowing.size):
+        # one step, the expressions inlined (every DataFrame step is an analysis by the driver)
+        if windowing is None:
+            # the subtask assigns the windows (the same for every element of the batch)
+            start = "CAST(NULL AS BIGINT)"
+        else:
+            start = f"({ts} - pmod({ts} - {windowing.offset}, {windowing.slide}))"
+        group = [*keys, f"{PARTIAL} AS {KIND}", f"{start} AS {WINDOW}"]
+        return SqlFold([], group, [*aggregates, f"count(1) AS {RECORDS}"], None)
+    projections = [[f"{ts} AS {_TS}"]]
+    aggregates = _aggregate_columns(aggregate, _TS)
     records = f"count(1) AS {RECORDS}"
     if windowing is None:
-        # the subtask assigns the windows (the same for every element of the batch)
         projections.append([f"{PARTIAL} AS {KIND}", f"CAST(NULL AS BIGINT) AS {WINDOW}"])
     else:
         size, slide, offset = windowing.size, windowing.slide, windowing.offset
@@ -313,18 +354,7 @@ def sql_fold(plan: PreAggregationPlan, watermark: int | None) -> SqlFold:
             [f"CASE WHEN {KIND} = {LATE} THEN monotonically_increasing_id() END AS {_LATE_ID}"]
         )
         group.append(_LATE_ID)
-    aggregates = []
-    for i, (name, as_double) in enumerate(aggregate.partials()):
-        arg = "1" if aggregate.column is None else _q(aggregate.column)
-        if as_double:
-            arg = f"CAST({arg} AS DOUBLE)"
-        aggregates.append(f"{name}({arg}) AS {sql_accumulator(i)}")
-    aggregates += [
-        f"count(1) AS {COUNT}",
-        records,
-        f"min({_TS}) AS {MIN_TS}",
-        f"max({_TS}) AS {MAX_TS}",
-    ]
+    aggregates.append(records)
     if plan.carries_values:
         aggregates += [f"first({_q(c)}) AS {_q(c)}" for c in carried]
     kept = plan.value_columns if plan.carries_values else plan.key_columns
@@ -339,6 +369,18 @@ def sql_fold(plan: PreAggregationPlan, watermark: int | None) -> SqlFold:
         *[sql_accumulator(i) for i in range(len(aggregate.partials()))],
     ]
     return SqlFold(projections, group, aggregates, columns)
+
+
+def _aggregate_columns(aggregate: BuiltinAggregate, ts: str) -> list[str]:
+    """The aggregate expressions of a group but its records: the built-in aggregate's partial
+    aggregates, the element count and the event-time range (``ts``: the event time in ms)."""
+    out = []
+    for i, (name, as_double) in enumerate(aggregate.partials()):
+        arg = "1" if aggregate.column is None else _q(aggregate.column)
+        if as_double:
+            arg = f"CAST({arg} AS DOUBLE)"
+        out.append(f"{name}({arg}) AS {sql_accumulator(i)}")
+    return [*out, f"count(1) AS {COUNT}", f"min({ts}) AS {MIN_TS}", f"max({ts}) AS {MAX_TS}"]
 
 
 def _sql_fold(df: Any, plan: PreAggregationPlan, watermark: int | None) -> Any:

@@ -914,7 +914,7 @@ class KeyedStreamingQuery:
         from streamstate.keygroups import assign_key_groups_for_columns
         from streamstate.spark.driver_delivery import DriverDelivery
         from streamstate.spark.placement import KEY_GROUP_COLUMN
-        from streamstate.spark.pre_aggregation import folded
+        from streamstate.spark.pre_aggregation import collected_fold
 
         options = self.options
         pre = options.pre_aggregation
@@ -924,7 +924,7 @@ class KeyedStreamingQuery:
         if plan.no_data:
             table = pa.table({KEY_GROUP_COLUMN: pa.array([], pa.int32())})
         else:
-            fold = folded(
+            fold = collected_fold(
                 df, pre, watermark=self._fold_watermark(plan), fold_task=self._fold(plan)
             )
             t_job = time.perf_counter()
