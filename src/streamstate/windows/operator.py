@@ -54,7 +54,7 @@ from streamstate.windows.contents import WINDOW_CONTENTS, WindowContents
 from streamstate.windows.functions import InternalWindowFunction, ProcessWindowFunction
 from streamstate.windows.merging_window_set import MergingWindowSet
 from streamstate.windows.partial import LATE, PARTIAL, Partial
-from streamstate.windows.triggers import OnMergeContext, Trigger, TriggerResult
+from streamstate.windows.triggers import EventTimeTrigger, OnMergeContext, Trigger, TriggerResult
 
 __all__ = ["WindowOperator"]
 
@@ -262,6 +262,13 @@ class WindowOperator(KeyedProcessFunction[Any, Any]):
         self._late_records_dropped = runtime_context.get_metrics_group().counter(
             "num_late_records_dropped"
         )
+        #: the event-time trigger without allowed lateness: a window's one timer is its end,
+        #: which is also its cleanup time, and is pending while the window has contents
+        self._one_timer_per_window = (
+            self._event_time
+            and type(self.trigger) is EventTimeTrigger
+            and not self.allowed_lateness
+        )
         fn = self.contents.function
         #: merges a pre-aggregated group into a window's contents (SPEC §13.2)
         self._merge_contents: Any = None
@@ -445,6 +452,13 @@ class WindowOperator(KeyedProcessFunction[Any, Any]):
         state.update_internal(
             accumulator if current is None else self._merge_contents(current, accumulator)
         )
+        if self._one_timer_per_window:
+            # what the trigger and the cleanup timer would do: the window is not late, so the
+            # trigger continues, and registers the timer its first contents need (set
+            # semantics: once is enough)
+            if current is None:
+                self._timers.register_event_time_timer(window, window.max_timestamp())
+            return
         tctx = self._ctx
         tctx.key = key = self._backend.get_current_key()
         tctx.window = window
