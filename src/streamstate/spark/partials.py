@@ -35,6 +35,7 @@ input's columns.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
 from itertools import repeat
 from typing import Any
@@ -135,6 +136,9 @@ class PartialFold:
         max_parallelism: for the key groups.
     """
 
+    #: input records gathered before they are folded together (bounds the memory they hold)
+    GATHER_ROWS = 200_000
+
     def __init__(
         self,
         function: Any,
@@ -173,15 +177,43 @@ class PartialFold:
         self.windowless: dict[tuple[Any, Any], list[Any]] = {}
         #: late elements themselves (with a late side output): (key, element, ts)
         self.late_elements: list[tuple[Any, Any, int]] = []
+        self._gathered: list[Any] = []
+        self._gathered_rows = 0
 
     def add(self, batch: Any) -> None:
-        """Fold one Arrow batch of input records: the groups are found for whole columns
-        (NumPy), then one loop calls ``add`` (or the reduce function) per element, in order."""
+        """Fold one Arrow batch of input records. Batches are gathered up to
+        :attr:`GATHER_ROWS` records and folded together: the groups are found for whole columns
+        (NumPy), then one loop calls ``add`` (or the reduce function) per element, in order
+        (Spark hands a partition over in batches of 10,000 records: folded one by one, each
+        would look up its groups again)."""
+        if not batch.num_rows:
+            return
+        self._gathered.append(batch)
+        self._gathered_rows += batch.num_rows
+        if self._gathered_rows >= self.GATHER_ROWS:
+            self._fold_gathered()
+
+    def _fold_gathered(self) -> None:
+        import pyarrow as pa
+
+        gathered = self._gathered
+        if not gathered:
+            return
+        batch = gathered[0] if len(gathered) == 1 else pa.concat_batches(gathered)
+        self._gathered, self._gathered_rows = [], 0
+        # the fold makes a few objects per record and frees none of them until it ends: the
+        # cyclic collector would scan them again and again (none is part of a cycle)
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            self._fold_batch(batch)
+        finally:
+            if collecting:
+                gc.enable()
+
+    def _fold_batch(self, batch: Any) -> None:
         from streamstate.spark.records import column_values, event_time_ms
 
-        n = batch.num_rows
-        if not n:
-            return
         codes, keys = _key_codes([batch.column(c) for c in self.key_columns])
         columns = [column_values(batch.column(c)) for c in self.value_columns]
         rows = list(map(tuple.__new__, repeat(self.row_type), zip(*columns, strict=True)))
@@ -225,10 +257,12 @@ class PartialFold:
         if index is not None:
             if not len(index):
                 return
-            codes = codes[index]
-            rows = [rows[i] for i in index.tolist()]
-            if ts is not None:
-                ts = ts[index]
+            # index is increasing: with as many distinct entries as elements, it is all of them
+            if len(index) != len(rows) or (first is not None and not first.all()):
+                codes = codes[index]
+                rows = [rows[i] for i in index.tolist()]
+                if ts is not None:
+                    ts = ts[index]
         if starts is None:
             start_values: list[Any] = [None]
             pair = codes.astype(np.int64)
@@ -288,6 +322,8 @@ class PartialFold:
         import pyarrow as pa
 
         from streamstate.keygroups import assign_key_groups_for_columns
+
+        self._fold_gathered()
 
         keys: list[Any] = []
         kinds: list[int] = []
