@@ -238,6 +238,8 @@ def _finish(spark: Any, res: dict[str, Any], events: int) -> None:
     res["batch_ms"] = [p["durationMs"]["triggerExecution"] for p in progress]
     res["input_batches"] = len(with_input)
     res["no_data_batches"] = len(progress) - len(with_input)
+    if "batches" in res:  # streamstate runs its no-data steps inside Spark's micro-batches
+        res["no_data_batches"] = sum(1 for b in res["batches"] if b.get("no_data"))
     res["stages"] = stage_breakdown(
         spark, res["run_id"], {p["batchId"]: p["durationMs"]["triggerExecution"] for p in progress}
     )
