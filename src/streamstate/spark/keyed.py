@@ -15,6 +15,7 @@ from streamstate.keygroups import compute_default_max_parallelism
 from streamstate.spark.checks import check_before_first_job
 from streamstate.spark.job import JobSpec, arrow_schema_to_bytes, pickle_function, src_path
 from streamstate.spark.placement import KEY_GROUP_COLUMN
+from streamstate.spark.pre_aggregation import PreAggregationPlan, plan_pre_aggregation
 from streamstate.spark.session import default_parallelism, is_connect, parse_ddl
 
 __all__ = ["checkpointed_backend", "keyed_process"]
@@ -46,6 +47,8 @@ class KeyedOptions:
     adaptive: bool
     #: side-output tag id -> Spark schema (StructType) of the side outputs delivered
     side_output_structs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: how micro-batches are folded before the shuffle (SPEC §13.2), or None: per record
+    pre_aggregation: PreAggregationPlan | None = None
 
     @property
     def spark(self) -> Any:
@@ -57,8 +60,28 @@ class KeyedOptions:
         from pyspark.sql.types import IntegerType, StructField, StructType
 
         tz = self.spark.conf.get("spark.sql.session.timeZone")
-        inp = StructType([*self.df.schema.fields, StructField(KEY_GROUP_COLUMN, IntegerType())])
+        if self.pre_aggregation is not None:
+            inp = self.partial_schema()
+        else:
+            fields = [*self.df.schema.fields, StructField(KEY_GROUP_COLUMN, IntegerType())]
+            inp = StructType(fields)
         return to_arrow_schema(inp, timezone=tz), to_arrow_schema(self.output_struct, timezone=tz)
+
+    def partial_schema(self) -> Any:
+        """The Spark schema of the pre-aggregated rows a subtask receives."""
+        from streamstate.spark.pre_aggregation import pre_aggregated
+
+        assert self.pre_aggregation is not None
+        # the plan of a micro-batch without its watermark: only its schema is used (analysis,
+        # nothing runs)
+        return pre_aggregated(
+            self.df,
+            self.pre_aggregation,
+            parallelism=self.parallelism,
+            max_parallelism=self.max_parallelism,
+            watermark=None,
+            fold_task=_no_fold,
+        ).schema
 
     def side_output_schemas(self) -> dict[str, Any]:
         """Side-output tag id -> Arrow schema."""
@@ -93,7 +116,12 @@ class KeyedOptions:
                 tag: arrow_schema_to_bytes(schema)
                 for tag, schema in self.side_output_schemas().items()
             },
+            pre_aggregation="" if self.pre_aggregation is None else self.pre_aggregation.mode,
         )
+
+
+def _no_fold(batches: Any) -> Any:  # the schema of the Python fold, never run
+    return iter(())
 
 
 def _ms(value: int | datetime.timedelta | None, what: str) -> int | None:
@@ -207,6 +235,7 @@ def keyed_process(
     host_idle_timeout: float = 600.0,
     adaptive: bool = False,
     side_outputs: dict[Any, Any] | None = None,
+    pre_aggregate: bool | None = None,
 ) -> Any:
     """Run ``function`` keyed by ``key`` over ``df``, with its state kept by streamstate.
 
@@ -248,6 +277,14 @@ def keyed_process(
             each to its own sink (``write_stream(side_sinks={tag: sink})``), exactly-once like
             the main output; e.g. a window's ``side_output_late_data(tag)``. Values emitted to
             other tags are dropped and counted (``query.batches``: ``side_outputs_dropped``).
+        pre_aggregate: fold a window aggregate (``window(...).aggregate(...)``/``.reduce(...)``)
+            per key and window before the shuffle (SPEC §13.2; a built-in aggregate such as
+            ``count()`` in Spark SQL's own partial aggregation). None (default): wherever the
+            outputs are those of the per-record path; True: also where only intermediate
+            firings can differ (allowed lateness: one late firing per window per micro-batch;
+            ``ContinuousEventTimeTrigger``), and ``PreAggregationError`` where it cannot run
+            (evictors, count or delta triggers, ``process``/``apply``, session windows);
+            False: never.
     """
     from pyspark.sql.types import StructType
 
@@ -308,6 +345,14 @@ def keyed_process(
     backend, backend_options = _backend_name(
         _follow_backend(state_backend, restored, operator_name)
     )
+    function, pre_aggregation = plan_pre_aggregation(
+        df,
+        function,
+        pre_aggregate,
+        key_columns=key_columns,
+        event_time=event_time,
+        streaming=streaming,
+    )
     options = KeyedOptions(
         df=df,
         key_columns=key_columns,
@@ -328,6 +373,7 @@ def keyed_process(
         host_idle_timeout=host_idle_timeout,
         adaptive=adaptive,
         side_output_structs=side_structs,
+        pre_aggregation=pre_aggregation,
     )
     ensure_worker_path(df.sparkSession)
     check_before_first_job(options, restored)
