@@ -38,7 +38,15 @@ from streamstate.spark.job import (
 from streamstate.spark.placement import KEY_GROUP_COLUMN
 from streamstate.spark.records import OutputConverter, row_class
 
-__all__ = ["OUTPUTS_DIR", "BatchResult", "StagedOutput", "SubtaskRuntime", "job_storage"]
+__all__ = [
+    "OUTPUTS_DIR",
+    "BatchResult",
+    "StagedOutput",
+    "SubtaskRuntime",
+    "column_values",
+    "event_time_ms",
+    "job_storage",
+]
 
 OUTPUTS_DIR = "outputs"
 #: outputs are converted to Arrow whenever this many are pending (bounds Python memory)
@@ -127,6 +135,8 @@ class SubtaskRuntime:
         local_dir: a local directory for RocksDB working files.
         incremental: checkpoints write deltas (streaming); batch mode writes at most one
             savepoint and needs no change tracking.
+        clock: the operators' processing-time clock (default: the system clock; tests inject
+            one).
     """
 
     def __init__(
@@ -138,8 +148,10 @@ class SubtaskRuntime:
         storage: Any = None,
         local_dir: str | None = None,
         incremental: bool = True,
+        clock: Any = None,
     ) -> None:
         self.job = job
+        self.clock = clock
         self.incremental = incremental
         self.index = index
         self.function_factory = function_factory
@@ -254,6 +266,7 @@ class SubtaskRuntime:
             parallelism=job.parallelism,
             max_parallelism=job.max_parallelism,
             state_backend=_state_backend(job, self.index, self.local_dir, self.incremental),
+            clock=self.clock,
         )
 
     def _new_task(self, op: Any) -> Any:
@@ -313,13 +326,13 @@ class SubtaskRuntime:
         kgs = batch.column(KEY_GROUP_COLUMN).to_pylist()
         timestamps: Any = repeat(None)
         if job.event_time is not None:
-            ts = _event_time_ms(batch.column(job.event_time))
+            ts = event_time_ms(batch.column(job.event_time))
             timestamps = ts.to_pylist()
             top = _max(ts)
             if top is not None and (self._max_event_time is None or top > self._max_event_time):
                 self._max_event_time = top
         cls = self.row_type
-        columns = [_pylist(batch.column(c)) for c in job.value_columns]
+        columns = [column_values(batch.column(c)) for c in job.value_columns]
         # rows built in C (map over tuple.__new__), then one loop in the operator
         rows = map(tuple.__new__, repeat(cls), zip(*columns, strict=True))
         self.op.process_elements(keys, rows, timestamps, kgs)
@@ -455,7 +468,7 @@ _UTC_ZONES = frozenset(
 _DATETIME_US = (-62135596800_000_000, 253402300799_999_999)
 
 
-def _pylist(column: Any) -> list[Any]:
+def column_values(column: Any) -> list[Any]:
     """``column.to_pylist()``, faster for timestamps (Spark sends every timestamp column in
     the session's zone, UTC on most servers): pyarrow builds each aware datetime through the
     zone (about 5 us a value, more than the rest of a record's path); numpy builds naive ones
@@ -502,7 +515,7 @@ def _pylist(column: Any) -> list[Any]:
     return aware
 
 
-def _event_time_ms(column: Any) -> Any:
+def event_time_ms(column: Any) -> Any:
     """An event-time column as int64 milliseconds (timestamps of any unit, or longs)."""
     import numpy as np
     import pyarrow as pa
