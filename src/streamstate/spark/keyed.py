@@ -147,12 +147,14 @@ def _latest_checkpoint(checkpoint: str | None, options: dict[str, Any]) -> Any:
 
 def _initial_checkpoint(initial_state: str | None, options: dict[str, Any]) -> Any:
     """The savepoint (or checkpoint) ``initial_state`` names, or None."""
-    from streamstate.checkpoint.storage import open_location, resolve_checkpoint
+    from streamstate.checkpoint.storage import open_location
 
     if initial_state is None:
         return None
     storage, directory = open_location(initial_state, options)
-    return resolve_checkpoint(directory, storage)
+    # the directory is relative to that storage (None: a job directory, its latest checkpoint);
+    # resolve_checkpoint would take a name such as "sp" for a path of the working directory
+    return storage.load(directory)
 
 
 def checkpointed_backend(restored: Any, operator: str) -> str | None:
