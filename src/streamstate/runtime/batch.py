@@ -138,10 +138,22 @@ class BatchInternalTimerService(InternalTimerService):
 
 
 class BatchKeyedProcessOperator(KeyedProcessOperator):
-    """One subtask of a keyed process operator in batch execution (module docstring).
+    """One subtask of a keyed process operator in batch execution (module docstring): feed it
+    runs of one key with :meth:`process_runs`, then call :meth:`end_of_input`.
 
-    Parameters are those of :class:`KeyedProcessOperator`; ``state_backend`` must be a
-    :class:`BatchExecutionStateBackend` (the default: no savepoint).
+    Parameters:
+        function: the ``KeyedProcessFunction`` (windows included).
+        key_serializer: the serializer of the keys (key groups and savepoints use it).
+        operator_name: names the operator in metrics and savepoints.
+        subtask_index: this subtask's index among ``parallelism``.
+        parallelism: subtasks of the operator; with ``max_parallelism`` they give this
+            subtask's key groups.
+        max_parallelism: key groups.
+        state_backend: a
+            :class:`~streamstate.backends.batch.factory.BatchExecutionStateBackend` (default:
+            one without a savepoint); any other backend is refused.
+        clock: processing time (default: the wall clock).
+        metric_group: where the operator's metrics go.
     """
 
     keyed_backend: BatchExecutionKeyedStateBackend

@@ -465,14 +465,14 @@ class KeyedProcessOperator:
         values: Iterable[Any],
         timestamps: Iterable[Any] | None = None,
     ) -> None:
-        """:meth:`process_element` for input sorted by key: ``values`` (and ``timestamps``)
+        """``process_element`` for input sorted by key: ``values`` (and ``timestamps``)
         come in runs of one key each, run ``i`` being ``lengths[i]`` records of ``keys[i]``
         (key group ``key_groups[i]``, or None). The key is set once per run; records reach the
-        function in order (same outputs, errors and notes as :func:`process_records`).
+        function in order (same outputs, errors and notes as ``process_records``).
 
         The record loop of batch execution (``runtime/batch.py``, one call per Arrow batch):
         per record only the function's call and the generator test, and nothing per record of
-        :func:`process_records`' routing (a key is set once per run, and setting it ends the
+        ``process_records``' routing (a key is set once per run, and setting it ends the
         previous key in a batch backend).
         """
         set_key = self.keyed_backend.set_current_key
