@@ -36,6 +36,7 @@ from streamstate import (
     KeyedProcessFunction,
     ListStateDescriptor,
     MapStateDescriptor,
+    OutputTag,
     ReducingStateDescriptor,
     StateTtlConfig,
     ValueStateDescriptor,
@@ -231,6 +232,8 @@ class Run:
     outputs: list[tuple[str, str]]
     handles: list[Any]
     ignored_timers: int = 0
+    #: late elements dropped or sent to a side output (none: no watermark before a key ends)
+    late: int = 0
 
 
 def run(
@@ -247,6 +250,7 @@ def run(
     outputs: list[tuple[str, str]] = []
     handles = []
     ignored = 0
+    late = 0
     for index, part in enumerate(_partition(inp, mode)):
         runtime: SubtaskRuntime
         if mode == "batch":
@@ -268,6 +272,8 @@ def run(
             else:
                 ignored += runtime.op.ignored_timers
             batches.extend(runtime.output_batches())
+            late += runtime._late_records_dropped() + runtime._side_dropped
+            late += sum(len(v) for v in runtime._pending_side.values())
             if savepoint is not None:
                 clock.t = PT_END
                 result = runtime.finish(1, index, "savepoint", savepoint=savepoint[1])
@@ -277,7 +283,7 @@ def run(
             runtime.close()
         for b in batches:
             outputs.extend(zip(b.column(0).to_pylist(), b.column(1).to_pylist(), strict=True))
-    return Run(outputs, handles, ignored)
+    return Run(outputs, handles, ignored, late)
 
 
 def per_key(outputs: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
@@ -291,6 +297,7 @@ def assert_same(batch: Run, streaming: Run) -> None:
     assert collections.Counter(batch.outputs) == collections.Counter(streaming.outputs)
     assert per_key(batch.outputs) == per_key(streaming.outputs)
     assert batch.ignored_timers == 0
+    assert batch.late == streaming.late == 0
 
 
 def commit_savepoint(root: str, directory: str, inp: Input, handles: list[bytes]) -> None:
@@ -596,6 +603,8 @@ class WindowSpec:
     evictor: str
     function: str
     lateness: int
+    #: late elements to a side output (as Flink's BATCH mode: none is ever late)
+    late_output: bool = False
 
     def factory(self, key_kind: str) -> Callable[[], Any]:
         return lambda: self.build(key_kind)
@@ -613,6 +622,8 @@ class WindowSpec:
             stream = stream.evictor(evictor())
         if self.lateness:
             stream = stream.allowed_lateness(self.lateness)
+        if self.late_output:
+            stream = stream.side_output_late_data(OutputTag("late"))
         if self.function == "process":
             return stream.process(Describe())
         if self.function == "aggregate":
@@ -638,6 +649,7 @@ def window_specs(draw: Any) -> WindowSpec:
         evictor=draw(st.sampled_from(sorted(EVICTORS))),
         function=draw(st.sampled_from(["process", "aggregate", "reduce"])),
         lateness=draw(st.sampled_from([0, 15])),
+        late_output=draw(st.booleans()),
     )
 
 
