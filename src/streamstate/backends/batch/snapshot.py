@@ -11,7 +11,7 @@ whatever order the keys come in (the Spark runtime sorts them by key, so their k
 interleave).
 
 At the end, :class:`BatchKeyedStateSnapshot` hands the spooled sections to the ordinary snapshot
-writer as :class:`~streamstate.backends.snapshot.EncodedEntries`, key group by key group (a key
+writer as :class:`~streamstate.format.snapshot.EncodedEntries`, key group by key group (a key
 group spooled in several pieces is decoded and encoded again as one section: memory holds one
 key group, as for every snapshot, whose blocks are whole key groups); the writer compresses them
 into blocks and writes header, blocks and index as for any full snapshot. So a batch savepoint
