@@ -5,7 +5,7 @@ Spark's external sort; ``spark/batch.py``), so the task receives its Arrow batch
 key's records together. :class:`BatchSubtaskRuntime` finds where the key changes on the
 Arrow columns (vectorized: one comparison of each key column with itself shifted by one row),
 converts only the first row's key of each run to Python, builds the records column by column,
-and hands each run to :meth:`~streamstate.runtime.operator.KeyedProcessOperator.process_run` of a
+and hands each run to :meth:`~streamstate.runtime.operator.KeyedProcessOperator.process_runs` of a
 :class:`~streamstate.runtime.batch.BatchKeyedProcessOperator`, whose backend keeps one key's state
 at a time and fires a key's timers when its run ends. Memory is that of one key and one Arrow
 batch, whatever the number of keys.
