@@ -48,7 +48,8 @@ task runtime (``BatchSubtaskRuntime`` over Arrow batches sorted by key, as a tas
 and through the streaming one (``SubtaskRuntime``, heap backend, over the unsorted batches),
 in this process, CPU time per record (minimum of ``--repeat`` interleaved runs, default 5 here),
 beside the floor of any Python function over the same records (Arrow columns to Python rows and
-a call per record); written to the JSON's ``in_process``.
+a call per record), and the most a task added to the process's peak RSS (``growth_mb``: the
+batch task holds one key, the streaming one every key); written to the JSON's ``in_process``.
 
 ``--savepoint-keys N`` (default: the largest size's keys): the ``sum`` job also runs in batch
 execution with ``savepoint=`` at that size; its wall time, peak RSS and the savepoint's size
@@ -534,9 +535,13 @@ def in_process(rows: int, keys: int, repeat: int) -> dict[str, Any]:
     by_key = batches(np.argsort(k, kind="stable"))
     as_they_come = batches(ids)
 
-    def task(runtime: Any, input_batches: list[Any]) -> float:
+    growth: dict[str, float] = {}
+
+    def task(runtime: Any, input_batches: list[Any], name: str) -> float:
         runtime.prepare(-1, "empty")
         runtime.begin(None, 0)
+        memory = TaskMemory("")
+        memory.start()
         t0 = time.process_time()
         got = 0
         for batch in input_batches:
@@ -545,6 +550,8 @@ def in_process(rows: int, keys: int, repeat: int) -> dict[str, Any]:
         runtime.end_of_input()
         got += sum(b.num_rows for b in runtime.output_batches())
         took = time.process_time() - t0
+        added = (_status_kb("VmHWM") - memory._start) / 1024
+        growth[name] = max(growth.get(name, 0.0), added)
         runtime.close()
         assert got == min(keys, rows)
         return took
@@ -565,9 +572,9 @@ def in_process(rows: int, keys: int, repeat: int) -> dict[str, Any]:
 
     runs: dict[str, list[float]] = {"batch": [], "streaming": [], "floor": []}
     for _ in range(repeat):
-        runs["batch"].append(task(BatchSubtaskRuntime(job, 0, SumAtEnd), by_key))
+        runs["batch"].append(task(BatchSubtaskRuntime(job, 0, SumAtEnd), by_key, "batch"))
         runs["streaming"].append(
-            task(SubtaskRuntime(job, 0, SumAtEnd, incremental=False), as_they_come)
+            task(SubtaskRuntime(job, 0, SumAtEnd, incremental=False), as_they_come, "streaming")
         )
         runs["floor"].append(floor())
     ns = {name: min(t) / rows * 1e9 for name, t in runs.items()}
@@ -575,9 +582,10 @@ def in_process(rows: int, keys: int, repeat: int) -> dict[str, Any]:
     print(
         f"[in process, {rows:,} rows / {keys:,} keys] ns of CPU per record: batch {batch:.0f}, "
         f"streaming {streaming:.0f}, floor {lowest:.0f}; batch / streaming "
-        f"{batch / streaming:.2f}x, batch / floor {batch / lowest:.2f}x"
+        f"{batch / streaming:.2f}x, batch / floor {batch / lowest:.2f}x; peak RSS added by a "
+        f"task: batch {growth['batch']:.1f} MB, streaming {growth['streaming']:.1f} MB"
     )
-    return {"rows": rows, "keys": keys, "ns_per_record": ns, "runs_s": runs}
+    return {"rows": rows, "keys": keys, "ns_per_record": ns, "runs_s": runs, "growth_mb": growth}
 
 
 def warm_up(spark: Any, memory_dir: str) -> None:
