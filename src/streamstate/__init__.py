@@ -8,7 +8,8 @@ Spark moves the data; streamstate keeps the state. The public API:
   ``CheckpointedFunction``;
 * serializers (``Types``, ``serializer_for``, ``PickleSerializer`` as an explicit opt-in);
 * state backends (``HeapStateBackend``, ``RocksDBStateBackend``) and the ``LocalRunner``;
-* windows: ``window(assigner)`` with PyFlink's assigners, triggers and window functions;
+* windows: ``window(assigner)`` with PyFlink's assigners, triggers and window functions, and
+  built-in aggregates (``Count``, ``Sum``, ``Min``, ``Max``, ``Avg``);
 * ``streamstate.spark`` for pipelines on PySpark.
 """
 
@@ -28,6 +29,7 @@ from streamstate.errors import (
     NoCurrentKeyError,
     OutputSchemaError,
     PickleNotAllowedError,
+    PreAggregationError,
     RemoteError,
     StateAccessError,
     StateBackendError,
@@ -47,8 +49,11 @@ from streamstate.serializers import (
     serializer_for,
 )
 from streamstate.windows import (
+    Avg,
+    BuiltinAggregate,
     ContinuousEventTimeTrigger,
     ContinuousProcessingTimeTrigger,
+    Count,
     CountEvictor,
     CountTrigger,
     DeltaEvictor,
@@ -62,7 +67,9 @@ from streamstate.windows import (
     EvictorContext,
     GlobalWindow,
     GlobalWindows,
+    Max,
     MergingWindowAssigner,
+    Min,
     NeverTrigger,
     OnMergeContext,
     ProcessingTimeSessionWindows,
@@ -71,6 +78,7 @@ from streamstate.windows import (
     PurgingTrigger,
     SlidingEventTimeWindows,
     SlidingProcessingTimeWindows,
+    Sum,
     TimeEvictor,
     TimestampedValue,
     TimeWindow,
@@ -92,12 +100,15 @@ __version__ = "0.1.0"
 __all__ = [
     *_api_all,
     "VOID_NAMESPACE",
+    "Avg",
+    "BuiltinAggregate",
     "CheckpointError",
     "CheckpointFencedError",
     "CheckpointNotFoundError",
     "ContinuousEventTimeTrigger",
     "ContinuousProcessingTimeTrigger",
     "CorruptCheckpointError",
+    "Count",
     "CountEvictor",
     "CountTrigger",
     "DeltaEvictor",
@@ -116,15 +127,18 @@ __all__ = [
     "KeyGroupOutOfRangeError",
     "KeyGroupRange",
     "LocalRunner",
+    "Max",
     "MaxParallelismMismatchError",
     "MergingWindowAssigner",
     "MetricGroup",
     "NeverTrigger",
+    "Min",
     "NoCurrentKeyError",
     "OnMergeContext",
     "OutputSchemaError",
     "PickleNotAllowedError",
     "PickleSerializer",
+    "PreAggregationError",
     "ProcessWindowFunction",
     "ProcessingTimeSessionWindows",
     "ProcessingTimeTrigger",
@@ -138,6 +152,7 @@ __all__ = [
     "StateBackendError",
     "StateMigrationException",
     "StreamStateError",
+    "Sum",
     "TimeEvictor",
     "TimeWindow",
     "TimestampedValue",

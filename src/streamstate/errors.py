@@ -17,6 +17,7 @@ __all__ = [
     "NoCurrentKeyError",
     "OutputSchemaError",
     "PickleNotAllowedError",
+    "PreAggregationError",
     "RemoteError",
     "StateAccessError",
     "StateBackendError",
@@ -63,6 +64,12 @@ class StateMigrationException(StreamStateError):
 
 class PickleNotAllowedError(StateMigrationException):
     """A checkpoint needs pickle to be read but pickle was not explicitly enabled."""
+
+
+class PreAggregationError(StreamStateError, ValueError):
+    """Pre-aggregation before the shuffle was asked for (``pre_aggregate=True``) where it cannot
+    give the per-record results; the message says why (an evictor, a trigger that looks at
+    elements, merging windows, ...)."""
 
 
 class StateBackendError(StreamStateError, RuntimeError):

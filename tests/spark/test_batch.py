@@ -38,14 +38,6 @@ def test_windows_in_batch_mode_equal_the_local_runner(any_spark: Any) -> None:
     spark = any_spark
     events = list(generate_events(3_000, apps=3, hours=4))
     df = spark.createDataFrame(events, "app string, ts long")
-    out = keyed_process(
-        df,
-        key="app",
-        function=page_views_per_hour(),
-        output_schema="app string, hour long, views long",
-        event_time="ts",
-        parallelism=2,
-    )
     runner = LocalRunner(
         page_views_per_hour(),
         key_selector=lambda e: e[0],
@@ -53,7 +45,30 @@ def test_windows_in_batch_mode_equal_the_local_runner(any_spark: Any) -> None:
         timestamp_assigner=lambda e: e[1],
         watermark_delay=120_000,
     )
-    assert sorted(tuple(r) for r in out.collect()) == sorted(runner.run(events))
+    expected = sorted(runner.run(events))
+    # batch execution (sorted records), and automatic: the window aggregate folded before the
+    # shuffle, its folded rows through the streaming operator
+    for mode in ("batch", "automatic"):
+        out = keyed_process(
+            df,
+            key="app",
+            function=page_views_per_hour(),
+            output_schema="app string, hour long, views long",
+            event_time="ts",
+            parallelism=2,
+            execution_mode=mode,
+        )
+        assert sorted(tuple(r) for r in out.collect()) == expected, mode
+    with pytest.raises(ValueError, match="choose one"):
+        keyed_process(
+            df,
+            key="app",
+            function=page_views_per_hour(),
+            output_schema="app string, hour long, views long",
+            event_time="ts",
+            execution_mode="batch",
+            pre_aggregate=True,
+        )
 
 
 def test_output_schema_mismatch_names_the_column(any_spark: Any) -> None:

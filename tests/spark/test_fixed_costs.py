@@ -12,7 +12,7 @@ from data import make_batches, write_batches
 from functions import Count
 
 from streamstate.spark import keyed_process
-from streamstate.spark.subtask import column_values
+from streamstate.spark.records import column_values
 
 
 def _source(spark: Any, directory: str) -> Any:

@@ -507,6 +507,27 @@ class KeyedProcessOperator:
             _note(exc, f"process_element of key {_short(key)}, record {_short(value)}")
             raise
 
+    def process_keyed(
+        self,
+        keys: Iterable[Any],
+        key_groups: Iterable[Any],
+        items: Iterable[Any],
+        fn: Any,
+        what: str = "process_partial",
+    ) -> None:
+        """``fn(item)`` for each ``(key, key group, item)`` of the zipped iterables, with the
+        key as the current key (a window operator's pre-aggregated partials, SPEC §13.2); its
+        outputs accumulate in :attr:`output`. An error gets a note naming ``what``, the key and
+        the item, as a record's does."""
+        set_key = self.keyed_backend.set_current_key
+        for key, kg, item in zip(keys, key_groups, items, strict=False):
+            set_key(key, kg)
+            try:
+                fn(item)
+            except Exception as exc:
+                _note(exc, f"{what} of key {_short(key)}, {_short(item)}")
+                raise
+
     def on_event_time(self, timestamp: int, key: Any, namespace: Any) -> None:
         ctx = self._ctx
         ctx._ts = timestamp

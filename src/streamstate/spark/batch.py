@@ -63,7 +63,7 @@ def _exact_keys(df: Any, key_columns: list[str]) -> bool:
 
 def run_bounded(options: KeyedOptions, *, savepoint: str | None = None) -> Any:
     blob = function_blob(options.function)
-    placed = place(options.df, options.key_columns, options.parallelism, options.max_parallelism)
+    placed = _placed(options, blob)
     mode = options.execution_mode
     if mode == "batch":
         exact = _exact_keys(options.df, options.key_columns)
@@ -75,6 +75,28 @@ def run_bounded(options: KeyedOptions, *, savepoint: str | None = None) -> Any:
         task = bounded_task(msgspec.msgpack.encode(job), blob, None, mode)
         return placed.mapInArrow(task, options.output_struct)
     return _with_savepoint(options, placed, blob, savepoint)
+
+
+def _placed(options: KeyedOptions, blob: bytes) -> Any:
+    """The input placed by subtask: its records, or pre-aggregated per (key, window) (SPEC
+    §13.2; nothing is late in batch mode)."""
+    pre = options.pre_aggregation
+    if pre is None:
+        return place(options.df, options.key_columns, options.parallelism, options.max_parallelism)
+    import hashlib
+
+    from streamstate.spark.pre_aggregation import pre_aggregated
+    from streamstate.spark.tasks import fold_task
+
+    job = msgspec.msgpack.encode(options.job_spec(""))
+    return pre_aggregated(
+        options.df,
+        pre,
+        parallelism=options.parallelism,
+        max_parallelism=options.max_parallelism,
+        watermark=None,
+        fold_task=fold_task(job, blob, hashlib.sha256(blob).hexdigest(), None),
+    )
 
 
 def _with_savepoint(options: KeyedOptions, placed: Any, blob: bytes, savepoint: str) -> Any:

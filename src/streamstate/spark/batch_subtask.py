@@ -23,7 +23,8 @@ from typing import Any
 from streamstate.errors import UnsupportedKeyTypeError
 from streamstate.spark.job import JobSpec
 from streamstate.spark.placement import KEY_GROUP_COLUMN
-from streamstate.spark.subtask import SubtaskRuntime, column_values, event_time_ms
+from streamstate.spark.records import column_values, event_time_ms
+from streamstate.spark.subtask import SubtaskRuntime
 
 __all__ = ["BatchSubtaskRuntime", "run_starts"]
 

@@ -42,7 +42,8 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True):
     key_columns: list[str]
     #: columns of the records the function sees (the input minus the key-group column)
     value_columns: list[str]
-    #: Arrow IPC bytes of the task input schema (value columns + ``_kg``)
+    #: Arrow IPC bytes of the task input schema (value columns + ``_kg``; pre-aggregated:
+    #: the rows of :mod:`streamstate.spark.partials`)
     input_schema: bytes
     #: Arrow IPC bytes of the output schema
     output_schema: bytes
@@ -65,6 +66,9 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True):
     initial_state: str | None = None
     #: side-output tag id -> Arrow IPC bytes of its schema (the side outputs delivered)
     side_outputs: dict[str, bytes] = {}
+    #: the records arrive folded per (key, window) before the shuffle (SPEC §13.2): "sql"
+    #: (a built-in aggregate, Spark's partial aggregation) or "python"; "" per record
+    pre_aggregation: str = ""
 
     @property
     def identity(self) -> str:

@@ -15,6 +15,7 @@ from streamstate.keygroups import compute_default_max_parallelism
 from streamstate.spark.checks import check_before_first_job
 from streamstate.spark.job import JobSpec, arrow_schema_to_bytes, pickle_function, src_path
 from streamstate.spark.placement import KEY_GROUP_COLUMN
+from streamstate.spark.pre_aggregation import PreAggregationPlan, plan_pre_aggregation
 from streamstate.spark.session import default_parallelism, is_connect, parse_ddl
 
 __all__ = ["EXECUTION_MODES", "checkpointed_backend", "keyed_process", "resolve_execution_mode"]
@@ -51,6 +52,8 @@ class KeyedOptions:
     side_output_structs: dict[str, Any] = dataclasses.field(default_factory=dict)
     #: "batch" (sorted by key, one key's state at a time) or "streaming" (resolved)
     execution_mode: str = "streaming"
+    #: how micro-batches are folded before the shuffle (SPEC §13.2), or None: per record
+    pre_aggregation: PreAggregationPlan | None = None
 
     @property
     def spark(self) -> Any:
@@ -62,8 +65,28 @@ class KeyedOptions:
         from pyspark.sql.types import IntegerType, StructField, StructType
 
         tz = self.spark.conf.get("spark.sql.session.timeZone")
-        inp = StructType([*self.df.schema.fields, StructField(KEY_GROUP_COLUMN, IntegerType())])
+        if self.pre_aggregation is not None:
+            inp = self.partial_schema()
+        else:
+            fields = [*self.df.schema.fields, StructField(KEY_GROUP_COLUMN, IntegerType())]
+            inp = StructType(fields)
         return to_arrow_schema(inp, timezone=tz), to_arrow_schema(self.output_struct, timezone=tz)
+
+    def partial_schema(self) -> Any:
+        """The Spark schema of the pre-aggregated rows a subtask receives."""
+        from streamstate.spark.pre_aggregation import pre_aggregated
+
+        assert self.pre_aggregation is not None
+        # the plan of a micro-batch without its watermark: only its schema is used (analysis,
+        # nothing runs)
+        return pre_aggregated(
+            self.df,
+            self.pre_aggregation,
+            parallelism=self.parallelism,
+            max_parallelism=self.max_parallelism,
+            watermark=None,
+            fold_task=_no_fold,
+        ).schema
 
     def side_output_schemas(self) -> dict[str, Any]:
         """Side-output tag id -> Arrow schema."""
@@ -98,7 +121,12 @@ class KeyedOptions:
                 tag: arrow_schema_to_bytes(schema)
                 for tag, schema in self.side_output_schemas().items()
             },
+            pre_aggregation="" if self.pre_aggregation is None else self.pre_aggregation.mode,
         )
+
+
+def _no_fold(batches: Any) -> Any:  # the schema of the Python fold, never run
+    return iter(())
 
 
 def _ms(value: int | datetime.timedelta | None, what: str) -> int | None:
@@ -245,6 +273,7 @@ def keyed_process(
     adaptive: bool = False,
     side_outputs: dict[Any, Any] | None = None,
     execution_mode: str = "automatic",
+    pre_aggregate: bool | None = None,
 ) -> Any:
     """Run ``function`` keyed by ``key`` over ``df``, with its state kept by streamstate.
 
@@ -291,7 +320,17 @@ def keyed_process(
             a streaming one or with ``initial_state=``), ``"batch"`` (each subtask's records
             sorted by key, one key's state in memory at a time, a key's timers fired when its
             records end: Flink's BATCH runtime) or ``"streaming"`` (every key's state in
-            ``state_backend`` until the input ends). See docs/spark.md, "Batch mode".
+            ``state_backend`` until the input ends). With ``"automatic"``, a window aggregate
+            that is folded before the shuffle (``pre_aggregate``) runs its folded rows through
+            the streaming operator; ``"batch"`` never folds. See docs/spark.md, "Batch mode".
+        pre_aggregate: fold a window aggregate (``window(...).aggregate(...)``/``.reduce(...)``)
+            per key and window before the shuffle (SPEC §13.2; a built-in aggregate such as
+            ``count()`` in Spark SQL's own partial aggregation). None (default): wherever the
+            outputs are those of the per-record path; True: also where only intermediate
+            firings can differ (allowed lateness: one late firing per window per micro-batch;
+            ``ContinuousEventTimeTrigger``), and ``PreAggregationError`` where it cannot run
+            (evictors, count or delta triggers, ``process``/``apply``, session windows);
+            False: never.
     """
     from pyspark.sql.types import StructType
 
@@ -353,6 +392,27 @@ def keyed_process(
     backend, backend_options = _backend_name(
         _follow_backend(state_backend, restored, operator_name)
     )
+    if mode == "batch" and execution_mode == "batch":
+        if pre_aggregate:
+            raise ValueError(
+                "pre_aggregate=True folds records before the shuffle, and "
+                "execution_mode='batch' runs each key's sorted records through one key's state: "
+                "choose one (execution_mode='automatic' folds a window aggregate wherever it can)"
+            )
+        pre_aggregation = None
+    else:
+        function, pre_aggregation = plan_pre_aggregation(
+            df,
+            function,
+            pre_aggregate,
+            key_columns=key_columns,
+            event_time=event_time,
+            streaming=streaming,
+        )
+        if pre_aggregation is not None and mode == "batch":
+            # automatic: the folded rows (one per key and window of a partition) are few; they
+            # go through the operator as in streaming execution, as Flink's combiner's would
+            mode = "streaming"
     options = KeyedOptions(
         df=df,
         key_columns=key_columns,
@@ -374,6 +434,7 @@ def keyed_process(
         adaptive=adaptive,
         side_output_structs=side_structs,
         execution_mode=mode,
+        pre_aggregation=pre_aggregation,
     )
     ensure_worker_path(df.sparkSession)
     check_before_first_job(options, restored)

@@ -222,6 +222,7 @@ class IdleTicker:
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     def start(self) -> None:
+        """Start the thread; its first look is at once."""
         self._thread.start()
 
     @property
@@ -229,6 +230,7 @@ class IdleTicker:
         return self._stopped
 
     def wake(self) -> None:
+        """Look at the query now instead of at the end of the current wait."""
         self._nudge.set()
 
     def _run(self) -> None:

@@ -7,9 +7,12 @@ group travels on as the column ``_kg`` so that nothing downstream hashes a key a
 
 Two ways to compute ``_kg``, both exact and vectorized:
 
-* integer keys: Spark SQL, no Python round trip. Flink's ``MathUtils.murmurHash(code)`` is
-  exactly ``Murmur3_x86_32.hashInt(code, 0)`` of Spark's own ``spark-unsafe`` (the same mix,
-  the same finalization with length 4), so the query calls it through ``reflect``
+* a single integer or string key: Spark SQL, no Python round trip. A string's Java hash
+  (``String.hashCode``, Flink's for a ``String`` key) is ``java.util.Objects.hashCode`` called
+  through ``reflect``; an integer's (``Long.hashCode``) is two SQL operations. Flink's
+  ``MathUtils.murmurHash(code)`` is exactly ``Murmur3_x86_32.hashInt(code, 0)`` of Spark's own
+  ``spark-unsafe`` (the same mix, the same finalization with length 4), so the query calls it
+  through ``reflect``
   (:func:`key_group_sql_reflect`): one short expression in one projection, which Spark
   analyzes in a few ms where the 13 pure-SQL steps below took 0.2-0.4 s of driver time per
   micro-batch (the analyzer resolving 13 chained lateral aliases); a classic DataFrame is
@@ -20,9 +23,9 @@ Two ways to compute ``_kg``, both exact and vectorized:
   ``spark.sql.ansi.enabled=true``. Each step is its own lateral column alias: reusing a Column
   object inside a larger expression duplicates it, and the murmur mix would grow the plan to
   megabytes.
-* every other key type (strings, composite keys, ...): a ``mapInArrow`` pre-pass that runs
-  :func:`streamstate.keygroups.assign_key_groups_for_columns` over each Arrow batch (for strings
-  it is faster than SQL's higher-order functions).
+* every other key type (composite keys, binary, ...), or a Spark whose ``reflect`` cannot
+  call ``Objects.hashCode`` for a string: a ``mapInArrow`` pre-pass that runs
+  :func:`streamstate.keygroups.assign_key_groups_for_columns` over each Arrow batch.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from typing import Any
 __all__ = [
     "KEY_GROUP_COLUMN",
     "is_integer_key",
+    "is_string_key",
     "key_group_sql_reflect",
     "key_group_sql_steps",
     "place",
@@ -94,20 +98,32 @@ def key_group_sql_steps(column: str, max_parallelism: int) -> list[str]:
 MURMUR3_CLASS = "org.apache.spark.unsafe.hash.Murmur3_x86_32"
 
 
-def key_group_sql_reflect(column: str, max_parallelism: int) -> str:
-    """One SQL expression: the key group (INT) of the integer column ``column``.
+#: ``Objects.hashCode(Object)``: a string's ``String.hashCode`` through ``reflect``
+JAVA_OBJECTS_CLASS = "java.util.Objects"
 
-    ``Long.hashCode`` is the same 32-bit value as the first of :func:`key_group_sql_steps`,
-    turned into a signed INT (no overflow under ANSI mode); ``hashInt(code, 0)`` is Flink's
-    mix and finalization (Murmur3 x86_32 of one 4-byte block, seed 0); then Flink's sign fix
-    (``abs``, with ``Integer.MIN_VALUE`` -> 0) as ``abs(BIGINT h) % 2^31`` (no overflow, and
-    2^31 becomes 0) and the modulo. The murmur call appears once: no projection in between.
+
+def key_group_sql_reflect(column: str, max_parallelism: int, string: bool = False) -> str:
+    """One SQL expression: the key group (INT) of the integer (or, with ``string``, string)
+    column ``column``.
+
+    The Java hash: ``Long.hashCode`` is the same 32-bit value as the first of
+    :func:`key_group_sql_steps`, turned into a signed INT (no overflow under ANSI mode); a
+    string's is ``String.hashCode`` (UTF-16 code units, as Flink hashes a ``String``), called
+    through ``reflect``. Then ``hashInt(code, 0)`` is Flink's mix and finalization (Murmur3
+    x86_32 of one 4-byte block, seed 0); then Flink's sign fix (``abs``, with
+    ``Integer.MIN_VALUE`` -> 0) as ``abs(BIGINT h) % 2^31`` (no overflow, and 2^31 becomes 0)
+    and the modulo. The murmur call appears once: no projection in between.
 
     >>> "hashInt" in key_group_sql_reflect("k", 128)
     True
     """
-    code = key_group_sql_steps(column, max_parallelism)[0]
-    signed = f"CAST(CASE WHEN {code} >= {1 << 31} THEN {code} - {1 << 32} ELSE {code} END AS INT)"
+    if string:
+        signed = f"CAST(reflect('{JAVA_OBJECTS_CLASS}', 'hashCode', `{column}`) AS INT)"
+    else:
+        code = key_group_sql_steps(column, max_parallelism)[0]
+        signed = (
+            f"CAST(CASE WHEN {code} >= {1 << 31} THEN {code} - {1 << 32} ELSE {code} END AS INT)"
+        )
     murmur = f"CAST(reflect('{MURMUR3_CLASS}', 'hashInt', {signed}, 0) AS BIGINT)"
     group = f"CAST(abs({murmur}) % {1 << 31} % {max_parallelism} AS INT)"
     # a null key has no key group (as in the SQL steps): reflect would fail on a null int
@@ -124,6 +140,15 @@ def is_integer_key(df: Any, key_columns: list[str]) -> bool:
     return isinstance(dtype, ByteType | ShortType | IntegerType | LongType)
 
 
+def is_string_key(df: Any, key_columns: list[str]) -> bool:
+    """True if the key is one string column (SQL placement applies through ``reflect``)."""
+    from pyspark.sql.types import StringType
+
+    if len(key_columns) != 1:
+        return False
+    return isinstance(df.schema[key_columns[0]].dataType, StringType)
+
+
 def _check_columns(df: Any, key_columns: list[str]) -> None:
     if KEY_GROUP_COLUMN in df.columns:
         raise ValueError(f"the input already has a column named {KEY_GROUP_COLUMN!r}")
@@ -138,13 +163,14 @@ def with_key_group(df: Any, key_columns: list[str], max_parallelism: int) -> Any
 
     sf = functions_for(df)
     _check_columns(df, key_columns)
-    if is_integer_key(df, key_columns):
+    string = is_string_key(df, key_columns)
+    if string or is_integer_key(df, key_columns):
         try:
             # one projection, one analysis: the input's columns and the key group
-            kg = sf.expr(key_group_sql_reflect(key_columns[0], max_parallelism))
+            kg = sf.expr(key_group_sql_reflect(key_columns[0], max_parallelism, string))
             return df.select(sf.col("*"), kg.alias(KEY_GROUP_COLUMN))
-        except Exception as exc:  # any analysis error: the SQL steps below
-            log.debug("reflect(%s) failed, key groups in SQL steps: %r", MURMUR3_CLASS, exc)
+        except Exception as exc:  # any analysis error: the SQL steps or the Python pass below
+            log.debug("reflect(%s) failed, key groups without it: %r", MURMUR3_CLASS, exc)
     cols = [sf.col(f"`{c}`") for c in df.columns]
     if is_integer_key(df, key_columns):
         steps = key_group_sql_steps(key_columns[0], max_parallelism)
@@ -194,7 +220,7 @@ def place(df: Any, key_columns: list[str], parallelism: int, max_parallelism: in
     from streamstate.spark.session import functions_for
 
     subtask_sql = f"CAST(({KEY_GROUP_COLUMN} * {parallelism}) div {max_parallelism} AS INT)"
-    fast = _place_integer_key_classic(df, key_columns, parallelism, max_parallelism, subtask_sql)
+    fast = _place_sql_key_classic(df, key_columns, parallelism, max_parallelism, subtask_sql)
     if fast is not None:
         return fast
     sf = functions_for(df)
@@ -202,12 +228,12 @@ def place(df: Any, key_columns: list[str], parallelism: int, max_parallelism: in
     return placed.repartitionById(parallelism, sf.expr(subtask_sql))
 
 
-def _place_integer_key_classic(
+def _place_sql_key_classic(
     df: Any, key_columns: list[str], parallelism: int, max_parallelism: int, subtask_sql: str
 ) -> Any:
-    """:func:`place` of a classic DataFrame with an integer key in 4 calls into the JVM
-    (``functions.expr``, ``withColumn``, ``functions.expr``, ``repartitionById``); None when
-    it does not apply (Spark Connect, other keys, ``reflect`` failing to analyze).
+    """:func:`place` of a classic DataFrame with an integer or string key in 4 calls into the
+    JVM (``functions.expr``, ``withColumn``, ``functions.expr``, ``repartitionById``); None
+    when it does not apply (Spark Connect, other keys, ``reflect`` failing to analyze).
 
     Each micro-batch places a new DataFrame, and each py4j round trip costs ~1 ms on a quiet
     machine and 5-10 ms on a loaded one: PySpark's Column API took ~50 round trips here
@@ -216,7 +242,10 @@ def _place_integer_key_classic(
     """
     from streamstate.spark.session import is_connect
 
-    if is_connect(df) or not is_integer_key(df, key_columns):
+    if is_connect(df):
+        return None
+    string = is_string_key(df, key_columns)
+    if not string and not is_integer_key(df, key_columns):
         return None
     _check_columns(df, key_columns)
     from pyspark.sql.dataframe import DataFrame
@@ -225,7 +254,7 @@ def _place_integer_key_classic(
     jvm = spark._jvm
     try:
         functions = getattr(jvm, "org.apache.spark.sql.functions")  # one lookup, not 5
-        kg = functions.expr(key_group_sql_reflect(key_columns[0], max_parallelism))
+        kg = functions.expr(key_group_sql_reflect(key_columns[0], max_parallelism, string))
         placed = df._jdf.withColumn(KEY_GROUP_COLUMN, kg)
     except Exception as exc:  # any analysis error: the general path
         log.debug("reflect(%s) failed, key groups in SQL steps: %r", MURMUR3_CLASS, exc)

@@ -78,7 +78,13 @@ from streamstate.spark.no_data import (
 from streamstate.spark.placement import place
 from streamstate.spark.session import conf, is_connect, is_local
 from streamstate.spark.sinks import MemorySink, Sink, StagedBatch, sink_from
-from streamstate.spark.subtask import OUTPUTS_DIR, BatchResult, StagedOutput, job_storage
+from streamstate.spark.subtask import (
+    MIN_WATERMARK,
+    OUTPUTS_DIR,
+    BatchResult,
+    StagedOutput,
+    job_storage,
+)
 from streamstate.spark.tasks import ACK_SCHEMA, micro_batch_task
 
 __all__ = ["KeyedStream", "KeyedStreamingQuery"]
@@ -267,6 +273,10 @@ class KeyedStreamingQuery:
             epoch=self.epoch,
         )
         self.timings["epoch_ms"] = (time.perf_counter() - t) * 1e3
+        #: with a local master, the driver JVM's pid: the driver delivers pre-aggregated rows
+        #: to the state hosts itself (SPEC §13.2; None: the tasks do)
+        self._delivery_jvm = self._local_jvm() if options.pre_aggregation is not None else None
+        self._delivery: Any = None
         #: starts this run's state hosts while Spark plans the first micro-batch (local master)
         self._prespawn = self._prespawn_hosts()
         #: one dict of figures per step run by this query object: ``batch`` (Spark's
@@ -395,6 +405,8 @@ class KeyedStreamingQuery:
 
         blob = function_blob(options.function)
         sha = hashlib.sha256(blob).hexdigest()
+        #: the pickled function, for a fold before the shuffle (SPEC §13.2)
+        self._function = (blob, sha)
         path = f"{FUNCTIONS_DIR}/{sha}.pkl"
         job = options.job_spec(options.checkpoint or "", path, sha)
         storage = job_storage(job)
@@ -411,11 +423,25 @@ class KeyedStreamingQuery:
         finds none starts it as before, so a failure here only costs the head start.
         Skipped when the workers run another Python than this one, or with
         ``STREAMSTATE_PRESPAWN=0``."""
-        import shutil
-        import sys
 
         if os.environ.get("STREAMSTATE_PRESPAWN", "1") == "0":
             return None
+        jvm = self._local_jvm()
+        if jvm is None:
+            return None
+        thread = threading.Thread(
+            target=self._spawn_local_hosts, args=(jvm,), name="streamstate-prespawn", daemon=True
+        )
+        thread.start()
+        return thread
+
+    def _local_jvm(self) -> int | None:
+        """The driver JVM's pid when it runs the tasks (a ``local`` master of a classic session)
+        with this interpreter as their Python: then this process can start, and reach, the
+        hosts the tasks would use. None otherwise."""
+        import shutil
+        import sys
+
         sc = getattr(self.spark, "sparkContext", None)
         if sc is None or not str(sc.master).startswith("local"):
             return None
@@ -424,14 +450,9 @@ class KeyedStreamingQuery:
             return None
         try:
             # the driver's JVM runs the tasks in local mode: the hosts watch it, as theirs do
-            jvm = int(self.spark._jvm.java.lang.ProcessHandle.current().pid())
-        except Exception:  # no JVM handle (e.g. Spark Connect): no head start
+            return int(self.spark._jvm.java.lang.ProcessHandle.current().pid())
+        except Exception:  # no JVM handle (e.g. Spark Connect)
             return None
-        thread = threading.Thread(
-            target=self._spawn_local_hosts, args=(jvm,), name="streamstate-prespawn", daemon=True
-        )
-        thread.start()
-        return thread
 
     def _spawn_local_hosts(self, jvm: int) -> None:
         from concurrent.futures import ThreadPoolExecutor
@@ -802,49 +823,52 @@ class KeyedStreamingQuery:
     ) -> list[BatchResult]:
         options = self.options
         t_place = time.perf_counter()
-        if plan.no_data:
-            # one placeholder row in each of p partitions: Spark runs the task of every
-            # subtask (partition i is subtask i), without a shuffle
-            p = options.parallelism
-            placed = session.range(0, p, 1, p)
+        task_plan = {
+            "batch": plan.batch,
+            "base": plan.base,
+            "lineage": plan.lineage,
+            "new_lineage": plan.new_lineage,
+            "base_attempts": plan.base_attempts,
+            "watermark": plan.watermark,
+            "processing_time": plan.processing_time,
+            "hosts": dict(self.host_locations),
+            "spark_batch": plan.during_batch,
+            "no_data": plan.no_data,
+        }
+        host = {
+            "run_dir": self.run_dir,
+            "idle_timeout": options.host_idle_timeout,
+            "pythonpath": src_path(),
+            "run": self.run_id,
+            "secret": self._secret,
+            "bind": self.host_bind,
+            "connect_timeout": self.host_connect_timeout,
+        }
+        if not plan.no_data and not options.adaptive:
+            session.conf.set("spark.sql.adaptive.enabled", "false")
+        if options.pre_aggregation is not None and self._delivery_jvm is not None:
+            rows = self._deliver_from_driver(df, plan, task_plan, host, figures, t_place)
         else:
-            if not options.adaptive:
-                session.conf.set("spark.sql.adaptive.enabled", "false")
-            placed = place(df, options.key_columns, options.parallelism, options.max_parallelism)
-        task = micro_batch_task(
-            msgspec.msgpack.encode(self.job),
-            {
-                "batch": plan.batch,
-                "base": plan.base,
-                "lineage": plan.lineage,
-                "new_lineage": plan.new_lineage,
-                "base_attempts": plan.base_attempts,
-                "watermark": plan.watermark,
-                "processing_time": plan.processing_time,
-                "hosts": dict(self.host_locations),
-                "spark_batch": plan.during_batch,
-                "no_data": plan.no_data,
-            },
-            {
-                "run_dir": self.run_dir,
-                "idle_timeout": options.host_idle_timeout,
-                "pythonpath": src_path(),
-                "run": self.run_id,
-                "secret": self._secret,
-                "bind": self.host_bind,
-                "connect_timeout": self.host_connect_timeout,
-            },
-        )
-        t_job = time.perf_counter()
-        figures["place_ms"] = (t_job - t_place) * 1e3
-        rows = placed.mapInArrow(task, ACK_SCHEMA).collect()
-        figures["job_ms"] = (time.perf_counter() - t_job) * 1e3
+            if plan.no_data:
+                # one placeholder row in each of p partitions: Spark runs the task of every
+                # subtask (partition i is subtask i), without a shuffle
+                p = options.parallelism
+                placed = session.range(0, p, 1, p)
+            else:
+                placed = self._placed(df, plan)
+            task = micro_batch_task(msgspec.msgpack.encode(self.job), task_plan, host)
+            t_job = time.perf_counter()
+            figures["place_ms"] = (t_job - t_place) * 1e3
+            rows = placed.mapInArrow(task, ACK_SCHEMA).collect()
+            figures["job_ms"] = (time.perf_counter() - t_job) * 1e3
         raise_function_error(rows)
         results = [msgspec.msgpack.decode(r["result"], type=BatchResult) for r in rows]
         routes = self._update_locations(rows)
         figures["rows"] = sum(r.rows for r in results)
         figures["output_rows"] = sum(r.output_rows for r in results)
         figures["late_records_dropped"] = sum(r.late_records_dropped for r in results)
+        if self.job.pre_aggregation:
+            figures["partials"] = sum(r.partials for r in results)
         figures["side_outputs_dropped"] = sum(r.side_outputs_dropped for r in results)
         figures["restore"] = sorted({r.restore for r in results})
         # the task's side: connecting (spawn_ms: starting the host, None if it was running),
@@ -871,6 +895,82 @@ class KeyedStreamingQuery:
         figures["routes"] = sorted(set(routes.values()))
         figures["watermark"] = plan.watermark
         return results
+
+    def _deliver_from_driver(
+        self,
+        df: Any,
+        plan: BatchPlan,
+        task_plan: dict[str, Any],
+        host: dict[str, Any],
+        figures: dict[str, Any],
+        t_place: float,
+    ) -> list[dict[str, Any]]:
+        """The pre-aggregated micro-batch collected to the driver (one Spark job) and streamed
+        from here to the state hosts (:mod:`streamstate.spark.driver_delivery`); the
+        acknowledgements as tasks would yield them. A no-data micro-batch runs no Spark job:
+        each host gets its BEGIN and END."""
+        import pyarrow as pa
+
+        from streamstate.keygroups import assign_key_groups_for_columns
+        from streamstate.spark.driver_delivery import DriverDelivery
+        from streamstate.spark.placement import KEY_GROUP_COLUMN
+        from streamstate.spark.pre_aggregation import collected_fold
+
+        options = self.options
+        pre = options.pre_aggregation
+        assert pre is not None and self._delivery_jvm is not None
+        t_job = time.perf_counter()
+        figures["place_ms"] = (t_job - t_place) * 1e3
+        if plan.no_data:
+            table = pa.table({KEY_GROUP_COLUMN: pa.array([], pa.int32())})
+        else:
+            fold = collected_fold(
+                df, pre, watermark=self._fold_watermark(plan), fold_task=self._fold(plan)
+            )
+            t_job = time.perf_counter()
+            figures["place_ms"] = (t_job - t_place) * 1e3
+            table = fold.toArrow()
+        figures["job_ms"] = (time.perf_counter() - t_job) * 1e3
+        if KEY_GROUP_COLUMN not in table.column_names:
+            columns = [table.column(c).combine_chunks() for c in options.key_columns]
+            groups = assign_key_groups_for_columns(columns, options.max_parallelism)
+            table = table.append_column(KEY_GROUP_COLUMN, pa.array(groups, pa.int32()))
+        if self._delivery is None:
+            self._delivery = DriverDelivery(
+                msgspec.msgpack.encode(self.job), self.job, host, self._delivery_jvm
+            )
+        t_deliver = time.perf_counter()
+        acks = self._delivery.deliver(table, task_plan, task_plan["hosts"])
+        figures["deliver_ms"] = (time.perf_counter() - t_deliver) * 1e3
+        return [{**a, "timings": json.dumps(a["timings"]), "error": None} for a in acks]
+
+    def _fold_watermark(self, plan: BatchPlan) -> int | None:
+        return None if plan.watermark <= MIN_WATERMARK else plan.watermark
+
+    def _fold(self, plan: BatchPlan) -> Any:
+        """The Python fold's ``mapInArrow`` function for this batch."""
+        from streamstate.spark.tasks import fold_task
+
+        blob, sha = self._function
+        return fold_task(msgspec.msgpack.encode(self.job), blob, sha, self._fold_watermark(plan))
+
+    def _placed(self, df: Any, plan: BatchPlan) -> Any:
+        """The micro-batch placed by subtask: its records, or pre-aggregated per (key, window)
+        under the batch's watermark (SPEC §13.2)."""
+        options = self.options
+        pre = options.pre_aggregation
+        if pre is None:
+            return place(df, options.key_columns, options.parallelism, options.max_parallelism)
+        from streamstate.spark.pre_aggregation import pre_aggregated
+
+        return pre_aggregated(
+            df,
+            pre,
+            parallelism=options.parallelism,
+            max_parallelism=options.max_parallelism,
+            watermark=self._fold_watermark(plan),
+            fold_task=self._fold(plan),
+        )
 
     def _update_locations(self, rows: list[Any]) -> dict[int, str]:
         """Remember where each subtask's host is (for the next batch's plan); a host the

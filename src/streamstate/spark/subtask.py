@@ -36,17 +36,9 @@ from streamstate.spark.job import (
     key_serializer_for,
 )
 from streamstate.spark.placement import KEY_GROUP_COLUMN
-from streamstate.spark.records import OutputConverter, row_class
+from streamstate.spark.records import OutputConverter, column_values, event_time_ms, row_class
 
-__all__ = [
-    "OUTPUTS_DIR",
-    "BatchResult",
-    "StagedOutput",
-    "SubtaskRuntime",
-    "column_values",
-    "event_time_ms",
-    "job_storage",
-]
+__all__ = ["OUTPUTS_DIR", "BatchResult", "StagedOutput", "SubtaskRuntime", "job_storage"]
 
 OUTPUTS_DIR = "outputs"
 #: outputs are converted to Arrow whenever this many are pending (bounds Python memory)
@@ -91,6 +83,8 @@ class BatchResult(msgspec.Struct, kw_only=True):
     #: (streamstate.spark.no_data)
     event_timer: int | None = None
     processing_timer: int | None = None
+    #: pre-aggregated rows received (SPEC §13.2; ``rows`` counts the records they fold)
+    partials: int = 0
 
 
 def job_storage(job: JobSpec) -> Any:
@@ -182,6 +176,9 @@ class SubtaskRuntime:
         self._max_event_time: int | None = None
         self._rows = 0
         self._output_rows = 0
+        self._partials = 0
+        #: reads pre-aggregated rows for the current operator (SPEC §13.2)
+        self._reader: Any = None
 
     # ---- versions ------------------------------------------------------------------------------
 
@@ -258,6 +255,7 @@ class SubtaskRuntime:
         from streamstate.runtime.operator import KeyedProcessOperator
 
         job = self.job
+        self._reader = None
         return KeyedProcessOperator(
             self.function_factory(),
             self.key_serializer,
@@ -305,7 +303,7 @@ class SubtaskRuntime:
         self._side_dropped = 0
         self._late_dropped_before = self._late_records_dropped()
         self._max_event_time = None
-        self._rows = self._output_rows = 0
+        self._rows = self._output_rows = self._partials = 0
         if watermark is not None and watermark > MIN_WATERMARK:
             self.op.advance_watermark(watermark)
         if processing_time is not None:
@@ -317,6 +315,9 @@ class SubtaskRuntime:
         job = self.job
         n = batch.num_rows
         if not n:
+            return
+        if job.pre_aggregation:
+            self._process_partials(batch)
             return
         self._rows += n
         if len(job.key_columns) == 1:
@@ -337,6 +338,32 @@ class SubtaskRuntime:
         rows = map(tuple.__new__, repeat(cls), zip(*columns, strict=True))
         self.op.process_elements(keys, rows, timestamps, kgs)
         if len(self.op.output) >= _OUTPUT_CHUNK:
+            self._collect()
+
+    def _process_partials(self, batch: Any) -> None:
+        """One Arrow batch of pre-aggregated rows (:mod:`streamstate.spark.partials`)."""
+        reader = self._reader
+        if reader is None:
+            from streamstate.spark.partials import PartialReader
+            from streamstate.windows.pre_aggregation import pre_aggregation_of
+
+            function = self.op.function
+            job = self.job
+            reader = self._reader = PartialReader(
+                function,
+                pre_aggregation_of(function),
+                job.pre_aggregation,
+                job.key_columns,
+                job.value_columns,
+            )
+        keys, kgs, partials, records, top = reader.read(batch)
+        self._partials += batch.num_rows
+        self._rows += records
+        if top is not None and (self._max_event_time is None or top > self._max_event_time):
+            self._max_event_time = top
+        op = self.op
+        op.process_keyed(keys, kgs, partials, op.function.process_partial)
+        if len(op.output) >= _OUTPUT_CHUNK:
             self._collect()
 
     def _collect(self) -> None:
@@ -409,6 +436,7 @@ class SubtaskRuntime:
             late_records_dropped=self._late_records_dropped() - self._late_dropped_before,
             event_timer=event_timer,
             processing_timer=processing_timer,
+            partials=self._partials,
         )
 
     def _stage(self, batch_id: int, attempt: int, savepoint: str | None) -> StagedOutput | None:
@@ -458,80 +486,6 @@ def _safe_name(tag: str) -> str:
     if clean == tag:
         return tag
     return f"{clean}-{hashlib.sha1(tag.encode()).hexdigest()[:8]}"
-
-
-#: time zones with a zero offset all year: their datetimes are the UTC ones with the zone set
-_UTC_ZONES = frozenset(
-    ("UTC", "Etc/UTC", "+00:00", "Z", "GMT", "Etc/GMT", "UCT", "Etc/UCT", "Universal", "Zulu")
-)
-#: datetime.datetime's range in microseconds since the epoch (year 1 to year 9999)
-_DATETIME_US = (-62135596800_000_000, 253402300799_999_999)
-
-
-def column_values(column: Any) -> list[Any]:
-    """``column.to_pylist()``, faster for timestamps (Spark sends every timestamp column in
-    the session's zone, UTC on most servers): pyarrow builds each aware datetime through the
-    zone (about 5 us a value, more than the rest of a record's path); numpy builds naive ones
-    in C and setting a zero-offset zone is cheap. Same values, same ``tzinfo``."""
-    import pyarrow as pa
-
-    typ = column.type
-    if not pa.types.is_timestamp(typ) or typ.unit == "ns" or not len(column):
-        return column.to_pylist()
-    if typ.tz is not None and typ.tz not in _UTC_ZONES:
-        return column.to_pylist()
-    import datetime
-
-    import numpy as np
-    import pyarrow.compute as pc
-
-    us = pc.cast(column, pa.timestamp("us", typ.tz)).cast(pa.int64())
-    bounds = pc.min_max(us)
-    low, high = bounds["min"].as_py(), bounds["max"].as_py()
-    if low is None:  # all nulls
-        return column.to_pylist()
-    if low < _DATETIME_US[0] or high > _DATETIME_US[1]:
-        return column.to_pylist()  # pyarrow raises the error the user would get
-    raw = us.to_numpy(zero_copy_only=False)
-    nulls = us.is_null().to_numpy(zero_copy_only=False) if column.null_count else None
-    if typ.tz is None:
-        naive = raw.astype("datetime64[us]").astype(object)
-        if nulls is not None:
-            naive[nulls] = None
-        values: list[Any] = naive.tolist()
-        return values
-    zone = column[pc.index(us, low).as_py()].as_py().tzinfo
-    # the zone's epoch plus each value as a timedelta (numpy builds those in C): datetime's
-    # C addition keeps the zone object, ~4x faster than ``replace(tzinfo=zone)`` per value
-    epoch = datetime.datetime(1970, 1, 1, tzinfo=zone)
-    if nulls is not None:
-        raw = np.where(nulls, 0, raw)
-    aware: list[Any] = list(
-        map(epoch.__add__, raw.astype("timedelta64[us]").astype(object).tolist())
-    )
-    if nulls is not None:
-        for i in np.flatnonzero(nulls).tolist():
-            aware[i] = None
-    return aware
-
-
-def event_time_ms(column: Any) -> Any:
-    """An event-time column as int64 milliseconds (timestamps of any unit, or longs)."""
-    import numpy as np
-    import pyarrow as pa
-
-    if column.null_count:
-        raise ValueError("the event-time column has nulls; every record needs an event time")
-    t = column.type
-    if pa.types.is_timestamp(t):
-        raw = column.cast(pa.int64()).to_numpy(zero_copy_only=False)
-        if t.unit == "s":
-            return pa.array(raw * 1000)
-        per_ms = {"ms": 1, "us": 1000, "ns": 1_000_000}[t.unit]
-        return pa.array(raw if per_ms == 1 else np.floor_divide(raw, per_ms))
-    if pa.types.is_integer(t):
-        return column.cast(pa.int64())
-    raise TypeError(f"event-time column has type {t}; use a timestamp or a long in milliseconds")
 
 
 def _max(column: Any) -> int | None:

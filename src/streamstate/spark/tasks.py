@@ -7,6 +7,8 @@
 * :func:`bounded_task`: a static DataFrame; runs the subtask inside the task (in batch or
   streaming execution) and yields its outputs (or, when a savepoint is written, stages them and
   yields the acknowledgement).
+* :func:`fold_task`: the pre-shuffle stage of a window aggregate pre-aggregated in Python
+  (SPEC §13.2): folds its map partition per (key, window) and yields the partial rows.
 
 Everything a task needs travels in its closure: the :class:`~streamstate.spark.job.JobSpec`,
 the batch's plan, and in batch mode the pickled function (a streaming task ships only the
@@ -22,7 +24,7 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["ACK_SCHEMA", "bounded_task", "micro_batch_task"]
+__all__ = ["ACK_SCHEMA", "bounded_task", "fold_task", "micro_batch_task"]
 
 #: the Spark schema of acknowledgement rows: ``error`` (JSON) is set instead of ``result`` when
 #: the function raised (spark/failures.py: a function error is data, not a failed task)
@@ -190,6 +192,44 @@ def bounded_task(
         finally:
             runtime.close()
         yield _ack(index, msgspec.msgpack.encode(result), {})
+
+    return task
+
+
+#: sha256 -> the unpickled function, per Python worker (workers are reused across tasks and
+#: micro-batches: the fold unpickles a function once per process, not per batch)
+_FUNCTIONS: dict[str, Any] = {}
+
+
+def fold_task(
+    job_bytes: bytes, function_blob: bytes, sha: str, watermark: int | None
+) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """The Python fold before the shuffle of one micro-batch (or of a batch-mode job, with
+    ``watermark`` None): the rows of :mod:`streamstate.spark.partials` of its map partition,
+    with the schema the job's subtasks receive (``JobSpec.input_schema``)."""
+
+    def task(batches: Iterator[Any]) -> Iterator[Any]:
+        from streamstate.spark.job import JobSpec, arrow_schema_from_bytes, load_function
+        from streamstate.spark.partials import PartialFold
+        from streamstate.windows.pre_aggregation import pre_aggregation_of
+
+        job = msgspec.msgpack.decode(job_bytes, type=JobSpec)
+        function = _FUNCTIONS.get(sha)
+        if function is None:
+            function = _FUNCTIONS[sha] = load_function(function_blob, sha, "the task closure")
+        fold = PartialFold(
+            function,
+            pre_aggregation_of(function),
+            key_columns=job.key_columns,
+            value_columns=job.value_columns,
+            event_time=job.event_time,
+            watermark=watermark,
+            output_schema=arrow_schema_from_bytes(job.input_schema),
+            max_parallelism=job.max_parallelism,
+        )
+        for batch in batches:
+            fold.add(batch)
+        yield from fold.batches()
 
     return task
 

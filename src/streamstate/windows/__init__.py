@@ -6,8 +6,13 @@ Start with :func:`window`::
 
 returns a ``KeyedProcessFunction`` that the ``LocalRunner`` (and ``streamstate.spark``) run like
 any keyed function.
+
+Built-in aggregates over a column (``Count``, ``Sum``, ``Min``, ``Max``, ``Avg``; Spark SQL's
+semantics) are here too: ``window(...).aggregate(Count(), MyWindowFunction())``; on Spark they
+fold before the shuffle in Spark SQL's own partial aggregation (SPEC §13.2).
 """
 
+from streamstate.api.aggregates import Avg, BuiltinAggregate, Count, Max, Min, Sum
 from streamstate.serializers.window_namespaces import (
     GlobalWindow,
     GlobalWindowSerializer,
@@ -59,8 +64,11 @@ from streamstate.windows.triggers import (
 from streamstate.windows.windowed_stream import WindowedStream, window
 
 __all__ = [
+    "Avg",
+    "BuiltinAggregate",
     "ContinuousEventTimeTrigger",
     "ContinuousProcessingTimeTrigger",
+    "Count",
     "CountEvictor",
     "CountTrigger",
     "DeltaEvictor",
@@ -76,8 +84,10 @@ __all__ = [
     "GlobalWindow",
     "GlobalWindowSerializer",
     "GlobalWindows",
+    "Max",
     "MergingWindowAssigner",
     "MergingWindowSet",
+    "Min",
     "NeverTrigger",
     "OnMergeContext",
     "ProcessWindowFunction",
@@ -86,6 +96,7 @@ __all__ = [
     "PurgingTrigger",
     "SlidingEventTimeWindows",
     "SlidingProcessingTimeWindows",
+    "Sum",
     "TimeEvictor",
     "TimeWindow",
     "TimeWindowSerializer",

@@ -53,11 +53,13 @@ from streamstate.windows.assigners import (
 from streamstate.windows.contents import WINDOW_CONTENTS, WindowContents
 from streamstate.windows.functions import InternalWindowFunction, ProcessWindowFunction
 from streamstate.windows.merging_window_set import MergingWindowSet
-from streamstate.windows.triggers import OnMergeContext, Trigger
+from streamstate.windows.partial import LATE, PARTIAL, Partial
+from streamstate.windows.triggers import EventTimeTrigger, OnMergeContext, Trigger, TriggerResult
 
 __all__ = ["WindowOperator"]
 
 MERGING_WINDOW_SET = "merging-window-set"
+_CONTINUE = TriggerResult.CONTINUE
 TIMER_SERVICE = "window-timers"
 
 
@@ -208,6 +210,13 @@ class WindowOperator(KeyedProcessFunction[Any, Any]):
         self.late_data_output_tag = late_data_output_tag
         self._internal: Any = None
 
+    def assume_element_type(self, element_type: Any) -> None:
+        """Type the elements of a ``reduce`` window that was given no ``element_type``, before
+        it opens: pre-aggregated on Spark its subtasks never see a first element to infer it
+        from, so the type comes from the input's schema."""
+        if self.contents.element_type is None:
+            self.contents.element_type = element_type
+
     # ---- lifecycle -------------------------------------------------------------------------
 
     def bind_operator(self, context: Any) -> None:
@@ -253,6 +262,20 @@ class WindowOperator(KeyedProcessFunction[Any, Any]):
         self._late_records_dropped = runtime_context.get_metrics_group().counter(
             "num_late_records_dropped"
         )
+        #: the event-time trigger without allowed lateness: a window's one timer is its end,
+        #: which is also its cleanup time, and is pending while the window has contents
+        self._one_timer_per_window = (
+            self._event_time
+            and type(self.trigger) is EventTimeTrigger
+            and not self.allowed_lateness
+        )
+        fn = self.contents.function
+        #: merges a pre-aggregated group into a window's contents (SPEC §13.2)
+        self._merge_contents: Any = None
+        if self.contents.kind == "aggregating":
+            self._merge_contents = fn.merge
+        elif self.contents.kind == "reducing":
+            self._merge_contents = fn.reduce
         self.window_function.open(runtime_context)
 
     def close(self) -> None:
@@ -375,6 +398,88 @@ class WindowOperator(KeyedProcessFunction[Any, Any]):
             else:
                 self._late_records_dropped.inc()
         return None
+
+    def process_partial(self, partial: Partial) -> None:
+        """Take a group of the current key's elements folded before the shuffle (SPEC §13.2,
+        :mod:`streamstate.windows.pre_aggregation`): a PARTIAL's accumulator (or reduced value)
+        is merged into its window's contents with ``merge`` (or the reduce function), then the
+        trigger sees it as one element with the group's earliest timestamp and the cleanup timer
+        is registered, as :meth:`process_element` does for each element; without a window, the
+        windows are the assigner's for the subtask's time (processing-time and global windows,
+        the same for every element of a micro-batch). LATE elements are dropped and counted, or
+        sent to the late side output; WINDOWLESS ones belong to no window.
+
+        Only non-merging assigners (:func:`~streamstate.windows.pre_aggregation.
+        pre_aggregation_of`).
+        """
+        kind = partial.kind
+        if kind == LATE:
+            if self.late_data_output_tag is not None:
+                self._internal.output(self.late_data_output_tag, partial.element)
+            else:
+                self._late_records_dropped.inc(partial.count)
+            return
+        if kind != PARTIAL:
+            # elements in no window: late (counted) if behind the watermark, as per record
+            if partial.timestamp is not None and self._is_element_late(partial.timestamp):
+                self._late_elements(partial)
+            return
+        window = partial.window
+        if window is not None:
+            self._merge_partial(window, partial.accumulator, partial)
+            return
+        windows = self.assigner.assign_windows(None, partial.timestamp, self._ctx)
+        # one accumulator for several windows: merge may change its arguments
+        copy = self._contents_state().descriptor.serializer.copy
+        for w in windows:
+            self._merge_partial(
+                w, partial.accumulator if len(windows) == 1 else copy(partial.accumulator), partial
+            )
+
+    def _merge_partial(self, window: Any, accumulator: Any, partial: Partial) -> None:
+        """:meth:`process_partial` for one window (the per-element steps of
+        :meth:`process_element`, with ``merge`` instead of ``add``)."""
+        if self._event_time and self._is_window_late(window):
+            # the fold left lateness to the subtask: the window is late for all of the group's
+            # elements, and those whose latest window it is are late
+            self._late_elements(partial)
+            return
+        state = self._window_state
+        if state is None:
+            state = self._contents_state()
+        state.set_current_namespace(window)
+        current = state.get_internal()
+        state.update_internal(
+            accumulator if current is None else self._merge_contents(current, accumulator)
+        )
+        if self._one_timer_per_window:
+            # what the trigger and the cleanup timer would do: the window is not late, so the
+            # trigger continues, and registers the timer its first contents need (set
+            # semantics: once is enough)
+            if current is None:
+                self._timers.register_event_time_timer(window, window.max_timestamp())
+            return
+        tctx = self._ctx
+        tctx.key = key = self._backend.get_current_key()
+        tctx.window = window
+        result = self.trigger.on_element(None, partial.timestamp, window, tctx)
+        if result is not _CONTINUE:
+            if result.is_fire():
+                self._fire(key, window, state)
+            if result.is_purge():
+                state.clear()
+        self._register_cleanup_timer(window)
+
+    def _late_elements(self, partial: Partial) -> None:
+        """The late elements of a group whose lateness the fold left to the subtask: counted
+        (such a fold runs only without a late side output, which needs the elements)."""
+        if self.late_data_output_tag is not None:
+            raise StateAccessError(
+                f"{partial.records} late elements reached the window operator pre-aggregated, "
+                f"so they cannot go to the late side output {self.late_data_output_tag!r}: the "
+                "fold must decide lateness when there is a late side output"
+            )
+        self._late_records_dropped.inc(partial.records)
 
     def _merge(
         self, merge_result: Any, merged_windows: list[Any], state_window: Any, merged: list[Any]

@@ -1,0 +1,154 @@
+"""Pre-aggregated rows delivered to the state hosts by the driver (SPEC §13.2).
+
+After the fold before the shuffle, a micro-batch of a window aggregate is one row per (key,
+window) group of each map partition: a few rows where the input had ~100k records. Shuffling
+them to ``parallelism`` Spark tasks that only forward them to their subtasks' state hosts would
+cost a second shuffle, a task and a Python worker per subtask, for a few kilobytes. With a
+``local`` master the state hosts run on the driver's machine, so the driver collects the folded
+rows (one Spark job, Arrow to the driver) and streams each subtask's share to its host itself,
+in parallel, with the protocol and the checks a task uses (:func:`~streamstate.spark.
+host_client.run_batch`: the same BEGIN, the same version, lineage and attempt checks, the same
+acknowledgement).
+
+The driver is then the host's client in every way a task is: it finds the host where the last
+acknowledgement put it, starts it on this node if needed (watching the driver's JVM, which
+runs the executors of a local master), and tries again (a new attempt, the host reloading the
+batch's base version) when a host is lost mid-batch, as Spark would retry a task. An error the
+host reports (the user's function raised) fails the micro-batch as it would fail a task, rebuilt
+as the original error. Attempt numbers are the driver's own, from ``2**40`` up, apart from
+Spark's task attempt ids.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from streamstate.errors import StateHostError
+
+__all__ = ["DRIVER_ATTEMPTS", "DriverDelivery"]
+
+#: attempt numbers of deliveries by the driver start here (Spark's task attempt ids are small)
+DRIVER_ATTEMPTS = 1 << 40
+#: tries of one subtask's delivery when its host is lost (Spark's default task attempts)
+_TRIES = 4
+
+
+class DriverDelivery:
+    """Streams pre-aggregated rows from the driver to the state hosts of one query run.
+
+    Parameters:
+        job: the operator's ``JobSpec`` (encoded, as a task gets it) and decoded.
+        host: the host settings a task gets (run_dir, idle_timeout, pythonpath, run, secret,
+            bind, connect_timeout).
+        jvm: the driver JVM's pid, which the hosts it starts watch.
+    """
+
+    def __init__(self, job_bytes: bytes, job: Any, host: dict[str, Any], jvm: int) -> None:
+        self.job_bytes = job_bytes
+        self.job = job
+        self.host = host
+        self.jvm = jvm
+        self._attempts = itertools.count(DRIVER_ATTEMPTS)
+
+    def _spec(self, subtask: int) -> Any:
+        import msgspec
+
+        from streamstate.spark.host_client import host_spec
+        from streamstate.spark.state_host import proc_start_time
+
+        job, host = self.job, self.host
+        spec = host_spec(
+            job.checkpoint_url,
+            job.operator,
+            subtask,
+            job.parallelism,
+            directory=host.get("run_dir"),
+            idle_timeout=host.get("idle_timeout", 600.0),
+            run=host.get("run", ""),
+            bind=host.get("bind"),
+            watch=False,
+        )
+        return msgspec.structs.replace(
+            spec, watch_pid=self.jvm, watch_start=proc_start_time(self.jvm)
+        )
+
+    def deliver(
+        self, table: Any, plan: dict[str, Any], hosts: dict[int, Any]
+    ) -> list[dict[str, Any]]:
+        """Send each subtask its rows of ``table`` (with ``_kg``) for the batch ``plan`` (what a
+        task's closure holds); returns one acknowledgement per subtask as a task yields it
+        (``subtask``, ``result``, ``timings``)."""
+        import numpy as np
+        import pyarrow as pa
+
+        from streamstate.spark.placement import KEY_GROUP_COLUMN
+
+        job = self.job
+        p = job.parallelism
+        subtasks = (
+            table.column(KEY_GROUP_COLUMN).to_numpy(zero_copy_only=False).astype(np.int64)
+            * p
+            // job.max_parallelism
+        )
+        shares = [
+            table.filter(pa.array(subtasks == i)).combine_chunks().to_batches() for i in range(p)
+        ]
+        with ThreadPoolExecutor(
+            max_workers=min(8, p), thread_name_prefix="streamstate-deliver"
+        ) as pool:
+            return list(
+                pool.map(lambda i: self._deliver_one(i, shares[i], plan, hosts.get(i)), range(p))
+            )
+
+    def _deliver_one(
+        self, subtask: int, batches: list[Any], plan: dict[str, Any], location: Any
+    ) -> dict[str, Any]:
+        from streamstate.spark.failures import parse_remote_error
+        from streamstate.spark.host_client import run_batch
+
+        spec = self._spec(subtask)
+        host = self.host
+        for tries in range(1, _TRIES + 1):
+            attempt = next(self._attempts)
+            begin = {
+                "job": self.job_bytes,
+                "batch": plan["batch"],
+                "base": plan["base"],
+                "lineage": plan["lineage"],
+                "new_lineage": plan["new_lineage"],
+                "base_attempt": plan["base_attempts"].get(subtask),
+                "attempt": attempt,
+                "watermark": plan["watermark"],
+                "processing_time": plan["processing_time"],
+            }
+            t0 = time.perf_counter()
+            try:
+                result, timings = run_batch(
+                    spec,
+                    begin,
+                    iter(batches),
+                    pythonpath=host.get("pythonpath"),
+                    secret=host.get("secret"),
+                    location=location,
+                    connect_timeout=host.get("connect_timeout", 3.0),
+                )
+            except StateHostError as exc:
+                rebuilt = parse_remote_error(str(exc))
+                if rebuilt is not None:  # the host reported an error: as a failed task's
+                    raise rebuilt from exc
+                if tries == _TRIES:
+                    raise
+                # the host was lost: a new one on this node reloads the batch's base version
+                location = None
+                continue
+            timings.update(
+                worker_pid=os.getpid(),
+                attempt_number=tries - 1,
+                deliver_ms=(time.perf_counter() - t0) * 1e3,
+            )
+            return {"subtask": subtask, "result": result, "timings": timings}
+        raise AssertionError("unreachable")
