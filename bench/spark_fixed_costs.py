@@ -133,14 +133,19 @@ def _pass_through(batches: Any) -> Any:
         yield pa.RecordBatch.from_pydict({"n": pa.array([batch.num_rows], pa.int64())})
 
 
-def spark_floor_ms(df: Any, rows: int) -> float:
+def spark_floor_ms(df: Any, rows: int, sort: list[str] | None = None) -> float:
     """Spark's floor under a batch ``keyed_process(...).collect()``: streamstate's placement
-    (key group column, ``repartitionById``) and a Python ``mapInArrow`` pass-through, collected;
-    no state, no function, no output rows beyond one per Arrow batch. Milliseconds."""
+    (key group column, ``repartitionById``), with ``sort`` the sort of each partition that
+    batch execution adds (``sortWithinPartitions(*sort)``), and a Python ``mapInArrow``
+    pass-through, collected; no state, no function, no output rows beyond one per Arrow batch.
+    Milliseconds."""
     from streamstate.spark.placement import place
 
     t0 = time.perf_counter()
-    got = place(df, ["k"], 2, 128).mapInArrow(_pass_through, "n long").collect()
+    placed = place(df, ["k"], 2, 128)
+    if sort:
+        placed = placed.sortWithinPartitions(*sort)
+    got = placed.mapInArrow(_pass_through, "n long").collect()
     took = (time.perf_counter() - t0) * 1e3
     assert sum(r["n"] for r in got) == rows, "the pass-through lost rows"
     return took

@@ -33,6 +33,7 @@ nitpick_ignore_regex = [
     (r"py:.*", r"streamstate\..*\.(T|K|V|IN|OUT|ACC|W|NS|_\w+)"),
     (r"py:.*", r"streamstate\.spark\.keyed\.KeyedOptions|streamstate\.windows\.contents\..*"),
     (r"py:.*", r"streamstate\.runtime\.stream_task\..*"),
+    (r"py:.*", r"streamstate\.runtime\.operator\.KeyedProcessOperator"),
     (r"py:.*", r"(dict|list|tuple|set|type)\[.*|Table|RecordBatch|Schema|DataFrame"),
     (r"py:.*", r"(typing|collections|abc|enum|datetime|pyarrow|pa|pyspark|msgspec|rich)\..*"),
     (r"py:.*", r"(Any|T|K|V|IN|OUT|ACC|W|NS|Iterable|Iterator|Callable|Sequence|Mapping)"),

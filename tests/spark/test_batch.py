@@ -5,11 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from functions import BadOutput, Count, Sum
+from data import final_counts, make_batches, running_counts, write_batches
+from functions import BadOutput, Count, CountWithRecordLog, Sum
 
-from streamstate import LocalRunner
+from streamstate import KeyedProcessFunction, LocalRunner
 from streamstate.demo import generate_events, page_views_per_hour
-from streamstate.spark import keyed_process, read_state
+from streamstate.spark import FileSink, keyed_process, read_state
 
 pytestmark = pytest.mark.spark
 
@@ -37,14 +38,6 @@ def test_windows_in_batch_mode_equal_the_local_runner(any_spark: Any) -> None:
     spark = any_spark
     events = list(generate_events(3_000, apps=3, hours=4))
     df = spark.createDataFrame(events, "app string, ts long")
-    out = keyed_process(
-        df,
-        key="app",
-        function=page_views_per_hour(),
-        output_schema="app string, hour long, views long",
-        event_time="ts",
-        parallelism=2,
-    )
     runner = LocalRunner(
         page_views_per_hour(),
         key_selector=lambda e: e[0],
@@ -52,7 +45,30 @@ def test_windows_in_batch_mode_equal_the_local_runner(any_spark: Any) -> None:
         timestamp_assigner=lambda e: e[1],
         watermark_delay=120_000,
     )
-    assert sorted(tuple(r) for r in out.collect()) == sorted(runner.run(events))
+    expected = sorted(runner.run(events))
+    # batch execution (sorted records), and automatic: the window aggregate folded before the
+    # shuffle, its folded rows through the streaming operator
+    for mode in ("batch", "automatic"):
+        out = keyed_process(
+            df,
+            key="app",
+            function=page_views_per_hour(),
+            output_schema="app string, hour long, views long",
+            event_time="ts",
+            parallelism=2,
+            execution_mode=mode,
+        )
+        assert sorted(tuple(r) for r in out.collect()) == expected, mode
+    with pytest.raises(ValueError, match="choose one"):
+        keyed_process(
+            df,
+            key="app",
+            function=page_views_per_hour(),
+            output_schema="app string, hour long, views long",
+            event_time="ts",
+            execution_mode="batch",
+            pre_aggregate=True,
+        )
 
 
 def test_output_schema_mismatch_names_the_column(any_spark: Any) -> None:
@@ -80,3 +96,82 @@ def test_savepoint_bootstraps_state_that_read_state_returns(any_spark: Any, tmp_
     assert sorted((r.key, r.namespace, r.value) for r in state.collect()) == [
         (f"u{i}", None, 10) for i in range(5)
     ]
+
+
+class BackendName(KeyedProcessFunction):
+    """Emits ``(key, the keyed backend's name)`` once per key."""
+
+    def bind_operator(self, context: Any) -> None:
+        self.backend = context.keyed_backend.backend_name
+
+    def process_element(self, value: Any, ctx: Any) -> Any:
+        yield ctx.get_current_key(), self.backend
+
+
+def test_execution_mode_is_batch_for_a_static_dataframe_unless_asked(spark: Any) -> None:
+    df = spark.createDataFrame([("a", 1), ("b", 2)], "user string, v long")
+
+    def backends(**kwargs: Any) -> set[str]:
+        out = keyed_process(
+            df, key="user", function=BackendName(), output_schema="user string, b string", **kwargs
+        )
+        return {r.b for r in out.collect()}
+
+    assert backends() == {"batch"}
+    assert backends(execution_mode="streaming", state_backend="rocksdb") == {"rocksdb"}
+    with pytest.raises(ValueError, match="execution_mode must be one of"):
+        backends(execution_mode="BATCH")
+    with pytest.raises(ValueError, match="initial_state= needs execution_mode='streaming'"):
+        backends(execution_mode="batch", initial_state="/nowhere")
+    stream = spark.readStream.format("rate").load()
+    with pytest.raises(ValueError, match="needs a bounded input"):
+        keyed_process(
+            stream,
+            key="value",
+            function=Count(),
+            output_schema="value long, n long",
+            checkpoint="/tmp/unused",
+            execution_mode="batch",
+        )
+
+
+def test_a_batch_savepoint_bootstraps_a_streaming_query_at_another_parallelism(
+    spark: Any, tmp_path: Any
+) -> None:
+    """Batch execution at parallelism 2 writes keyed and operator state as its keys finish; a
+    streaming query on RocksDB with one subtask starts from it and continues every count, and
+    its one subtask holds both batch subtasks' operator state."""
+    history = make_batches(1, 500, users=40, seed=3)[0]
+    later = make_batches(2, 200, users=50, seed=4)
+    savepoint = str(tmp_path / "sp")
+    df = spark.createDataFrame(history, "user string, v long")
+    out = keyed_process(
+        df,
+        key="user",
+        function=CountWithRecordLog(),
+        output_schema="user string, n long, seen long",
+        parallelism=2,
+        savepoint=savepoint,
+    )
+    assert sorted((r.user, r.n) for r in out.collect()) == running_counts([history])
+    write_batches(str(tmp_path / "in"), later)
+    query = keyed_process(
+        spark.readStream.schema("user string, v long")
+        .option("maxFilesPerTrigger", 1)
+        .parquet(str(tmp_path / "in")),
+        key="user",
+        function=CountWithRecordLog(),
+        output_schema="user string, n long, seen long",
+        checkpoint=str(tmp_path / "ck"),
+        parallelism=1,
+        state_backend="rocksdb",
+        initial_state=savepoint,
+    ).write_stream("parquet", path=str(tmp_path / "out"), trigger={"availableNow": True})
+    query.await_termination()
+    assert query.batches[0]["restore"] == ["initial"]
+    rows = FileSink(str(tmp_path / "out")).read_arrow().to_pylist()
+    continued = set(running_counts([history, *later])) - set(running_counts([history]))
+    assert sorted((r["user"], r["n"]) for r in rows) == sorted(continued)
+    assert max(r["seen"] for r in rows) == len(history) + sum(len(b) for b in later)
+    state = read_state(spark, str(tmp_path / "ck"), state="n").collect()
+    assert {r.key: r.value for r in state} == final_counts([history, *later])

@@ -12,7 +12,7 @@ from data import make_batches, write_batches
 from functions import Count
 
 from streamstate.spark import keyed_process
-from streamstate.spark.records import column_values as _pylist
+from streamstate.spark.records import column_values
 
 
 def _source(spark: Any, directory: str) -> Any:
@@ -70,7 +70,7 @@ def test_timestamp_columns_convert_like_pyarrow(tz: str | None, unit: str) -> No
     scale = {"s": 10**-6, "ms": 10**-3, "us": 1, "ns": 10**3}[unit]
     values = [0, None, int(1_700_000_000_123_456 * scale), -5, int(-1_000_000_000_000_000 * scale)]
     column = pa.array(values, pa.timestamp(unit, tz=tz))
-    got = _pylist(column)
+    got = column_values(column)
     assert got == column.to_pylist()
     assert [type(v.tzinfo) for v in got if v] == [type(v.tzinfo) for v in column.to_pylist() if v]
 
@@ -80,13 +80,13 @@ def test_timestamp_columns_out_of_datetime_range_raise_as_pyarrow_does() -> None
     with pytest.raises(OverflowError):
         column.to_pylist()
     with pytest.raises(OverflowError):
-        _pylist(column)
+        column_values(column)
 
 
 def test_all_null_and_other_columns_are_unchanged() -> None:
-    assert _pylist(pa.array([None, None], pa.timestamp("us", tz="UTC"))) == [None, None]
-    assert _pylist(pa.array([1, None, 3])) == [1, None, 3]
-    assert _pylist(pa.array([], pa.timestamp("ms"))) == []
+    assert column_values(pa.array([None, None], pa.timestamp("us", tz="UTC"))) == [None, None]
+    assert column_values(pa.array([1, None, 3])) == [1, None, 3]
+    assert column_values(pa.array([], pa.timestamp("ms"))) == []
 
 
 @pytest.mark.spark

@@ -41,7 +41,9 @@ def _events(n: int, seed: int) -> list[tuple[str, int, int]]:
     return [(rnd.choice("abcde"), rnd.randrange(0, 400), rnd.randrange(1, 10)) for _ in range(n)]
 
 
-def _spark_rows(spark: Any, fn: Any, events: list, backend: str) -> Counter:
+def _spark_rows(
+    spark: Any, fn: Any, events: list, backend: str, execution_mode: str = "automatic"
+) -> Counter:
     df = spark.createDataFrame(events, "k string, ts long, v long")
     out = keyed_process(
         df,
@@ -51,6 +53,7 @@ def _spark_rows(spark: Any, fn: Any, events: list, backend: str) -> Counter:
         event_time="ts",
         parallelism=2,
         state_backend=backend,
+        execution_mode=execution_mode,
     )
     return Counter(tuple(r) for r in out.collect())
 
@@ -97,9 +100,26 @@ def test_continuous_trigger_in_batch_mode_matches_the_oracle(spark: Any) -> None
         .trigger(ContinuousEventTimeTrigger.of(30))
         .process(CountAndTotal(), ELEMENT)
     )
-    got = _spark_rows(spark, fn, events, "rocksdb")
+    # streaming execution: the watermark jumps to the end of time when the input ends, and the
+    # fire times the trigger registers from its timers are due at once
+    got = _spark_rows(spark, fn, events, "rocksdb", execution_mode="streaming")
     assert got == _expected(oracle.fired)
     assert max(got.values()) > 1  # each window fired at 30, 60, 90 and its end: 4 times
+    # batch execution (the default), as Flink's BATCH mode: a key's timers fire when its
+    # records end, and the next fire time the trigger registers from its timer is ignored
+    # (quiesced timer service): a window fires at the fire time its first element registered
+    # and at its end (once if they coincide), each time with all its elements
+    windows: dict[tuple[str, int, int], list[tuple[str, int, int]]] = {}
+    for e in events:
+        (w,) = assigner.assign_windows(None, e[1], None)
+        windows.setdefault((e[0], w.start, w.end), []).append(e)
+    expected: Counter = Counter()
+    for (key, start, end), els in windows.items():
+        first = min(e[1] for e in els)
+        fires = len({min(first - first % 30 + 30, end - 1), end - 1})
+        expected[(key, start, end, len(els), sum(e[2] for e in els))] = fires
+    assert _spark_rows(spark, fn, events, "rocksdb") == expected
+    assert 2 in expected.values()  # twice: at the first fire time and at the end
 
 
 class KeyTotals(ProcessWindowFunction):

@@ -27,6 +27,9 @@ class StateBackend:
     size_tracking: bool = False
 
     name: str = dataclasses.field(default="", init=False)
+    #: the keyed backend holds one key at a time: only an operator of sorted input (batch
+    #: execution) may use it
+    requires_sorted_input = False
 
     def create_keyed_backend(
         self,

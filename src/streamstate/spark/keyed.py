@@ -18,7 +18,10 @@ from streamstate.spark.placement import KEY_GROUP_COLUMN
 from streamstate.spark.pre_aggregation import PreAggregationPlan, plan_pre_aggregation
 from streamstate.spark.session import default_parallelism, is_connect, parse_ddl
 
-__all__ = ["checkpointed_backend", "keyed_process"]
+__all__ = ["EXECUTION_MODES", "checkpointed_backend", "keyed_process", "resolve_execution_mode"]
+
+#: ``keyed_process(execution_mode=...)``: Flink's ``execution.runtime-mode`` values
+EXECUTION_MODES = ("automatic", "batch", "streaming")
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +50,8 @@ class KeyedOptions:
     adaptive: bool
     #: side-output tag id -> Spark schema (StructType) of the side outputs delivered
     side_output_structs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: "batch" (sorted by key, one key's state at a time) or "streaming" (resolved)
+    execution_mode: str = "streaming"
     #: how micro-batches are folded before the shuffle (SPEC §13.2), or None: per record
     pre_aggregation: PreAggregationPlan | None = None
 
@@ -170,12 +175,14 @@ def _latest_checkpoint(checkpoint: str | None, options: dict[str, Any]) -> Any:
 
 def _initial_checkpoint(initial_state: str | None, options: dict[str, Any]) -> Any:
     """The savepoint (or checkpoint) ``initial_state`` names, or None."""
-    from streamstate.checkpoint.storage import open_location, resolve_checkpoint
+    from streamstate.checkpoint.storage import open_location
 
     if initial_state is None:
         return None
     storage, directory = open_location(initial_state, options)
-    return resolve_checkpoint(directory, storage)
+    # the directory is relative to that storage (None: a job directory, its latest checkpoint);
+    # resolve_checkpoint would take a name such as "sp" for a path of the working directory
+    return storage.load(directory)
 
 
 def checkpointed_backend(restored: Any, operator: str) -> str | None:
@@ -210,6 +217,36 @@ def _follow_backend(state_backend: Any, restored: Any, operator: str) -> Any:
     return state_backend
 
 
+def resolve_execution_mode(mode: str, streaming: bool, initial_state: str | None) -> str:
+    """``"batch"`` or ``"streaming"`` for ``execution_mode=mode`` (Flink's runtime mode):
+    ``automatic`` is batch for a static DataFrame (a bounded input) that does not start from
+    ``initial_state``, streaming otherwise.
+
+    >>> [resolve_execution_mode("automatic", streaming, None) for streaming in (False, True)]
+    ['batch', 'streaming']
+    """
+    if mode not in EXECUTION_MODES:
+        raise ValueError(
+            f"execution_mode must be one of {', '.join(map(repr, EXECUTION_MODES))}, got {mode!r}"
+        )
+    if streaming:
+        if mode == "batch":
+            raise ValueError(
+                "execution_mode='batch' needs a bounded input (a static DataFrame): a streaming "
+                "DataFrame never ends, so its keys never finish (Flink refuses BATCH for "
+                "unbounded sources too)"
+            )
+        return "streaming"
+    if mode == "automatic":
+        return "streaming" if initial_state else "batch"
+    if mode == "batch" and initial_state:
+        raise ValueError(
+            "execution_mode='batch' starts from no state (one key's state at a time, built from "
+            "the input); initial_state= needs execution_mode='streaming'"
+        )
+    return mode
+
+
 def _absolute(url: str) -> str:
     return url if "://" in url else os.path.abspath(url)
 
@@ -235,6 +272,7 @@ def keyed_process(
     host_idle_timeout: float = 600.0,
     adaptive: bool = False,
     side_outputs: dict[Any, Any] | None = None,
+    execution_mode: str = "automatic",
     pre_aggregate: bool | None = None,
 ) -> Any:
     """Run ``function`` keyed by ``key`` over ``df``, with its state kept by streamstate.
@@ -244,8 +282,9 @@ def keyed_process(
     Outputs (tuples, dicts or Rows) form a DataFrame of ``output_schema``.
 
     * static ``df`` (batch mode): returns a DataFrame. Event-time timers and windows fire at the
-      end of the input. With ``savepoint=`` (a path or URL) the job runs at once, writes the
-      final state there as a savepoint (a streaming query can start from it with
+      end of the input (in batch execution: at the end of each key's records). With
+      ``savepoint=`` (a path or URL) the job runs at once, writes the final state there as a
+      savepoint (a streaming query can start from it with
       ``initial_state=``) and returns its outputs.
     * streaming ``df``: returns a :class:`~streamstate.spark.streaming.KeyedStream`; start it
       with ``.write_stream(sink, ...)``. ``checkpoint`` (a path or URL) is required: the state's
@@ -277,6 +316,13 @@ def keyed_process(
             each to its own sink (``write_stream(side_sinks={tag: sink})``), exactly-once like
             the main output; e.g. a window's ``side_output_late_data(tag)``. Values emitted to
             other tags are dropped and counted (``query.batches``: ``side_outputs_dropped``).
+        execution_mode: ``"automatic"`` (default: batch for a static DataFrame, streaming for
+            a streaming one or with ``initial_state=``), ``"batch"`` (each subtask's records
+            sorted by key, one key's state in memory at a time, a key's timers fired when its
+            records end: Flink's BATCH runtime) or ``"streaming"`` (every key's state in
+            ``state_backend`` until the input ends). With ``"automatic"``, a window aggregate
+            that is folded before the shuffle (``pre_aggregate``) runs its folded rows through
+            the streaming operator; ``"batch"`` never folds. See docs/spark.md, "Batch mode".
         pre_aggregate: fold a window aggregate (``window(...).aggregate(...)``/``.reduce(...)``)
             per key and window before the shuffle (SPEC §13.2; a built-in aggregate such as
             ``count()`` in Spark SQL's own partial aggregation). None (default): wherever the
@@ -305,6 +351,7 @@ def keyed_process(
             f"output_schema must be a StructType or a DDL string, got {output_schema!r}"
         )
     streaming = df.isStreaming
+    mode = resolve_execution_mode(execution_mode, streaming, initial_state)
     side_structs = _side_output_structs(
         side_outputs, struct_type=StructType, parse=lambda ddl: parse_ddl(spark, ddl)
     )
@@ -345,14 +392,27 @@ def keyed_process(
     backend, backend_options = _backend_name(
         _follow_backend(state_backend, restored, operator_name)
     )
-    function, pre_aggregation = plan_pre_aggregation(
-        df,
-        function,
-        pre_aggregate,
-        key_columns=key_columns,
-        event_time=event_time,
-        streaming=streaming,
-    )
+    if mode == "batch" and execution_mode == "batch":
+        if pre_aggregate:
+            raise ValueError(
+                "pre_aggregate=True folds records before the shuffle, and "
+                "execution_mode='batch' runs each key's sorted records through one key's state: "
+                "choose one (execution_mode='automatic' folds a window aggregate wherever it can)"
+            )
+        pre_aggregation = None
+    else:
+        function, pre_aggregation = plan_pre_aggregation(
+            df,
+            function,
+            pre_aggregate,
+            key_columns=key_columns,
+            event_time=event_time,
+            streaming=streaming,
+        )
+        if pre_aggregation is not None and mode == "batch":
+            # automatic: the folded rows (one per key and window of a partition) are few; they
+            # go through the operator as in streaming execution, as Flink's combiner's would
+            mode = "streaming"
     options = KeyedOptions(
         df=df,
         key_columns=key_columns,
@@ -373,6 +433,7 @@ def keyed_process(
         host_idle_timeout=host_idle_timeout,
         adaptive=adaptive,
         side_output_structs=side_structs,
+        execution_mode=mode,
         pre_aggregation=pre_aggregation,
     )
     ensure_worker_path(df.sparkSession)

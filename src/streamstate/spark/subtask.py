@@ -129,6 +129,8 @@ class SubtaskRuntime:
         local_dir: a local directory for RocksDB working files.
         incremental: checkpoints write deltas (streaming); batch mode writes at most one
             savepoint and needs no change tracking.
+        clock: the operators' processing-time clock (default: the system clock; tests inject
+            one).
     """
 
     def __init__(
@@ -140,8 +142,10 @@ class SubtaskRuntime:
         storage: Any = None,
         local_dir: str | None = None,
         incremental: bool = True,
+        clock: Any = None,
     ) -> None:
         self.job = job
+        self.clock = clock
         self.incremental = incremental
         self.index = index
         self.function_factory = function_factory
@@ -260,6 +264,7 @@ class SubtaskRuntime:
             parallelism=job.parallelism,
             max_parallelism=job.max_parallelism,
             state_backend=_state_backend(job, self.index, self.local_dir, self.incremental),
+            clock=self.clock,
         )
 
     def _new_task(self, op: Any) -> Any:

@@ -4,8 +4,9 @@
   acknowledgement row (the subtask's ``BatchResult``); the outputs are staged by the host. A
   no-data micro-batch runs the same task over one row per subtask (``range(p)`` in ``p``
   partitions: no shuffle) and streams nothing.
-* :func:`bounded_task`: batch mode; runs the subtask inside the task and yields its outputs
-  (or, when a savepoint is written, stages them and yields the acknowledgement).
+* :func:`bounded_task`: a static DataFrame; runs the subtask inside the task (in batch or
+  streaming execution) and yields its outputs (or, when a savepoint is written, stages them and
+  yields the acknowledgement).
 * :func:`fold_task`: the pre-shuffle stage of a window aggregate pre-aggregated in Python
   (SPEC §13.2): folds its map partition per (key, window) and yields the partial rows.
 
@@ -124,11 +125,18 @@ def micro_batch_task(
 
 
 def bounded_task(
-    job_bytes: bytes, function_blob: bytes, savepoint: dict[str, Any] | None
+    job_bytes: bytes,
+    function_blob: bytes,
+    savepoint: dict[str, Any] | None,
+    execution_mode: str = "streaming",
 ) -> Callable[[Iterator[Any]], Iterator[Any]]:
-    """Batch mode: run the subtask over the whole partition, fire all timers at the end of
-    input, and yield the outputs; with ``savepoint`` ({url, directory, id}) stage the outputs
-    and write the subtask's savepoint files, yielding one acknowledgement instead."""
+    """A static DataFrame: run the subtask over the whole partition, fire all timers at the end
+    of input, and yield the outputs; with ``savepoint`` ({url, directory, id}) stage the outputs
+    and write the subtask's savepoint files, yielding one acknowledgement instead.
+
+    ``execution_mode``: ``"batch"`` for a partition sorted by key (one key's state at a time,
+    ``spark/batch_subtask.py``), ``"streaming"`` for the streaming operator over the partition
+    as it comes."""
 
     def task(batches: Iterator[Any]) -> Iterator[Any]:
         import time
@@ -138,14 +146,26 @@ def bounded_task(
 
         from streamstate.spark.failures import is_function_error, task_error_report
         from streamstate.spark.job import JobSpec
-        from streamstate.spark.subtask import SubtaskRuntime
 
         ctx = _task_context(TaskContext.get())
         index = ctx.partitionId()
         job = msgspec.msgpack.decode(job_bytes, type=JobSpec)
-        runtime = SubtaskRuntime(
-            job, index, lambda: cloudpickle.loads(function_blob), incremental=False
-        )
+        runtime: Any
+        if execution_mode == "batch":
+            from streamstate.spark.batch_subtask import BatchSubtaskRuntime
+
+            runtime = BatchSubtaskRuntime(
+                job,
+                index,
+                lambda: cloudpickle.loads(function_blob),
+                savepoint=savepoint is not None,
+            )
+        else:
+            from streamstate.spark.subtask import SubtaskRuntime
+
+            runtime = SubtaskRuntime(
+                job, index, lambda: cloudpickle.loads(function_blob), incremental=False
+            )
         try:
             runtime.prepare(-1, "empty")
             runtime.begin(None, time.time_ns() // 1_000_000)

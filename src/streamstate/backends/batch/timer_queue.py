@@ -1,0 +1,155 @@
+"""The timers of one key (Flink's ``BatchExecutionInternalPriorityQueueSet``).
+
+A :class:`~streamstate.backends.timer_queues.KeyGroupedTimerQueue` that only ever holds timers of
+the backend's current key: the batch backend empties it when the key changes, after the timer
+service fired what the key registered. Set semantics on ``(timestamp, namespace)``; the key and
+key group a timer service passes are those of the current key (the key is kept to be handed
+back, the key group ignored). Timers with equal timestamps come out in the order they were
+added, as the key's timers do from the streaming queue.
+
+It overrides every operation of the key-grouped queue with a leaner one (no per-key-group sets,
+no change tracking for incremental checkpoints): a key registers and fires its timers once per
+key, which in a batch run with many small keys is a per-record cost.
+
+>>> q = SingleKeyTimerQueue()
+>>> q.add(20, "k", None, 7), q.add(10, "k", None, 7), q.add(10, "k", None, 7)
+(True, True, False)
+>>> q.remove(20, "k", None, 7), len(q), q.poll(), q.poll()
+(True, 1, (10, 'k', None, 0), None)
+
+Complexity: ``add`` O(log n), ``remove`` O(1) (the heap entry is skipped when it surfaces),
+``poll`` amortized O(log n), ``clear`` O(1) when empty; n is the number of timers of one key.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from streamstate.backends.timer_queues import KeyGroupedTimerQueue
+
+__all__ = ["SingleKeyTimerQueue"]
+
+_heappush = heapq.heappush
+_heappop = heapq.heappop
+
+
+class SingleKeyTimerQueue(KeyGroupedTimerQueue):
+    """Timers of the current key: set semantics, timestamp order (see the module docstring)."""
+
+    __slots__ = ("_live", "_pending")
+
+    def __init__(self, pending: list[int] | None = None) -> None:
+        # the key-grouped queue's structures are not used
+        self._by_kg = []
+        self.changed = set()
+        self._size = 0
+        #: (timestamp, namespace) -> sequence number of its live heap entry
+        self._live: dict[tuple[int, Any], int] = {}
+        self._heap: list[tuple[int, int, Any, Any]] = []  # type: ignore[assignment]
+        self._seq = 0  # type: ignore[assignment]
+        #: a counter shared by the backend's queues: timers added since the key began (the
+        #: backend skips firing a key without any)
+        self._pending = pending if pending is not None else [0]
+
+    def add(self, timestamp: int, key: Any, namespace: Any, kg_index: int = 0) -> bool:
+        """Add a timer of the current key; False if it was already there."""
+        ident = (timestamp, namespace)
+        live = self._live
+        if ident in live:
+            return False
+        seq: int = self._seq  # type: ignore[assignment]
+        self._seq = seq + 1  # type: ignore[assignment]
+        live[ident] = seq
+        _heappush(self._heap, (timestamp, seq, key, namespace))  # type: ignore[arg-type]
+        self._pending[0] += 1
+        return True
+
+    def fire_all(self, target: Callable[[int, Any, Any], object]) -> int:
+        """Remove every timer in order, calling ``target(timestamp, key, namespace)`` for each;
+        a timer removed meanwhile (by an earlier ``target``) is skipped, one added meanwhile is
+        fired too. Returns how many fired."""
+        heap = self._heap
+        if not heap:
+            return 0
+        live = self._live
+        fired = 0
+        while heap:
+            ts, seq, key, ns = _heappop(heap)  # type: ignore[misc]
+            ident = (ts, ns)
+            if live.get(ident) == seq:
+                del live[ident]
+                target(ts, key, ns)
+                fired += 1
+        return fired
+
+    def remove(self, timestamp: int, key: Any, namespace: Any, kg_index: int = 0) -> bool:
+        """Remove a timer; False if it was not there (its heap entry is skipped later)."""
+        live = self._live
+        if live.pop((timestamp, namespace), None) is None:
+            return False
+        if not live:
+            self._heap.clear()
+        return True
+
+    def contains(self, timestamp: int, key: Any, namespace: Any, kg_index: int = 0) -> bool:
+        return (timestamp, namespace) in self._live
+
+    def take_changed(self) -> set[int]:
+        return set()
+
+    def peek_timestamp(self) -> int | None:
+        """The smallest timestamp of any timer, or None."""
+        heap = self._heap
+        live = self._live
+        while heap:
+            ts, seq, _, ns = heap[0]  # type: ignore[misc]
+            if live.get((ts, ns)) == seq:
+                return ts  # type: ignore[no-any-return]
+            _heappop(heap)
+        return None
+
+    def poll(self) -> tuple[int, Any, Any, int] | None:
+        """Remove and return ``(timestamp, key, namespace, 0)`` of the earliest timer."""
+        heap = self._heap
+        live = self._live
+        while heap:
+            ts, seq, key, ns = _heappop(heap)  # type: ignore[misc]
+            ident = (ts, ns)
+            if live.get(ident) == seq:
+                del live[ident]
+                return ts, key, ns, 0
+        return None
+
+    def clear(self) -> None:
+        """Drop every timer (the key changed)."""
+        if self._live:
+            self._live.clear()
+        if self._heap:
+            self._heap.clear()
+
+    def compact(self) -> None:
+        """Nothing to compact: the queue empties at every key change."""
+
+    @property
+    def num_key_groups(self) -> int:
+        return 1
+
+    def heap_size(self) -> int:
+        return len(self._heap)
+
+    def timers_of_key_group(self, kg_index: int) -> list[tuple[int, Any, Any]]:
+        """``(timestamp, key, namespace)`` of the current key, in the order they were added."""
+        ordered = sorted((seq, ts, key, ns) for ts, seq, key, ns in self._heap)  # type: ignore[misc]
+        return [(ts, key, ns) for seq, ts, key, ns in ordered if self._live.get((ts, ns)) == seq]
+
+    def __iter__(self) -> Iterator[tuple[int, Any, Any, int]]:
+        for ts, key, ns in self.timers_of_key_group(0):
+            yield ts, key, ns, 0
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def __bool__(self) -> bool:
+        return bool(self._live)
