@@ -76,6 +76,13 @@ from streamstate.spark.no_data import (
     trigger_interval,
 )
 from streamstate.spark.placement import place
+from streamstate.spark.progress import (
+    ProgressPublisher,
+    micro_batch_figures,
+    observe_state,
+    step_figures,
+    with_state_figures,
+)
 from streamstate.spark.session import conf, is_connect, is_local
 from streamstate.spark.sinks import MemorySink, Sink, StagedBatch, sink_from
 from streamstate.spark.subtask import (
@@ -308,6 +315,12 @@ class KeyedStreamingQuery:
         self._last_step_end = time.monotonic()
         #: the session a Spark Connect server's idle ticker runs its jobs with
         self._idle_spark: Any = None
+        #: the state figures of the steps the current foreachBatch call ran (None outside one)
+        self._call_steps: list[dict[str, Any]] | None = None
+        #: puts each micro-batch's state figures into Spark's progress (classic session)
+        self._publisher = ProgressPublisher()
+        #: set once Spark's query exists (a first micro-batch may end before start() returns)
+        self._started = threading.Event()
         sink.open(query_name or options.operator_name)
         self.side_schemas = options.side_output_schemas()
         for tag, side_sink in self.side_sinks.items():
@@ -323,11 +336,15 @@ class KeyedStreamingQuery:
                 if isinstance(s, MemorySink):
                     s.mirror_to(self.storage, f"{self._report_dir}/memory/{name}")
         run_batch: Any = self._run_batch
+        df = options.df
         if self._report_dir:
             # pickled now, by value for modules the server cannot import (a notebook's or a
             # test's functions, sinks and callbacks), like the function the tasks run
             run_batch = _ServerBatches(pickle_function(self))
-        writer = options.df.writeStream.foreachBatch(run_batch).option(
+        else:
+            # each micro-batch's state figures go into Spark's progress (spark/progress.py)
+            df = observe_state(df)
+        writer = df.writeStream.foreachBatch(run_batch).option(
             "checkpointLocation", self.spark_checkpoint
         )
         if trigger:
@@ -339,6 +356,7 @@ class KeyedStreamingQuery:
             writer, connect=self._report_dir is not None, where=self.spark_checkpoint
         )
         self.timings["spark_start_ms"] = (time.perf_counter() - t) * 1e3
+        self._started.set()
         if not self._report_dir:
             self._start_idle_ticker()  # Spark Connect: the server's process starts its own
         self.timings["init_ms"] = (time.perf_counter() - t_init) * 1e3
@@ -360,6 +378,7 @@ class KeyedStreamingQuery:
             "_prespawn",
             "_restore_logs",
             "_ticker",
+            "_started",
         ):
             state.pop(name, None)
         state["_idle_spark"] = None
@@ -374,6 +393,7 @@ class KeyedStreamingQuery:
         self._idle_spark = None
         self._lock = threading.Lock()
         self._step_lock = threading.Lock()
+        self._started = threading.Event()
 
     def _prune_reports(self) -> None:
         """Delete the reports of all but the last ``CONNECT_REPORTS_KEPT - 1`` earlier Connect
@@ -498,10 +518,29 @@ class KeyedStreamingQuery:
             with self._step_lock:
                 if self._idle_failure is not None:  # the query is being stopped with it
                     raise self._idle_failure
-                self._run_micro_batch(df, batch_id)
+                self._call_steps = []
+                try:
+                    self._run_micro_batch(df, batch_id)
+                    steps = self._call_steps
+                finally:
+                    self._call_steps = None
+                self._publish(df.sparkSession, steps)
         except BaseException as exc:
             self._record_failure(exc, batch_id, df.sparkSession)
             raise
+
+    def _publish(self, session: Any, steps: list[dict[str, Any]]) -> None:
+        """Put the micro-batch's state figures into Spark's progress (a classic session; the
+        client of a Spark Connect query adds them to the progress it reads)."""
+        figures = micro_batch_figures(steps)
+        if figures is None or self._report_dir:
+            return
+        self._started.wait(timeout=30.0)
+        query = self._spark_query()
+        if query is not None:
+            # the session that started the query: the micro-batch's own is a clone, whose
+            # query manager does not list it
+            self._publisher.publish(self.spark or session, str(query.id), figures)
 
     def _record_failure(self, exc: BaseException, batch_id: int | None, session: Any) -> None:
         """Spark turns what a micro-batch raised into a StreamingQueryException with Java
@@ -628,6 +667,7 @@ class KeyedStreamingQuery:
         t_commit = time.perf_counter()
         completed = self.log.commit(plan, results)
         figures["commit_ms"] = (time.perf_counter() - t_commit) * 1e3
+        figures["state"]["checkpointDurationMs"] += int(figures["commit_ms"])
         files: list[Any] = [r.outputs for r in results if r.outputs is not None]
         side_files: dict[str, list[Any]] = {}
         for r in sorted(results, key=lambda r: r.subtask):
@@ -689,6 +729,8 @@ class KeyedStreamingQuery:
 
     def _finish(self, figures: dict[str, Any], t0: float) -> None:
         figures["batch_ms"] = (time.perf_counter() - t0) * 1e3
+        if self._call_steps is not None and figures.get("state") is not None:
+            self._call_steps.append(figures["state"])
         with self._lock:
             self.batches.append(figures)
             count = len(self.batches)
@@ -894,6 +936,7 @@ class KeyedStreamingQuery:
         ]
         figures["routes"] = sorted(set(routes.values()))
         figures["watermark"] = plan.watermark
+        figures["state"] = step_figures(results, plan.batch, plan.watermark, figures["output_rows"])
         return results
 
     def _deliver_from_driver(
@@ -1052,13 +1095,24 @@ class KeyedStreamingQuery:
 
     @property
     def last_progress(self) -> Any:
-        """Spark's last ``StreamingQueryProgress`` (a dict)."""
-        return self.query.lastProgress
+        """Spark's last ``StreamingQueryProgress`` (a dict), whose
+        ``observedMetrics["streamstate"]`` holds the micro-batch's state figures
+        (:mod:`streamstate.spark.progress`, docs/spark.md "Monitoring")."""
+        progress = self.query.lastProgress
+        if self._report_dir and progress is not None:
+            self._sync_from_server()
+            return with_state_figures(progress, self.batches)
+        return progress
 
     @property
     def recent_progress(self) -> Any:
-        """Spark's recent ``StreamingQueryProgress`` es."""
-        return self.query.recentProgress
+        """Spark's recent ``StreamingQueryProgress`` es, each with its micro-batch's state
+        figures (see :attr:`last_progress`)."""
+        progress = self.query.recentProgress
+        if self._report_dir and progress:
+            self._sync_from_server()
+            return [with_state_figures(p, self.batches) for p in progress]
+        return progress
 
     def process_all_available(self) -> None:
         """Wait until the query has processed everything available. If a micro-batch failed,
