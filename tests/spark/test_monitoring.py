@@ -18,7 +18,9 @@ from streamstate.spark.session import is_connect
 pytestmark = pytest.mark.spark
 
 
-def test_every_micro_batch_reports_its_state_figures_to_spark(any_spark: Any, tmp_path: Any) -> None:
+def test_every_micro_batch_reports_its_state_figures_to_spark(
+    any_spark: Any, tmp_path: Any
+) -> None:
     spark = any_spark
     batches = make_batches(3, 200, users=40, seed=7)
     write_batches(str(tmp_path / "in"), batches)
@@ -28,16 +30,16 @@ def test_every_micro_batch_reports_its_state_figures_to_spark(any_spark: Any, tm
         from pyspark.sql.streaming import StreamingQueryListener
 
         class Progress(StreamingQueryListener):
-            def onQueryStarted(self, event: Any) -> None:
+            def onQueryStarted(self, event: Any) -> None:  # noqa: N802 - PySpark's names
                 pass
 
-            def onQueryProgress(self, event: Any) -> None:
+            def onQueryProgress(self, event: Any) -> None:  # noqa: N802 - PySpark's names
                 events.append(event.progress)
 
-            def onQueryIdle(self, event: Any) -> None:
+            def onQueryIdle(self, event: Any) -> None:  # noqa: N802 - PySpark's names
                 pass
 
-            def onQueryTerminated(self, event: Any) -> None:
+            def onQueryTerminated(self, event: Any) -> None:  # noqa: N802 - PySpark's names
                 pass
 
         listener = Progress()

@@ -151,12 +151,12 @@ def micro_batch_figures(steps: Sequence[dict[str, int | None]]) -> dict[str, int
 def observe_state(df: Any) -> Any:
     """``df`` with the ``streamstate`` observation (see the module docstring); the same
     columns."""
-    from pyspark.sql import functions as F
+    from pyspark.sql import functions
 
-    columns = {f"{_COLUMN_PREFIX}{name}": F.lit(None).cast("long") for name in FIGURES}
+    columns = {f"{_COLUMN_PREFIX}{name}": functions.lit(None).cast("long") for name in FIGURES}
     return (
         df.withColumns(columns)
-        .observe(OBSERVATION, *[F.max(c).alias(c[len(_COLUMN_PREFIX) :]) for c in columns])
+        .observe(OBSERVATION, *[functions.max(c).alias(c[len(_COLUMN_PREFIX) :]) for c in columns])
         .drop(*columns)
     )
 
@@ -229,8 +229,7 @@ class ProgressPublisher:
         found = _walk(plan, [])
         if found is None:
             raise LookupError(
-                f"the query's plan has no observation named {OBSERVATION!r} "
-                "(CollectMetricsExec)"
+                f"the query's plan has no observation named {OBSERVATION!r} (CollectMetricsExec)"
             )
         node, self._path = found
         return node

@@ -160,9 +160,7 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         if self.incremental:
             updated, removed = self._rows_updated, self._rows_removed
             self._rows_updated = self._rows_removed = 0
-        return StateFigures(
-            rows=self.num_entries(), rows_updated=updated, rows_removed=removed
-        )
+        return StateFigures(rows=self.num_entries(), rows_updated=updated, rows_removed=removed)
 
     def num_entries(self, state_name: str | None = None) -> int:
         if state_name is not None:
