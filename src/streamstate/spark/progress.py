@@ -37,6 +37,7 @@ __all__ = [
     "micro_batch_figures",
     "observe_state",
     "step_figures",
+    "unsafe_row_bytes",
     "with_state_figures",
 ]
 
@@ -168,12 +169,20 @@ class ProgressPublisher:
     ``query.batches``."""
 
     def __init__(self) -> None:
-        #: child indices from the plan's root to the observation's node in the last plan
-        self._path: list[int] | None = None
+        #: the query's ``StreamExecution`` (JVM), found once
+        self._execution: tuple[str, Any] | None = None
+        #: the JVM classes used at every micro-batch (each lookup is a round trip)
+        self._classes: tuple[Any, Any] | None = None
+        #: the observation's pre-order number in the last plan (the same in every micro-batch
+        #: of a query), its input width and the figure each input column carries (None: an
+        #: input column of the query)
+        self._number: int | None = None
+        self._columns: tuple[int, list[str | None]] | None = None
         self._warned = False
 
     def publish(self, spark: Any, query_id: str, figures: dict[str, int | None]) -> bool:
-        """Returns whether Spark's progress of the running micro-batch will carry ``figures``."""
+        """Returns whether Spark's progress of the running micro-batch will carry ``figures``.
+        About a dozen py4j calls (0.1-2 ms each, by the driver's load)."""
         try:
             self._publish(spark, query_id, figures)
             return True
@@ -189,67 +198,93 @@ class ProgressPublisher:
             return False
 
     def _publish(self, spark: Any, query_id: str, figures: dict[str, int | None]) -> None:
-        jvm = spark._jvm
-        query = spark._jsparkSession.streams().get(query_id)
-        if query is None:
-            raise LookupError(f"no active query {query_id}")
-        execution = query.streamingQuery().lastExecution()
+        if self._execution is None or self._execution[0] != query_id:
+            query = spark._jsparkSession.streams().get(query_id)
+            if query is None:
+                raise LookupError(f"no active query {query_id}")
+            self._execution = (query_id, query.streamingQuery())
+        if self._classes is None:
+            jvm = spark._jvm
+            self._classes = (
+                jvm.org.apache.spark.util.AccumulatorContext,
+                jvm.org.apache.spark.sql.catalyst.expressions.UnsafeRow,
+            )
+        accumulators, unsafe_row = self._classes
+        execution = self._execution[1].lastExecution()
         if execution is None:
             raise LookupError("the query has no current execution")
         node = self._find(execution.executedPlan())
+        accumulator = accumulators.get(node.accumulatorId()).get()
+        width, columns = self._input_columns(node)
+        data = unsafe_row_bytes([None if c is None else figures.get(c) for c in columns])
+        row = unsafe_row(width)
+        row.pointTo(bytearray(data), len(data))
         # a node's metrics reset clears its accumulator and the tasks' last attempts, so the
         # value set from the driver is the one Spark reports
         node.resetMetrics()
-        found = jvm.org.apache.spark.util.AccumulatorContext.get(node.accumulatorId())
-        if found.isEmpty():
-            raise LookupError("the observation's accumulator is not registered")
-        accumulator = found.get()
-        output = node.child().output()
-        row = jvm.org.apache.spark.sql.catalyst.expressions.GenericInternalRow(output.size())
-        for i in range(output.size()):
-            name = output.apply(i).name()
-            if name.startswith(_COLUMN_PREFIX):
-                value = figures.get(name[len(_COLUMN_PREFIX) :])
-                if value is not None:
-                    row.setLong(i, int(value))
         accumulator.add(row)
 
     def _find(self, plan: Any) -> Any:
-        """The ``CollectMetricsExec`` named ``streamstate``: along the last plan's path if it is
-        still there (a plan has the same shape from batch to batch), else by a walk."""
-        if self._path is not None:
-            node = plan
-            try:
-                for i in self._path:
-                    node = node.children().apply(i)
-                if _is_observation(node):
-                    return node
-            except Exception:  # another shape: walk it
-                pass
-        found = _walk(plan, [])
-        if found is None:
-            raise LookupError(
-                f"the query's plan has no observation named {OBSERVATION!r} (CollectMetricsExec)"
-            )
-        node, self._path = found
-        return node
+        """The ``CollectMetricsExec`` named ``streamstate``: at the last plan's number if it is
+        there (a query plans the same tree at every micro-batch), else by a walk of the plan's
+        nodes in pre-order (``TreeNode.p(n)``)."""
+        if self._number is not None:
+            node = plan.p(self._number)
+            if _is_observation(node):
+                return node
+        number = 0
+        while True:
+            node = plan.p(number)
+            if node is None:
+                raise LookupError(
+                    f"the query's plan has no observation named {OBSERVATION!r} "
+                    "(CollectMetricsExec)"
+                )
+            if _is_observation(node):
+                self._number = number
+                return node
+            number += 1
+
+    def _input_columns(self, node: Any) -> tuple[int, list[str | None]]:
+        """The observed node's input width and, per column, the figure it carries."""
+        output = node.output()
+        width = output.size()
+        if self._columns is None or self._columns[0] != width:
+            columns: list[str | None] = []
+            for i in range(width):
+                name = output.apply(i).name()
+                columns.append(
+                    name[len(_COLUMN_PREFIX) :] if name.startswith(_COLUMN_PREFIX) else None
+                )
+            self._columns = (width, columns)
+        return self._columns
+
+
+def unsafe_row_bytes(values: Sequence[int | None]) -> bytes:
+    """Spark's ``UnsafeRow`` of ``long`` fields (None: null): a null bit set of 64-bit words,
+    then one 8-byte slot per field (a null field of another type has the same layout, so the
+    row stands for the observation's whole input with its other columns null). One byte array
+    crosses to the JVM instead of a call per field.
+
+    >>> unsafe_row_bytes([None, 5]).hex()
+    '010000000000000000000000000000000500000000000000'
+    """
+    import struct
+
+    words = [0] * ((len(values) + 63) // 64)
+    slots = []
+    for i, v in enumerate(values):
+        if v is None:
+            words[i // 64] |= 1 << (i % 64)
+            slots.append(0)
+        else:
+            slots.append(int(v))
+    # Spark's Platform writes in the machine's order (little-endian on every platform it runs)
+    return struct.pack(f"<{len(words)}Q{len(slots)}q", *words, *slots)
 
 
 def _is_observation(node: Any) -> bool:
-    return bool(
-        node.getClass().getSimpleName() == "CollectMetricsExec" and node.name() == OBSERVATION
-    )
-
-
-def _walk(node: Any, path: list[int]) -> tuple[Any, list[int]] | None:
-    if _is_observation(node):
-        return node, path
-    children = node.children()
-    for i in range(children.size()):
-        found = _walk(children.apply(i), [*path, i])
-        if found is not None:
-            return found
-    return None
+    return node is not None and node.nodeName() == "CollectMetrics" and node.name() == OBSERVATION
 
 
 def with_state_figures(progress: Any, batches: Sequence[dict[str, Any]]) -> Any:
