@@ -103,7 +103,7 @@ def step_figures(
     results: Sequence[Any], checkpoint_id: int, watermark: int | None, output_rows: int
 ) -> dict[str, int | None]:
     """One step's figures from the subtasks' acknowledgements
-    (:class:`~streamstate.spark.subtask.BatchResult`); ``checkpointDurationMs`` leaves out the
+    (``streamstate.spark.subtask.BatchResult``); ``checkpointDurationMs`` leaves out the
     driver's commit (the caller adds it)."""
     states = [r.state for r in results]
     known = [s for s in states if s is not None]
