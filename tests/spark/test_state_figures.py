@@ -172,3 +172,32 @@ def test_a_micro_batch_adds_up_its_steps_totals_and_keeps_the_last_levels() -> N
     assert both["memoryUsedBytes"] is None
     assert micro_batch_figures([]) is None
     assert step_figures(b, 9, -(1 << 63), 0)["watermarkMs"] is None
+
+
+@pytest.mark.parametrize("backend", ["heap", "rocksdb"])
+def test_the_metrics_decorators_report_with_each_checkpoint(tmp_path: Any, backend: str) -> None:
+    runtime = _runtime(tmp_path, backend)
+    runtime.job = msgspec.structs.replace(
+        runtime.job, state_backend_options={"latency_tracking": True, "size_tracking": True}
+    )
+    try:
+        runtime.prepare(-1, "L0")
+        runtime.begin(None, None)
+        runtime.process(_batch([(f"u{i % 7}", i) for i in range(250)]))
+        result = runtime.finish(0, 1, "L1")
+    finally:
+        runtime.close()
+    rows = {r["name"].split(".state.", 1)[1]: r for r in result.state_metrics}
+    # sampled: the 1st, 101st and 201st call of each operation of state "n"
+    assert rows["n.value_state_get_latency"]["count"] == 3
+    assert rows["n.value_state_update_latency"]["count"] == 3
+    assert rows["n.value_state_update_value_size"]["max"] > 0
+    # off by default: nothing to report
+    plain = _runtime(tmp_path / "plain", backend)
+    try:
+        plain.prepare(-1, "L0")
+        plain.begin(None, None)
+        plain.process(_batch([("a", 1)]))
+        assert plain.finish(0, 1, "L1").state_metrics == []
+    finally:
+        plain.close()

@@ -931,6 +931,7 @@ class KeyedStreamingQuery:
                 "rows": r.rows,
                 **task_timings.get(r.subtask, {}),
                 **r.stats,
+                **({"state_metrics": r.state_metrics} if r.state_metrics else {}),
             }
             for r in sorted(results, key=lambda r: r.subtask)
         ]

@@ -105,6 +105,9 @@ class BatchResult(msgspec.Struct, kw_only=True):
     checkpoint_full_bytes: int = 0
     #: resident memory of the process that holds the state (the state host), None if unknown
     memory_bytes: int | None = None
+    #: the latency and size histograms of the backend's metrics decorators (only with
+    #: ``latency_tracking`` / ``size_tracking`` on): ``streamstate.metrics.report_rows``
+    state_metrics: list[dict[str, Any]] = []
 
 
 def job_storage(job: JobSpec) -> Any:
@@ -467,7 +470,18 @@ class SubtaskRuntime:
             checkpoint_bytes=sum(f.size for f in files if f.checkpoint_id == batch_id),
             checkpoint_full_bytes=sum(f.size for f in files),
             memory_bytes=resident_bytes(),
+            state_metrics=self._state_metrics(),
         )
+
+    def _state_metrics(self) -> list[dict[str, Any]]:
+        """The histograms of the state metrics decorators (SPEC §8), when the backend has them
+        on: each keeps its last samples, so a micro-batch reports their current statistics."""
+        backend = self.op.keyed_backend
+        if not (backend.latency_tracking or backend.size_tracking):
+            return []
+        from streamstate.metrics import report_rows
+
+        return [r for r in report_rows(self.op.metric_group) if r["type"] == "histogram"]
 
     def _stage(self, batch_id: int, attempt: int, savepoint: str | None) -> StagedOutput | None:
         pending, self._pending = self._pending, []
