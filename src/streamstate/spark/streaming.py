@@ -329,6 +329,8 @@ class KeyedStreamingQuery:
         #: each batch's figures (and memory sinks their outputs) under this directory of the
         #: checkpoint for the client (:meth:`_sync_from_server`); None for a classic session
         self._report_dir: str | None = None
+        #: the server's batch reports the client read so far, by file name
+        self._reports_read: dict[str, Any] = {}
         if is_connect(self.spark):
             self._report_dir = f"{CONNECT_DIR}/{time.time_ns() // 1_000_000:013d}-{self.run_id}"
             self._prune_reports()
@@ -844,18 +846,24 @@ class KeyedStreamingQuery:
             return False
         return bool(status.get("isTriggerActive") and status.get("isDataAvailable"))
 
-    def _sync_from_server(self) -> None:
+    def _sync_from_server(self, sinks: bool = True) -> None:
         """Spark Connect client: load what the server's batches reported (figures into
-        :attr:`batches`, memory sinks' outputs)."""
+        :attr:`batches`; with ``sinks``, memory sinks' outputs). A report is written once:
+        only new ones are read."""
         if not self._report_dir or self.spark is None:
             return
         prefix = f"{self._report_dir}/batches"
-        names = sorted(n for n, is_dir in self.storage.list_dir(prefix) if not is_dir)
-        figures = [
-            json.loads(self.storage.read_bytes(f"{prefix}/{n.rsplit('/', 1)[-1]}")) for n in names
-        ]
+        names = sorted(
+            n.rsplit("/", 1)[-1] for n, is_dir in self.storage.list_dir(prefix) if not is_dir
+        )
+        read = self._reports_read
+        for n in names:
+            if n not in read:
+                read[n] = json.loads(self.storage.read_bytes(f"{prefix}/{n}"))
         with self._lock:
-            self.batches[:] = figures
+            self.batches[:] = [read[n] for n in names]
+        if not sinks:
+            return
         for s in [self.sink, *self.side_sinks.values()]:
             if isinstance(s, MemorySink):
                 s.sync()
@@ -1101,7 +1109,7 @@ class KeyedStreamingQuery:
         (:mod:`streamstate.spark.progress`, docs/spark.md "Monitoring")."""
         progress = self.query.lastProgress
         if self._report_dir and progress is not None:
-            self._sync_from_server()
+            self._sync_from_server(sinks=False)
             return with_state_figures(progress, self.batches)
         return progress
 
@@ -1111,7 +1119,7 @@ class KeyedStreamingQuery:
         figures (see :attr:`last_progress`)."""
         progress = self.query.recentProgress
         if self._report_dir and progress:
-            self._sync_from_server()
+            self._sync_from_server(sinks=False)
             return [with_state_figures(p, self.batches) for p in progress]
         return progress
 
