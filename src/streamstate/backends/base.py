@@ -38,6 +38,7 @@ from streamstate.serializers import (
 
 if TYPE_CHECKING:
     from streamstate.backends.decorators.ttl_cleanup import TtlCleanupHook
+    from streamstate.backends.figures import StateFigures
     from streamstate.backends.snapshot_strategy import SnapshotOptions, SnapshotStrategy
     from streamstate.format.restore import KeyedStateRestore
     from streamstate.format.snapshot import KeyedStateSnapshot
@@ -461,6 +462,14 @@ class KeyedStateBackend(ABC):
     @abstractmethod
     def num_entries(self, state_name: str | None = None) -> int:
         """Number of (key, namespace) entries of one state, or of all states."""
+
+    def state_figures(self) -> StateFigures:
+        """What the backend holds now and what changed since the previous call
+        (:class:`~streamstate.backends.figures.StateFigures`). This default counts entries and
+        tracks no changes; backends override it with what they can take cheaply."""
+        from streamstate.backends.figures import StateFigures
+
+        return StateFigures(rows=self.num_entries())
 
     @abstractmethod
     def snapshot(self, checkpoint_id: int) -> KeyedStateSnapshot:

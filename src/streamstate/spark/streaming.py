@@ -76,6 +76,13 @@ from streamstate.spark.no_data import (
     trigger_interval,
 )
 from streamstate.spark.placement import place
+from streamstate.spark.progress import (
+    ProgressPublisher,
+    micro_batch_figures,
+    observe_state,
+    step_figures,
+    with_state_figures,
+)
 from streamstate.spark.session import conf, is_connect, is_local
 from streamstate.spark.sinks import MemorySink, Sink, StagedBatch, sink_from
 from streamstate.spark.subtask import (
@@ -308,6 +315,12 @@ class KeyedStreamingQuery:
         self._last_step_end = time.monotonic()
         #: the session a Spark Connect server's idle ticker runs its jobs with
         self._idle_spark: Any = None
+        #: the state figures of the steps the current foreachBatch call ran (None outside one)
+        self._call_steps: list[dict[str, Any]] | None = None
+        #: puts each micro-batch's state figures into Spark's progress (classic session)
+        self._publisher = ProgressPublisher()
+        #: set once Spark's query exists (a first micro-batch may end before start() returns)
+        self._started = threading.Event()
         sink.open(query_name or options.operator_name)
         self.side_schemas = options.side_output_schemas()
         for tag, side_sink in self.side_sinks.items():
@@ -316,6 +329,8 @@ class KeyedStreamingQuery:
         #: each batch's figures (and memory sinks their outputs) under this directory of the
         #: checkpoint for the client (:meth:`_sync_from_server`); None for a classic session
         self._report_dir: str | None = None
+        #: the server's batch reports the client read so far, by file name
+        self._reports_read: dict[str, Any] = {}
         if is_connect(self.spark):
             self._report_dir = f"{CONNECT_DIR}/{time.time_ns() // 1_000_000:013d}-{self.run_id}"
             self._prune_reports()
@@ -323,11 +338,15 @@ class KeyedStreamingQuery:
                 if isinstance(s, MemorySink):
                     s.mirror_to(self.storage, f"{self._report_dir}/memory/{name}")
         run_batch: Any = self._run_batch
+        df = options.df
         if self._report_dir:
             # pickled now, by value for modules the server cannot import (a notebook's or a
             # test's functions, sinks and callbacks), like the function the tasks run
             run_batch = _ServerBatches(pickle_function(self))
-        writer = options.df.writeStream.foreachBatch(run_batch).option(
+        else:
+            # each micro-batch's state figures go into Spark's progress (spark/progress.py)
+            df = observe_state(df)
+        writer = df.writeStream.foreachBatch(run_batch).option(
             "checkpointLocation", self.spark_checkpoint
         )
         if trigger:
@@ -339,6 +358,7 @@ class KeyedStreamingQuery:
             writer, connect=self._report_dir is not None, where=self.spark_checkpoint
         )
         self.timings["spark_start_ms"] = (time.perf_counter() - t) * 1e3
+        self._started.set()
         if not self._report_dir:
             self._start_idle_ticker()  # Spark Connect: the server's process starts its own
         self.timings["init_ms"] = (time.perf_counter() - t_init) * 1e3
@@ -360,6 +380,7 @@ class KeyedStreamingQuery:
             "_prespawn",
             "_restore_logs",
             "_ticker",
+            "_started",
         ):
             state.pop(name, None)
         state["_idle_spark"] = None
@@ -374,6 +395,7 @@ class KeyedStreamingQuery:
         self._idle_spark = None
         self._lock = threading.Lock()
         self._step_lock = threading.Lock()
+        self._started = threading.Event()
 
     def _prune_reports(self) -> None:
         """Delete the reports of all but the last ``CONNECT_REPORTS_KEPT - 1`` earlier Connect
@@ -498,10 +520,29 @@ class KeyedStreamingQuery:
             with self._step_lock:
                 if self._idle_failure is not None:  # the query is being stopped with it
                     raise self._idle_failure
-                self._run_micro_batch(df, batch_id)
+                self._call_steps = []
+                try:
+                    self._run_micro_batch(df, batch_id)
+                    steps = self._call_steps
+                finally:
+                    self._call_steps = None
+                self._publish(df.sparkSession, steps)
         except BaseException as exc:
             self._record_failure(exc, batch_id, df.sparkSession)
             raise
+
+    def _publish(self, session: Any, steps: list[dict[str, Any]]) -> None:
+        """Put the micro-batch's state figures into Spark's progress (a classic session; the
+        client of a Spark Connect query adds them to the progress it reads)."""
+        figures = micro_batch_figures(steps)
+        if figures is None or self._report_dir:
+            return
+        self._started.wait(timeout=30.0)
+        query = self._spark_query()
+        if query is not None:
+            # the session that started the query: the micro-batch's own is a clone, whose
+            # query manager does not list it
+            self._publisher.publish(self.spark or session, str(query.id), figures)
 
     def _record_failure(self, exc: BaseException, batch_id: int | None, session: Any) -> None:
         """Spark turns what a micro-batch raised into a StreamingQueryException with Java
@@ -628,6 +669,7 @@ class KeyedStreamingQuery:
         t_commit = time.perf_counter()
         completed = self.log.commit(plan, results)
         figures["commit_ms"] = (time.perf_counter() - t_commit) * 1e3
+        figures["state"]["checkpointDurationMs"] += int(figures["commit_ms"])
         files: list[Any] = [r.outputs for r in results if r.outputs is not None]
         side_files: dict[str, list[Any]] = {}
         for r in sorted(results, key=lambda r: r.subtask):
@@ -689,6 +731,8 @@ class KeyedStreamingQuery:
 
     def _finish(self, figures: dict[str, Any], t0: float) -> None:
         figures["batch_ms"] = (time.perf_counter() - t0) * 1e3
+        if self._call_steps is not None and figures.get("state") is not None:
+            self._call_steps.append(figures["state"])
         with self._lock:
             self.batches.append(figures)
             count = len(self.batches)
@@ -802,18 +846,24 @@ class KeyedStreamingQuery:
             return False
         return bool(status.get("isTriggerActive") and status.get("isDataAvailable"))
 
-    def _sync_from_server(self) -> None:
+    def _sync_from_server(self, sinks: bool = True) -> None:
         """Spark Connect client: load what the server's batches reported (figures into
-        :attr:`batches`, memory sinks' outputs)."""
+        :attr:`batches`; with ``sinks``, memory sinks' outputs). A report is written once:
+        only new ones are read."""
         if not self._report_dir or self.spark is None:
             return
         prefix = f"{self._report_dir}/batches"
-        names = sorted(n for n, is_dir in self.storage.list_dir(prefix) if not is_dir)
-        figures = [
-            json.loads(self.storage.read_bytes(f"{prefix}/{n.rsplit('/', 1)[-1]}")) for n in names
-        ]
+        names = sorted(
+            n.rsplit("/", 1)[-1] for n, is_dir in self.storage.list_dir(prefix) if not is_dir
+        )
+        read = self._reports_read
+        for n in names:
+            if n not in read:
+                read[n] = json.loads(self.storage.read_bytes(f"{prefix}/{n}"))
         with self._lock:
-            self.batches[:] = figures
+            self.batches[:] = [read[n] for n in names]
+        if not sinks:
+            return
         for s in [self.sink, *self.side_sinks.values()]:
             if isinstance(s, MemorySink):
                 s.sync()
@@ -889,11 +939,13 @@ class KeyedStreamingQuery:
                 "rows": r.rows,
                 **task_timings.get(r.subtask, {}),
                 **r.stats,
+                **({"state_metrics": r.state_metrics} if r.state_metrics else {}),
             }
             for r in sorted(results, key=lambda r: r.subtask)
         ]
         figures["routes"] = sorted(set(routes.values()))
         figures["watermark"] = plan.watermark
+        figures["state"] = step_figures(results, plan.batch, plan.watermark, figures["output_rows"])
         return results
 
     def _deliver_from_driver(
@@ -1052,13 +1104,24 @@ class KeyedStreamingQuery:
 
     @property
     def last_progress(self) -> Any:
-        """Spark's last ``StreamingQueryProgress`` (a dict)."""
-        return self.query.lastProgress
+        """Spark's last ``StreamingQueryProgress`` (a dict), whose
+        ``observedMetrics["streamstate"]`` holds the micro-batch's state figures
+        (:mod:`streamstate.spark.progress`, docs/spark.md "Monitoring")."""
+        progress = self.query.lastProgress
+        if self._report_dir and progress is not None:
+            self._sync_from_server(sinks=False)
+            return with_state_figures(progress, self.batches)
+        return progress
 
     @property
     def recent_progress(self) -> Any:
-        """Spark's recent ``StreamingQueryProgress`` es."""
-        return self.query.recentProgress
+        """Spark's recent ``StreamingQueryProgress`` es, each with its micro-batch's state
+        figures (see :attr:`last_progress`)."""
+        progress = self.query.recentProgress
+        if self._report_dir and progress:
+            self._sync_from_server(sinks=False)
+            return [with_state_figures(p, self.batches) for p in progress]
+        return progress
 
     def process_all_available(self) -> None:
         """Wait until the query has processed everything available. If a micro-batch failed,

@@ -22,6 +22,7 @@ every subtask finished, and the next batch says which version it expects.
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -30,6 +31,7 @@ from typing import Any
 
 import msgspec
 
+from streamstate.backends.figures import StateFigures
 from streamstate.spark.job import (
     JobSpec,
     arrow_schema_from_bytes,
@@ -38,7 +40,14 @@ from streamstate.spark.job import (
 from streamstate.spark.placement import KEY_GROUP_COLUMN
 from streamstate.spark.records import OutputConverter, column_values, event_time_ms, row_class
 
-__all__ = ["OUTPUTS_DIR", "BatchResult", "StagedOutput", "SubtaskRuntime", "job_storage"]
+__all__ = [
+    "OUTPUTS_DIR",
+    "BatchResult",
+    "StagedOutput",
+    "SubtaskRuntime",
+    "job_storage",
+    "resident_bytes",
+]
 
 OUTPUTS_DIR = "outputs"
 #: outputs are converted to Arrow whenever this many are pending (bounds Python memory)
@@ -85,6 +94,20 @@ class BatchResult(msgspec.Struct, kw_only=True):
     processing_timer: int | None = None
     #: pre-aggregated rows received (SPEC §13.2; ``rows`` counts the records they fold)
     partials: int = 0
+    #: the keyed backend's figures after the checkpoint (rows, changes, bytes)
+    state: StateFigures | None = None
+    #: timers pending after the batch, and timers the batch fired
+    timers: int = 0
+    timers_fired: int = 0
+    #: bytes of the files this checkpoint wrote, and of every file it references (the
+    #: subtask's whole checkpointed state)
+    checkpoint_bytes: int = 0
+    checkpoint_full_bytes: int = 0
+    #: resident memory of the process that holds the state (the state host), None if unknown
+    memory_bytes: int | None = None
+    #: the latency and size histograms of the backend's metrics decorators (only with
+    #: ``latency_tracking`` / ``size_tracking`` on): ``streamstate.metrics.report_rows``
+    state_metrics: list[dict[str, Any]] = []
 
 
 def job_storage(job: JobSpec) -> Any:
@@ -179,6 +202,7 @@ class SubtaskRuntime:
         self._partials = 0
         #: reads pre-aggregated rows for the current operator (SPEC §13.2)
         self._reader: Any = None
+        self._timers_fired = 0
 
     # ---- versions ------------------------------------------------------------------------------
 
@@ -304,10 +328,12 @@ class SubtaskRuntime:
         self._late_dropped_before = self._late_records_dropped()
         self._max_event_time = None
         self._rows = self._output_rows = self._partials = 0
+        fired = 0
         if watermark is not None and watermark > MIN_WATERMARK:
-            self.op.advance_watermark(watermark)
+            fired += self.op.advance_watermark(watermark)
         if processing_time is not None:
-            self.op.advance_processing_time(processing_time)
+            fired += self.op.advance_processing_time(processing_time)
+        self._timers_fired = fired
         self._collect()
 
     def process(self, batch: Any) -> None:
@@ -420,6 +446,7 @@ class SubtaskRuntime:
         t2 = time.perf_counter()
         self.version, self.lineage, self.attempt = batch_id, new_lineage, attempt
         event_timer, processing_timer = self.op.earliest_timers()
+        files = handle.files()
         return BatchResult(
             subtask=self.index,
             batch=batch_id,
@@ -437,7 +464,24 @@ class SubtaskRuntime:
             event_timer=event_timer,
             processing_timer=processing_timer,
             partials=self._partials,
+            state=self.op.keyed_backend.state_figures(),
+            timers=self.op.num_timers(),
+            timers_fired=self._timers_fired,
+            checkpoint_bytes=sum(f.size for f in files if f.checkpoint_id == batch_id),
+            checkpoint_full_bytes=sum(f.size for f in files),
+            memory_bytes=resident_bytes(),
+            state_metrics=self._state_metrics(),
         )
+
+    def _state_metrics(self) -> list[dict[str, Any]]:
+        """The histograms of the state metrics decorators (SPEC §8), when the backend has them
+        on: each keeps its last samples, so a micro-batch reports their current statistics."""
+        backend = self.op.keyed_backend
+        if not (backend.latency_tracking or backend.size_tracking):
+            return []
+        from streamstate.metrics import report_rows
+
+        return [r for r in report_rows(self.op.metric_group) if r["type"] == "histogram"]
 
     def _stage(self, batch_id: int, attempt: int, savepoint: str | None) -> StagedOutput | None:
         pending, self._pending = self._pending, []
@@ -474,6 +518,17 @@ class SubtaskRuntime:
         with storage.open_write(path) as f:
             pq.write_table(pa.Table.from_batches(pending, schema=schema), f)
         return StagedOutput(path=path, size=storage.size(path) or 0, rows=rows)
+
+
+def resident_bytes() -> int | None:
+    """This process's resident memory (Linux ``/proc/self/statm``: one read, no walk of the
+    heap); None where there is no such file."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            pages = int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return pages * os.sysconf("SC_PAGE_SIZE")
 
 
 def _safe_name(tag: str) -> str:

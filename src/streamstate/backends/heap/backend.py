@@ -9,7 +9,9 @@ from streamstate.api.descriptors import StateDescriptor
 from streamstate.api.state import InternalKvState
 from streamstate.backends.base import Clock, KeyedStateBackend, RestoreInput
 from streamstate.backends.decorators.ttl_cleanup import IncrementalCleanup, TtlCleanupHook
+from streamstate.backends.figures import StateFigures
 from streamstate.backends.heap.incremental import (
+    MISSING,
     DeltaSnapshotSource,
     TrackingStateMap,
     capture_table_changes,
@@ -93,6 +95,9 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         self._tables: dict[str, StateTable] = {}
         #: restored state still encoded until registered (see heap/restore.py)
         self._pending_restore: RestoredRawStates | None = None
+        #: entries written and removed that checkpoints captured since the last state_figures()
+        self._rows_updated = 0
+        self._rows_removed = 0
 
     # ---- states --------------------------------------------------------------------------------
 
@@ -148,6 +153,15 @@ class HeapKeyedStateBackend(KeyedStateBackend):
             return iter(())
         return table.keys(namespace)
 
+    def state_figures(self) -> StateFigures:
+        """Entries of every table (O(states x key groups)); with change tracking, the entries
+        written and removed that checkpoints captured since the previous call."""
+        updated = removed = None
+        if self.incremental:
+            updated, removed = self._rows_updated, self._rows_removed
+            self._rows_updated = self._rows_removed = 0
+        return StateFigures(rows=self.num_entries(), rows_updated=updated, rows_removed=removed)
+
     def num_entries(self, state_name: str | None = None) -> int:
         if state_name is not None:
             table = self._tables.get(state_name)
@@ -190,6 +204,10 @@ class HeapKeyedStateBackend(KeyedStateBackend):
             serializer = t.meta.state_serializer
             copy = None if serializer.immutable else serializer.copy
             per_kg = capture_table_changes(t.key_group_maps(), copy, t.snapshot_transformer)
+            for delta in per_kg:
+                if delta is not None:
+                    self._rows_updated += len(delta.upserts)
+                    self._rows_removed += len(delta.removed or ())
             sources.append(DeltaSnapshotSource(t.meta, per_kg))
         # restored state still encoded never changes: it is in the delta's base already
         sources.extend(self.timer_queues.delta_snapshot_sources())
@@ -209,10 +227,15 @@ class HeapKeyedStateBackend(KeyedStateBackend):
 
         return heap_snapshot_strategy(self, options)
 
-    def reset_change_tracking(self) -> None:
-        """Forget recorded changes: the current state is the base of the next delta."""
+    def reset_change_tracking(self, count: bool = False) -> None:
+        """Forget recorded changes: the current state is the base of the next delta.
+        ``count``: they were changes of the state (a full checkpoint), not a restore: count
+        them in the next :meth:`state_figures`."""
         for t in self._tables.values():
-            _take_changes(t)
+            updated, removed = _take_changes(t)
+            if count:
+                self._rows_updated += updated
+                self._rows_removed += removed
         self.timer_queues.reset_changes()
 
     # ---- restore -------------------------------------------------------------------------------
@@ -265,7 +288,14 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         super().dispose()
 
 
-def _take_changes(table: StateTable) -> None:
+def _take_changes(table: StateTable) -> tuple[int, int]:
+    """Forget the table's recorded changes; returns how many entries they wrote and removed."""
+    updated = removed = 0
     for m in table.key_group_maps():
-        if isinstance(m, TrackingStateMap):
-            m.take_changes()
+        if isinstance(m, TrackingStateMap) and m.has_changes():
+            void, other = m.take_changes_split()
+            gone = sum(1 for v in void.values() if v is MISSING)
+            gone += sum(1 for v in other.values() if v is MISSING)
+            removed += gone
+            updated += len(void) + len(other) - gone
+    return updated, removed

@@ -50,7 +50,7 @@ class ChangeTrackingBackend(Protocol):
 
     def snapshot_delta(self, checkpoint_id: int) -> KeyedStateSnapshot: ...
 
-    def reset_change_tracking(self) -> None: ...
+    def reset_change_tracking(self, count: bool = False) -> None: ...
 
 
 def heap_snapshot_strategy(
@@ -159,7 +159,7 @@ class HeapSnapshotStrategy(SnapshotStrategy):
         if self._chain is None or self.broken:
             self.broken = False
             keyed = backend.snapshot(checkpoint_id)
-            backend.reset_change_tracking()
+            backend.reset_change_tracking(count=True)
             kind, before = FULL_FILE, []
         else:
             keyed = backend.snapshot_delta(checkpoint_id)

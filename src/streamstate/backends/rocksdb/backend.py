@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from streamstate.api.descriptors import StateDescriptor, StateKind
 from streamstate.api.state import InternalKvState
 from streamstate.backends.base import Clock, KeyedStateBackend, RestoreInput, RestoreMode
+from streamstate.backends.figures import StateFigures
 from streamstate.backends.rocksdb.cache import MapCache, ValueCache, WriteBackCache
 from streamstate.backends.rocksdb.incremental import UploadTracker
 from streamstate.backends.rocksdb.instance import (
@@ -88,6 +89,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         )
         self.instance.open()
         self.cache = WriteBackCache(self.instance, self.config.cache_entries)
+        #: (entries written, deleted) by the cache when state_figures() last looked
+        self._figures_base = (0, 0)
         #: layout of the key part, shared by every state
         self._key_layout = self._layout_for(_VOID, has_user_key=False)
         self.current = CurrentKeyBytes(self.ctx, self._key_layout, self._range_start)
@@ -240,6 +243,27 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                 continue
             previous = entry
             yield decode_key(raw)
+
+    def state_figures(self) -> StateFigures:
+        """RocksDB's estimates (keys, live data plus memtables, memtables plus caches: property
+        reads, no scan) and the entries the write-back cache wrote and deleted since the previous
+        call (after a flush of what it holds). A map state's ``clear()`` deletes a range, which
+        is not counted."""
+        self.flush()
+        keys, live, memtables = self.instance.estimates()
+        cache = self.cache
+        written, deleted = cache.written, cache.deleted()
+        updated = written - deleted - self._figures_base[0]
+        removed = deleted - self._figures_base[1]
+        self._figures_base = (written - deleted, deleted)
+        return StateFigures(
+            rows=keys,
+            rows_estimated=True,
+            rows_updated=updated,
+            rows_removed=removed,
+            state_bytes=live + memtables,
+            memory_bytes=memtables + self.instance.cache_usage(),
+        )
 
     def num_entries(self, state_name: str | None = None) -> int:
         self.flush()

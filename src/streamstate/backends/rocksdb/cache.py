@@ -103,6 +103,7 @@ class _StateCache:
         "_start",
         "cf",
         "count",
+        "deleted",
         "dirty",
         "entries",
         "layout",
@@ -126,6 +127,8 @@ class _StateCache:
         self.dirty: set[tuple[int, Any]] = set()
         #: cached entries (approximate between evictions; the budget unit)
         self.count = 0
+        #: deletions written by flushes so far (state figures: rows removed)
+        self.deleted = 0
 
     def composite(self, kg_index: int, cache_key: Any) -> bytes:
         """The RocksDB key (without user key) of a cache key."""
@@ -233,6 +236,7 @@ class ValueCache(_StateCache):
                 raw_key = composite(kgi, ck)
             if v is ABSENT:
                 batch.delete(raw_key, handle)
+                self.deleted += 1
                 continue
             try:
                 raw = serialize(v)
@@ -357,6 +361,7 @@ class MapCache(_StateCache):
                     raw_key = prefix + sk(uk)
                     if v is ABSENT:
                         batch.delete(raw_key, handle)
+                        self.deleted += 1
                     else:
                         batch.put(raw_key, sv(v), handle)
                 except Exception as exc:
@@ -393,6 +398,7 @@ class WriteBackCache:
         "evictions",
         "flushes",
         "instance",
+        "written",
     )
 
     def __init__(self, instance: RocksDBInstance, capacity: int) -> None:
@@ -404,6 +410,8 @@ class WriteBackCache:
         self._caches: list[ValueCache | MapCache] = []
         self.flushes = 0
         self.evictions = 0
+        #: entries (and map mappings) written or deleted by flushes so far
+        self.written = 0
 
     def register(self, cache: ValueCache | MapCache) -> None:
         self._caches.append(cache)
@@ -431,10 +439,15 @@ class WriteBackCache:
         if n:
             self.instance.write(batch)
             self.flushes += 1
+            self.written += n
         for c in self._caches:
             if c.dirty:
                 c.mark_clean()
         return n
+
+    def deleted(self) -> int:
+        """Deletions written by flushes so far, over every state."""
+        return sum(c.deleted for c in self._caches)
 
     def evict(self) -> None:
         """Keep about half the capacity, spread over the states in proportion to their size.

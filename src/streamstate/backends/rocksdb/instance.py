@@ -359,6 +359,24 @@ class RocksDBInstance:
         """True when RocksDB's row cache is on (range deletions are then refused)."""
         return self._row_cache is not None
 
+    def estimates(self) -> tuple[int, int, int]:
+        """RocksDB's own totals over every column family: estimated keys, estimated live data
+        bytes (on disk) and memtable bytes; each a property read (no scan)."""
+        keys = live = memtables = 0
+        for cf in self._column_families.values():
+            db = cf.cf
+            if db is None:
+                continue
+            keys += db.property_int_value("rocksdb.estimate-num-keys") or 0
+            live += db.property_int_value("rocksdb.estimate-live-data-size") or 0
+            memtables += db.property_int_value("rocksdb.size-all-mem-tables") or 0
+        return keys, live, memtables
+
+    def cache_usage(self) -> int:
+        """Bytes held by the block and row caches."""
+        block = int(self._cache.get_usage()) if self._cache is not None else 0
+        return block + self.row_cache_usage()
+
     def row_cache_usage(self) -> int:
         """Bytes held by the row cache (0 without one)."""
         return int(self._row_cache.get_usage()) if self._row_cache is not None else 0
