@@ -82,6 +82,8 @@ def test_every_micro_batch_reports_its_state_figures_to_spark(
             "numHotSubtasks": 0 if b == 0 else 2,
             "watermarkMs": None,
         }
+        if listener is not None:  # classic: Spark's own figure of the source stays right
+            assert progress[b]["numInputRows"] == len(rows), b
         figures = progress[b]["observedMetrics"][OBSERVATION].asDict()
         assert list(figures) == list(FIGURES)
         assert {k: figures[k] for k in expected} == expected, b

@@ -219,9 +219,10 @@ class ProgressPublisher:
         data = unsafe_row_bytes([None if c is None else figures.get(c) for c in columns])
         row = unsafe_row(width)
         row.pointTo(bytearray(data), len(data))
-        # a node's metrics reset clears its accumulator and the tasks' last attempts, so the
-        # value set from the driver is the one Spark reports
-        node.resetMetrics()
+        # the reset clears what the tasks' attempts merged, so the value set from the driver is
+        # the one Spark reports. Not the node's resetMetrics(): it also resets every node below
+        # it, and Spark's numInputRows (read from the scan's metrics) would become 0
+        accumulator.reset()
         accumulator.add(row)
 
     def _find(self, plan: Any) -> Any:
