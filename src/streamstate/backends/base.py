@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -67,6 +67,24 @@ def check_written_value(
         serializer.check(value)
     except TypeError as exc:
         raise StateAccessError(f"state {state!r} of key {key!r}: the {what} {exc}") from None
+
+
+def checked_list_elements(
+    values: Iterable[Any] | None, serializer: Any, state: str, key: Any
+) -> list[Any]:
+    """The elements a list state's ``add_all``/``update`` are about to store, as a new list:
+    None is refused, and every element whose class is not exactly the serializer's
+    ``value_class`` is checked (:func:`check_written_value`). Every backend's list states use it."""
+    if values is None:
+        return []
+    out = list(values)
+    if any(v is None for v in out):
+        raise StateAccessError(f"list state {state!r}: None cannot be added to a list state")
+    cls = serializer.value_class
+    for v in out:
+        if v.__class__ is not cls:
+            check_written_value(serializer, v, state, key, "element")
+    return out
 
 
 class Clock:

@@ -25,7 +25,7 @@ from streamstate.api.state import (
     InternalReducingState,
     InternalValueState,
 )
-from streamstate.backends.base import check_written_value
+from streamstate.backends.base import check_written_value, checked_list_elements
 from streamstate.backends.heap.state_table import StateTable
 from streamstate.errors import StateAccessError
 from streamstate.namespace import VOID_NAMESPACE
@@ -184,18 +184,7 @@ class HeapListState(_HeapState, InternalListState[Any]):
             lst.append(value)
 
     def _checked(self, values: Iterable[Any] | None) -> list[Any]:
-        if values is None:
-            return []
-        out = list(values)
-        if any(v is None for v in out):
-            raise StateAccessError(
-                f"list state {self._descriptor.name!r}: None cannot be added to a list state"
-            )
-        cls = self._element_class
-        for v in out:
-            if v.__class__ is not cls:
-                self._check(self._element, v, "element")
-        return out
+        return checked_list_elements(values, self._element, self._descriptor.name, self._ctx.key)
 
     def add_all(self, values: Iterable[Any]) -> None:
         new = self._checked(values)
