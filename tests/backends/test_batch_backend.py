@@ -17,7 +17,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamstate import (
-    AggregateFunction,
     AggregatingStateDescriptor,
     ListStateDescriptor,
     MapStateDescriptor,
@@ -43,21 +42,7 @@ from streamstate.format.snapshot import EncodedEntries
 from streamstate.keygroups import KeyGroupRange, assign_to_key_group
 from streamstate.namespace import VOID_NAMESPACE
 from streamstate.serializers import Int64Serializer, StrSerializer
-
-
-class Average(AggregateFunction):
-    def create_accumulator(self) -> tuple[int, int]:
-        return (0, 0)
-
-    def add(self, value: int, acc: tuple[int, int]) -> tuple[int, int]:
-        return (acc[0] + value, acc[1] + 1)
-
-    def get_result(self, acc: tuple[int, int]) -> float:
-        return acc[0] / acc[1]
-
-    def merge(self, a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
-        return (a[0] + b[0], a[1] + b[1])
-
+from support.checkpoint import Average
 
 DESCRIPTORS = {
     "value": lambda: ValueStateDescriptor("value", int, default=7),
