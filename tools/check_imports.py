@@ -48,6 +48,7 @@ LAYERS: list[list[list[str]]] = [
     # spark/ is split by process in a later step (driver, task, host, each its own layer or
     # part); until then one layer
     [["streamstate.spark"]],
+    [["streamstate.devtools"]],
     [["streamstate.demo"]],
     [["streamstate.cli"]],
     [["streamstate.__main__", "streamstate.demo.__main__", "streamstate"]],
@@ -57,7 +58,7 @@ LAYERS: list[list[list[str]]] = [
 KNOWN_CYCLES: list[list[str]] = [
     # the entry point dispatches to the batch and streaming runtimes, which take its options:
     # split with spark/ by process
-    ["streamstate.spark.batch", "streamstate.spark.keyed", "streamstate.spark.streaming"],
+    ["streamstate.spark.driver.batch", "streamstate.spark.driver.keyed", "streamstate.spark.driver.streaming"],
 ]
 
 

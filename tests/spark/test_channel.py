@@ -1,4 +1,4 @@
-"""Sealed frames between a state host and its clients (:mod:`streamstate.spark.channel`): what
+"""Sealed frames between a state host and its clients (:mod:`streamstate.spark.wire.channel`): what
 one side sends the other reads back exactly, and a frame that was changed, replayed, reordered,
 dropped, cut short or sealed for another connection is refused, in either direction."""
 
@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamstate.spark.channel import CHUNK, TAG
-from streamstate.spark.protocol import Connection, ProtocolError
-from streamstate.spark.security import (
+from streamstate.spark.wire.channel import CHUNK, TAG
+from streamstate.spark.wire.protocol import Connection, ProtocolError
+from streamstate.spark.wire.security import (
     REPLY_BYTES,
     AuthError,
     ServerHandshake,

@@ -17,8 +17,8 @@ from functions import Count
 
 from streamstate.spark import FileSink, keyed_process, read_state
 from streamstate.spark.job import src_path
-from streamstate.spark.session import default_parallelism, is_connect, master
-from streamstate.spark.streaming import CONNECT_DIR, CONNECT_REPORTS_KEPT, _start
+from streamstate.spark.driver.session import default_parallelism, is_connect, master
+from streamstate.spark.driver.streaming import CONNECT_DIR, CONNECT_REPORTS_KEPT, _start
 
 pytestmark = pytest.mark.spark
 HERE = os.path.dirname(os.path.abspath(__file__))

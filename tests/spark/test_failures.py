@@ -18,7 +18,7 @@ from functions import CountWithFaults
 
 from streamstate.spark import FileSink, keyed_process, read_state
 from streamstate.spark.job import src_path
-from streamstate.spark.local_cluster import descendants, live_processes
+from streamstate.devtools.local_cluster import descendants, live_processes
 
 pytestmark = pytest.mark.spark
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -18,11 +18,11 @@ from data import final_counts, make_batches, running_counts, write_batches
 from functions import Count
 
 from streamstate.spark import FileSink, keyed_process, read_state
-from streamstate.spark.host_client import connect, ping, run_batch, shutdown
-from streamstate.spark.network import bind_tcp, default_bind, port_range, split_address
-from streamstate.spark.security import new_secret, node_id
-from streamstate.spark.state_host import host_id
-from streamstate.spark.streaming import KeyedStreamingQuery
+from streamstate.spark.task.host_client import connect, ping, run_batch, shutdown
+from streamstate.spark.wire.network import bind_tcp, default_bind, port_range, split_address
+from streamstate.spark.wire.security import new_secret, node_id
+from streamstate.spark.host.state_host import host_id
+from streamstate.spark.driver.streaming import KeyedStreamingQuery
 from streamstate.spark.subtask import BatchResult
 from support.state_host import Driver, begin_header, user_batch, wait_gone
 
@@ -210,7 +210,7 @@ def test_streaming_batches_follow_their_hosts_across_nodes(spark: Any, tmp_path:
 
 
 def test_a_local_master_opens_no_tcp_port_unless_asked(spark: Any, monkeypatch: Any) -> None:
-    from streamstate.spark.streaming import _bind_for
+    from streamstate.spark.driver.streaming import _bind_for
 
     monkeypatch.delenv("STREAMSTATE_HOST_BIND", raising=False)
     monkeypatch.setenv("SPARK_LOCAL_IP", "127.0.0.1")  # Spark's own address is no request

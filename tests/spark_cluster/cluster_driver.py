@@ -31,7 +31,7 @@ from cluster_functions import Count, CountPausingOnce
 from pyspark.sql import SparkSession
 
 from streamstate.spark import FileSink, keyed_process, read_state
-from streamstate.spark.local_cluster import wait_for_executors
+from streamstate.devtools.local_cluster import wait_for_executors
 
 
 class ReportingSink(FileSink):

@@ -11,10 +11,10 @@ from typing import Any
 import msgspec
 import pyarrow as pa
 
-from streamstate.spark.commit import CheckpointLog
-from streamstate.spark.host_client import run_batch, shutdown
+from streamstate.spark.driver.commit import CheckpointLog
+from streamstate.spark.task.host_client import run_batch, shutdown
 from streamstate.spark.job import JobSpec, arrow_schema_to_bytes, pickle_function
-from streamstate.spark.state_host import HostSpec, host_id, proc_start_time
+from streamstate.spark.host.state_host import HostSpec, host_id, proc_start_time
 from streamstate.spark.subtask import BatchResult, job_storage
 
 __all__ = ["OUT", "SCHEMA", "Driver", "begin_header", "user_batch", "wait_gone"]

@@ -71,7 +71,7 @@ def micro_batch_task(
     def task(batches: Iterator[Any]) -> Iterator[Any]:
         from pyspark import TaskContext
 
-        from streamstate.spark.host_client import FunctionFailed, host_spec, run_batch
+        from streamstate.spark.task.host_client import FunctionFailed, host_spec, run_batch
         from streamstate.spark.job import JobSpec
 
         ctx = _task_context(TaskContext.get())
@@ -135,7 +135,7 @@ def bounded_task(
     and write the subtask's savepoint files, yielding one acknowledgement instead.
 
     ``execution_mode``: ``"batch"`` for a partition sorted by key (one key's state at a time,
-    ``spark/batch_subtask.py``), ``"streaming"`` for the streaming operator over the partition
+    ``spark/task/batch_subtask.py``), ``"streaming"`` for the streaming operator over the partition
     as it comes."""
 
     def task(batches: Iterator[Any]) -> Iterator[Any]:
@@ -152,7 +152,7 @@ def bounded_task(
         job = msgspec.msgpack.decode(job_bytes, type=JobSpec)
         runtime: Any
         if execution_mode == "batch":
-            from streamstate.spark.batch_subtask import BatchSubtaskRuntime
+            from streamstate.spark.task.batch_subtask import BatchSubtaskRuntime
 
             runtime = BatchSubtaskRuntime(
                 job,

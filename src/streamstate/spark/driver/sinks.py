@@ -7,7 +7,7 @@ sink gets the same staged files again (the batch is not recomputed), so a sink t
 per batch id makes the query exactly-once end to end.
 
 The batch id a sink sees is the **checkpoint id** of the step: the same as Spark's micro-batch
-id until the query's first no-data micro-batch (:mod:`streamstate.spark.no_data`), which takes
+id until the query's first no-data micro-batch (:mod:`streamstate.spark.driver.no_data`), which takes
 the next id, as every later step does. It is stable across replays and restarts, so it stays
 the key to deduplicate by; :attr:`StagedBatch.spark_batch` names Spark's micro-batch and
 :attr:`StagedBatch.no_data` marks a micro-batch without input.
@@ -73,7 +73,7 @@ class StagedBatch:
     spark: Any
     #: the Spark micro-batch whose input the state had consumed (None: unknown)
     spark_batch: int | None = None
-    #: a no-data micro-batch: only timers fired (streamstate.spark.no_data)
+    #: a no-data micro-batch: only timers fired (streamstate.spark.driver.no_data)
     no_data: bool = False
 
     @property

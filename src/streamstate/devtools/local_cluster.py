@@ -1,6 +1,6 @@
 """A Spark standalone cluster on one machine, started from pyspark's own launcher: on
 127.0.0.1, or with a network namespace and an address per node
-(:class:`~streamstate.spark.local_netns.NetnsNetwork`).
+(:class:`~streamstate.devtools.local_netns.NetnsNetwork`).
 
 One master and N workers, each a ``spark-class`` JVM (``org.apache.spark.deploy.master.Master``,
 ``org.apache.spark.deploy.worker.Worker``) with pyspark's package directory as ``SPARK_HOME``:
@@ -138,7 +138,7 @@ class Node:
 
 class LocalCluster:
     """A standalone master and ``workers`` workers on 127.0.0.1, or each in its own network
-    namespace of ``network`` (a :class:`~streamstate.spark.local_netns.NetnsNetwork`: the
+    namespace of ``network`` (a :class:`~streamstate.devtools.local_netns.NetnsNetwork`: the
     master is its endpoint ``master``, worker ``nodeI`` its endpoint ``nodeI``, and drivers
     run in the root namespace at the bridge's address).
 

@@ -1,7 +1,7 @@
 """Sealed frames: every byte a state host and its client exchange after the handshake is
 encrypted and authenticated (AES-256-GCM), in order.
 
-A connection's two keys come from its handshake (:func:`~streamstate.spark.security.
+A connection's two keys come from its handshake (:func:`~streamstate.spark.wire.security.
 session_keys`: the run secret, both nonces, the host id), one per direction. Each direction
 numbers its records from 0; a record's GCM nonce is its number, so the receiver, which expects
 the next number, refuses a record that was replayed, reordered, dropped before it, injected or
@@ -10,7 +10,7 @@ changed: its tag does not verify. A record::
     <u32 LE n>  AES-256-GCM(key, nonce = 0^4 || u64 BE record number, aad = the 4 length bytes)
                 of n - 16 plaintext bytes, followed by the 16-byte tag
 
-A message (:mod:`streamstate.spark.protocol`) is one *head* record whose plaintext is
+A message (:mod:`streamstate.spark.wire.protocol`) is one *head* record whose plaintext is
 ``<u32 LE body length><header bytes>``, then the body in records of at most :data:`CHUNK`
 plaintext bytes. The receiver checks every length before it reads the bytes: a head record is
 at most the header limit, a body record at most :data:`CHUNK`, the body at most the
@@ -28,7 +28,7 @@ import socket
 import struct
 from typing import Any
 
-from streamstate.spark.security import SessionKeys
+from streamstate.spark.wire.security import SessionKeys
 
 __all__ = ["CHUNK", "TAG", "FrameError", "SecureChannel"]
 

@@ -5,7 +5,7 @@ refuses to start.
 The job directory and Spark's streaming checkpoint must agree on the progress (SPEC §7), so both
 are rolled back together. Checkpoint ``chk-N`` records the Spark micro-batch ``B`` whose input
 its state has consumed (its ``batch_id``: ``B == N`` until the query's first no-data
-micro-batch, which takes the next checkpoint id; ``streamstate.spark.no_data``):
+micro-batch, which takes the next checkpoint id; ``streamstate.spark.driver.no_data``):
 
 ===============================  ============================================================
 what                             after the rollback
@@ -184,7 +184,7 @@ def plan_rollback(
                     )
                 plan.spark_files.append(path)
     if sink is not None:
-        from streamstate.spark.sinks import FileSink
+        from streamstate.spark.driver.sinks import FileSink
 
         plan.sink = FileSink(sink, storage_options)
         plan.sink_batches = [b for b in plan.sink.committed_batches() if b > to]

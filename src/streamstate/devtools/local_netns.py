@@ -1,7 +1,7 @@
 """Nodes with their own network addresses on one Linux machine: a network namespace per cluster
 process, joined by a bridge, and the faults a real network has.
 
-:class:`NetnsNetwork` gives :class:`~streamstate.spark.local_cluster.LocalCluster` a namespace
+:class:`NetnsNetwork` gives :class:`~streamstate.devtools.local_cluster.LocalCluster` a namespace
 per node (the master, each worker), each with one end of a veth pair whose other end is on a
 bridge; the bridge itself has the first address of the subnet, so the processes of the root
 namespace (the test, the driver) reach every node and every node reaches them. Addresses come

@@ -10,7 +10,7 @@ oldest pending one of that address (or of all), so a flood from one address cann
 another's handshake out, and a real client, whose handshake takes one round trip, is rarely the
 oldest. The Unix socket is served first: its events are handled before TCP's, and its
 authenticated connections go ahead of TCP ones in the ready queue that the host's main thread
-takes them from (:mod:`streamstate.spark.state_host`).
+takes them from (:mod:`streamstate.spark.host.state_host`).
 
 Refusals go through :class:`RefusalLog`: one line each, with the peer's address, cut at
 :data:`MAX_LINE` characters, at most ``limit`` lines per ``window`` seconds and then one line
@@ -32,9 +32,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from streamstate.spark.network import tcp_tune
-from streamstate.spark.protocol import Connection
-from streamstate.spark.security import REPLY_BYTES, AuthError, ServerHandshake, peer_uid
+from streamstate.spark.wire.network import tcp_tune
+from streamstate.spark.wire.protocol import Connection
+from streamstate.spark.wire.security import REPLY_BYTES, AuthError, ServerHandshake, peer_uid
 
 __all__ = ["MAX_LINE", "Acceptor", "Ready", "RefusalLog"]
 

@@ -12,11 +12,11 @@ from typing import Any
 from streamstate.api.functions import KeyedProcessFunction
 from streamstate.errors import CheckpointNotFoundError, MaxParallelismMismatchError
 from streamstate.keygroups import compute_default_max_parallelism
-from streamstate.spark.checks import check_before_first_job
+from streamstate.spark.driver.checks import check_before_first_job
 from streamstate.spark.job import JobSpec, arrow_schema_to_bytes, pickle_function, src_path
-from streamstate.spark.placement import KEY_GROUP_COLUMN
-from streamstate.spark.pre_aggregation import PreAggregationPlan, plan_pre_aggregation
-from streamstate.spark.session import default_parallelism, is_connect, parse_ddl
+from streamstate.spark.driver.placement import KEY_GROUP_COLUMN
+from streamstate.spark.driver.pre_aggregation import PreAggregationPlan, plan_pre_aggregation
+from streamstate.spark.driver.session import default_parallelism, is_connect, parse_ddl
 
 __all__ = ["EXECUTION_MODES", "checkpointed_backend", "keyed_process", "resolve_execution_mode"]
 
@@ -74,7 +74,7 @@ class KeyedOptions:
 
     def partial_schema(self) -> Any:
         """The Spark schema of the pre-aggregated rows a subtask receives."""
-        from streamstate.spark.pre_aggregation import pre_aggregated
+        from streamstate.spark.driver.pre_aggregation import pre_aggregated
 
         assert self.pre_aggregation is not None
         # the plan of a micro-batch without its watermark: only its schema is used (analysis,
@@ -286,7 +286,7 @@ def keyed_process(
       ``savepoint=`` (a path or URL) the job runs at once, writes the final state there as a
       savepoint (a streaming query can start from it with
       ``initial_state=``) and returns its outputs.
-    * streaming ``df``: returns a :class:`~streamstate.spark.streaming.KeyedStream`; start it
+    * streaming ``df``: returns a :class:`~streamstate.spark.driver.streaming.KeyedStream`; start it
       with ``.write_stream(sink, ...)``. ``checkpoint`` (a path or URL) is required: the state's
       checkpoints, staged outputs and Spark's own streaming checkpoint live there.
 
@@ -439,10 +439,10 @@ def keyed_process(
     ensure_worker_path(df.sparkSession)
     check_before_first_job(options, restored)
     if streaming:
-        from streamstate.spark.streaming import KeyedStream
+        from streamstate.spark.driver.streaming import KeyedStream
 
         return KeyedStream(options)
-    from streamstate.spark.batch import run_bounded
+    from streamstate.spark.driver.batch import run_bounded
 
     result = run_bounded(options, savepoint=_absolute(savepoint) if savepoint else None)
     # the streaming API on a batch result: say why, instead of PySpark's ATTRIBUTE_NOT_SUPPORTED
@@ -491,7 +491,7 @@ def _side_output_structs(
 def ensure_worker_path(spark: Any) -> None:
     """Make Python workers find this ``streamstate`` (a source checkout is not installed):
     functions created from now on carry its directory in their PYTHONPATH."""
-    from streamstate.spark.environment import check_worker_python
+    from streamstate.spark.driver.environment import check_worker_python
 
     if is_connect(spark):
         # no sparkContext: the server's Python workers must import streamstate themselves

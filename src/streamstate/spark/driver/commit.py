@@ -2,7 +2,7 @@
 and the commit of the version it ends with.
 
 A *step* is one run of every subtask that ends with a checkpoint: the step of a Spark
-micro-batch's input, or a no-data micro-batch (:mod:`streamstate.spark.no_data`). Checkpoint ids
+micro-batch's input, or a no-data micro-batch (:mod:`streamstate.spark.driver.no_data`). Checkpoint ids
 are consecutive: step ``c`` runs every subtask on state version ``c - 1`` (checkpoint
 ``chk-(c-1)``, or the empty/initial state for the first one) and ends with checkpoint ``chk-c``,
 whose ``_metadata`` the driver writes (:class:`~streamstate.checkpoint.coordinator.
@@ -56,7 +56,7 @@ from typing import Any
 import msgspec
 
 from streamstate.errors import CheckpointError, CheckpointFencedError, CheckpointNotFoundError
-from streamstate.spark.no_data import TimeProgress, due, next_watermark
+from streamstate.spark.driver.no_data import TimeProgress, due, next_watermark
 from streamstate.spark.subtask import MIN_WATERMARK, BatchResult, StagedOutput
 
 __all__ = ["BatchPlan", "CheckpointLog", "spark_batch_of"]
@@ -87,7 +87,7 @@ class BatchPlan:
     side_outputs: dict[str, list[StagedOutput]] = dataclasses.field(default_factory=dict)
     #: the Spark micro-batch whose input the state has consumed after the step
     spark_batch: int = 0
-    #: a micro-batch without input (streamstate.spark.no_data)
+    #: a micro-batch without input (streamstate.spark.driver.no_data)
     no_data: bool = False
     #: the Spark micro-batch whose foreachBatch call runs the step (None: the idle ticker)
     during_batch: int | None = None

@@ -1,7 +1,7 @@
 """One subtask of a keyed operator in batch execution, inside a Spark task (SPEC §13.3).
 
 The driver sorts each subtask's partition by key and event time (``sortWithinPartitions``,
-Spark's external sort; ``spark/batch.py``), so the task receives its Arrow batches with each
+Spark's external sort; ``spark/driver/batch.py``), so the task receives its Arrow batches with each
 key's records together. :class:`BatchSubtaskRuntime` finds where the key changes on the
 Arrow columns (vectorized: one comparison of each key column with itself shifted by one row),
 converts only the first row's key of each run to Python, builds the records column by column,
@@ -22,7 +22,7 @@ from typing import Any
 
 from streamstate.errors import UnsupportedKeyTypeError
 from streamstate.spark.job import JobSpec
-from streamstate.spark.placement import KEY_GROUP_COLUMN
+from streamstate.spark.driver.placement import KEY_GROUP_COLUMN
 from streamstate.spark.records import column_values, event_time_ms
 from streamstate.spark.subtask import SubtaskRuntime
 

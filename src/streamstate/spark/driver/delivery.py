@@ -57,8 +57,8 @@ class DriverDelivery:
     def _spec(self, subtask: int) -> Any:
         import msgspec
 
-        from streamstate.spark.host_client import host_spec
-        from streamstate.spark.state_host import proc_start_time
+        from streamstate.spark.task.host_client import host_spec
+        from streamstate.spark.host.state_host import proc_start_time
 
         job, host = self.job, self.host
         spec = host_spec(
@@ -85,7 +85,7 @@ class DriverDelivery:
         import numpy as np
         import pyarrow as pa
 
-        from streamstate.spark.placement import KEY_GROUP_COLUMN
+        from streamstate.spark.driver.placement import KEY_GROUP_COLUMN
 
         job = self.job
         p = job.parallelism
@@ -108,7 +108,7 @@ class DriverDelivery:
         self, subtask: int, batches: list[Any], plan: dict[str, Any], location: Any
     ) -> dict[str, Any]:
         from streamstate.spark.failures import parse_remote_error
-        from streamstate.spark.host_client import run_batch
+        from streamstate.spark.task.host_client import run_batch
 
         spec = self._spec(subtask)
         host = self.host

@@ -13,10 +13,10 @@ it on their records), so only clients of the same query run may reach it:
   HMAC-SHA256 on every connection, Unix or TCP, before a single framed message is read. The
   secret never crosses the connection; fixed-size messages, so nothing unauthenticated is
   parsed beyond comparing bytes. The host's side has no I/O of its own: the host runs many
-  handshakes at once, each with one overall deadline (:mod:`streamstate.spark.acceptor`).
+  handshakes at once, each with one overall deadline (:mod:`streamstate.spark.host.acceptor`).
 * **Session keys** (:func:`session_keys`): HKDF-SHA256 of the secret, salted with both nonces
   and bound to the host id, gives one AES-256-GCM key per direction; every frame after the
-  handshake is sealed with them (:mod:`streamstate.spark.channel`).
+  handshake is sealed with them (:mod:`streamstate.spark.wire.channel`).
 * **The run directory** (:func:`run_dir`): sockets, locks and logs live in a directory that must
   be the current user's and closed to group and others, below parents that only root or the
   user can change (OpenSSH's safe-path rule); a Unix-socket peer must run as the host's uid
@@ -58,7 +58,7 @@ __all__ = [
 ]
 
 #: version of the host protocol: the handshake, the sealed frames and the messages
-#: (:mod:`streamstate.spark.protocol`); both sides' first bytes carry it
+#: (:mod:`streamstate.spark.wire.protocol`); both sides' first bytes carry it
 PROTOCOL_VERSION = 3
 #: the first bytes of both sides of a handshake: "SSHOST", a zero byte, the protocol version
 _MAGIC_PREFIX = b"SSHOST\x00"

@@ -15,7 +15,7 @@ this way instead:
    ``query.last_progress``, ``recent_progress``, every ``StreamingQueryListener`` and the UI.
 
 Spark Connect runs ``foreachBatch`` in a Python process of the server that has no handle on the
-JVM: the client's :attr:`~streamstate.spark.streaming.KeyedStreamingQuery.last_progress` and
+JVM: the client's :attr:`~streamstate.spark.driver.streaming.KeyedStreamingQuery.last_progress` and
 ``recent_progress`` add the figures the server reported (:func:`with_state_figures`); Spark's
 own progress events (listeners, the UI) carry none there.
 

@@ -44,7 +44,7 @@ from streamstate.spark.partials import (
     WINDOW,
     sql_accumulator,
 )
-from streamstate.spark.placement import KEY_GROUP_COLUMN
+from streamstate.spark.driver.placement import KEY_GROUP_COLUMN
 from streamstate.windows.partial import LATE, PARTIAL, WINDOWLESS
 from streamstate.windows.pre_aggregation import PreAggregation, choose_pre_aggregation
 
@@ -208,8 +208,8 @@ def pre_aggregated(
     """The micro-batch ``df`` pre-aggregated and placed: partition ``i`` holds subtask ``i``'s
     rows of :mod:`streamstate.spark.partials`. ``fold_task``: the Python fold's ``mapInArrow``
     function (mode "python")."""
-    from streamstate.spark.placement import place
-    from streamstate.spark.session import functions_for
+    from streamstate.spark.driver.placement import place
+    from streamstate.spark.driver.session import functions_for
 
     if plan.mode == "sql":
         return place(_sql_fold(df, plan, watermark), plan.key_columns, parallelism, max_parallelism)
@@ -267,7 +267,7 @@ class SqlFold:
     def apply(self, df: Any) -> Any:
         """The steps over ``df`` (a call into the JVM and an analysis each: a tumbling or
         processing-time window without a late side output is one ``groupBy(...).agg(...)``)."""
-        from streamstate.spark.session import functions_for
+        from streamstate.spark.driver.session import functions_for
 
         sf = functions_for(df)
         for exprs in self.projections:

@@ -4,23 +4,23 @@ The query is driven by ``foreachBatch``. Micro-batch ``b`` on the driver
 (:meth:`KeyedStream._run_batch`) runs one *step* that ends with checkpoint ``c`` (``c == b``
 until the query's first no-data micro-batch):
 
-1. :meth:`~streamstate.spark.commit.CheckpointLog.plan`: the state version to start from
+1. :meth:`~streamstate.spark.driver.commit.CheckpointLog.plan`: the state version to start from
    (``chk-(c-1)``), its lineage, the watermark; if ``b``'s step is already committed (the
    driver died after our commit, before Spark's), skip to step 4 with each checkpoint of ``b``.
 2. One Spark job: placement by key group, ``repartitionById``, ``mapInArrow`` with
-   :func:`~streamstate.spark.tasks.micro_batch_task`: each task streams its partition to its
+   :func:`~streamstate.spark.task.tasks.micro_batch_task`: each task streams its partition to its
    subtask's state host, which applies it, writes the incremental checkpoint ``chk-c`` of the
    subtask and stages the outputs, and the task yields one acknowledgement row. The
    acknowledgement says where the host lives; the next step's plan carries these locations,
    so the task of subtask ``i`` reaches the same host from whichever node Spark runs it on
-   (:mod:`streamstate.spark.host_client`).
+   (:mod:`streamstate.spark.task.host_client`).
 3. Commit: ``chk-c/_metadata`` is written only when all subtasks acknowledged version ``c``.
 4. The sink gets the staged outputs (idempotent per checkpoint id), each side sink its side
    output's.
 5. While the committed checkpoint owes a no-data micro-batch (the next watermark passes a
-   pending event-time timer; :mod:`streamstate.spark.no_data`), steps 1-4 again without input,
+   pending event-time timer; :mod:`streamstate.spark.driver.no_data`), steps 1-4 again without input,
    as checkpoint ``c + 1``, ...; Spark then commits its own log. In a running query an
-   :class:`~streamstate.spark.no_data.IdleTicker` runs the no-data micro-batches that
+   :class:`~streamstate.spark.driver.no_data.IdleTicker` runs the no-data micro-batches that
    processing-time timers call for while no input arrives.
 
 A function error (the user's function raised; streamstate's errors about what the job
@@ -50,7 +50,7 @@ from typing import Any
 
 import msgspec
 
-from streamstate.spark.commit import BatchPlan, CheckpointLog, spark_batch_of
+from streamstate.spark.driver.commit import BatchPlan, CheckpointLog, spark_batch_of
 from streamstate.spark.failures import (
     error_from_report,
     failure_report,
@@ -67,24 +67,24 @@ from streamstate.spark.job import (
     pickle_function,
     src_path,
 )
-from streamstate.spark.keyed import KeyedOptions, function_blob
-from streamstate.spark.locations import spark_checkpoint_location
-from streamstate.spark.no_data import (
+from streamstate.spark.driver.keyed import KeyedOptions, function_blob
+from streamstate.spark.driver.locations import spark_checkpoint_location
+from streamstate.spark.driver.no_data import (
     MAX_NO_DATA_BATCHES,
     MIN_IDLE_INTERVAL,
     IdleTicker,
     trigger_interval,
 )
-from streamstate.spark.placement import place
-from streamstate.spark.progress import (
+from streamstate.spark.driver.placement import place
+from streamstate.spark.driver.progress import (
     ProgressPublisher,
     micro_batch_figures,
     observe_state,
     step_figures,
     with_state_figures,
 )
-from streamstate.spark.session import conf, is_connect, is_local
-from streamstate.spark.sinks import MemorySink, Sink, StagedBatch, sink_from
+from streamstate.spark.driver.session import conf, is_connect, is_local
+from streamstate.spark.driver.sinks import MemorySink, Sink, StagedBatch, sink_from
 from streamstate.spark.subtask import (
     MIN_WATERMARK,
     OUTPUTS_DIR,
@@ -92,7 +92,7 @@ from streamstate.spark.subtask import (
     StagedOutput,
     job_storage,
 )
-from streamstate.spark.tasks import ACK_SCHEMA, micro_batch_task
+from streamstate.spark.task.tasks import ACK_SCHEMA, micro_batch_task
 
 __all__ = ["KeyedStream", "KeyedStreamingQuery"]
 
@@ -136,7 +136,7 @@ class KeyedStream:
         spark_checkpoint: str | None = None,
         no_data_batches: bool | None = None,
     ) -> KeyedStreamingQuery:
-        """Start the query, writing outputs to ``sink`` (see :mod:`streamstate.spark.sinks`).
+        """Start the query, writing outputs to ``sink`` (see :mod:`streamstate.spark.driver.sinks`).
 
         Parameters:
             sink: ``"parquet"`` (with ``path=``), ``"memory"``, ``"console"``,
@@ -165,7 +165,7 @@ class KeyedStream:
                 state checkpoint for the life of the query.
             no_data_batches: run micro-batches without input when the watermark would fire a
                 pending event-time timer, or a processing-time timer is due
-                (:mod:`streamstate.spark.no_data`): the last windows close at the end of an
+                (:mod:`streamstate.spark.driver.no_data`): the last windows close at the end of an
                 ``availableNow`` run, and within a trigger interval when the input pauses.
                 Default (None): Spark's ``spark.sql.streaming.noDataMicroBatches.enabled``
                 (on unless the session turns it off). ``False``: timers fire only when input
@@ -233,7 +233,7 @@ class KeyedStreamingQuery:
         spark_checkpoint: str | None = None,
         no_data_batches: bool | None = None,
     ) -> None:
-        from streamstate.spark.security import new_secret
+        from streamstate.spark.wire.security import new_secret
 
         t_init = time.perf_counter()
         #: where the query's fixed costs went, in ms: ``ship_ms`` (pickling and storing the
@@ -304,7 +304,7 @@ class KeyedStreamingQuery:
         self._step_lock = threading.Lock()
         if no_data_batches is None:
             no_data_batches = (conf(self.spark, NO_DATA_CONF, "true") or "true").lower() != "false"
-        #: run no-data micro-batches (streamstate.spark.no_data)
+        #: run no-data micro-batches (streamstate.spark.driver.no_data)
         self.no_data_batches = bool(no_data_batches)
         #: seconds between micro-batches of a running query (None: the run ends by itself)
         self._idle_interval = trigger_interval(trigger) if self.no_data_batches else None
@@ -344,7 +344,7 @@ class KeyedStreamingQuery:
             # test's functions, sinks and callbacks), like the function the tasks run
             run_batch = _ServerBatches(pickle_function(self))
         else:
-            # each micro-batch's state figures go into Spark's progress (spark/progress.py)
+            # each micro-batch's state figures go into Spark's progress (spark/driver/progress.py)
             df = observe_state(df)
         writer = df.writeStream.foreachBatch(run_batch).option(
             "checkpointLocation", self.spark_checkpoint
@@ -479,9 +479,9 @@ class KeyedStreamingQuery:
     def _spawn_local_hosts(self, jvm: int) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
-        from streamstate.spark.host_client import connect, host_spec
+        from streamstate.spark.task.host_client import connect, host_spec
         from streamstate.spark.job import src_path
-        from streamstate.spark.state_host import proc_start_time
+        from streamstate.spark.host.state_host import proc_start_time
 
         t0 = time.perf_counter()
         job = self.job
@@ -958,15 +958,15 @@ class KeyedStreamingQuery:
         t_place: float,
     ) -> list[dict[str, Any]]:
         """The pre-aggregated micro-batch collected to the driver (one Spark job) and streamed
-        from here to the state hosts (:mod:`streamstate.spark.driver_delivery`); the
+        from here to the state hosts (:mod:`streamstate.spark.driver.delivery`); the
         acknowledgements as tasks would yield them. A no-data micro-batch runs no Spark job:
         each host gets its BEGIN and END."""
         import pyarrow as pa
 
         from streamstate.keygroups import assign_key_groups_for_columns
-        from streamstate.spark.driver_delivery import DriverDelivery
-        from streamstate.spark.placement import KEY_GROUP_COLUMN
-        from streamstate.spark.pre_aggregation import collected_fold
+        from streamstate.spark.driver.delivery import DriverDelivery
+        from streamstate.spark.driver.placement import KEY_GROUP_COLUMN
+        from streamstate.spark.driver.pre_aggregation import collected_fold
 
         options = self.options
         pre = options.pre_aggregation
@@ -1001,7 +1001,7 @@ class KeyedStreamingQuery:
 
     def _fold(self, plan: BatchPlan) -> Any:
         """The Python fold's ``mapInArrow`` function for this batch."""
-        from streamstate.spark.tasks import fold_task
+        from streamstate.spark.task.tasks import fold_task
 
         blob, sha = self._function
         return fold_task(msgspec.msgpack.encode(self.job), blob, sha, self._fold_watermark(plan))
@@ -1013,7 +1013,7 @@ class KeyedStreamingQuery:
         pre = options.pre_aggregation
         if pre is None:
             return place(df, options.key_columns, options.parallelism, options.max_parallelism)
-        from streamstate.spark.pre_aggregation import pre_aggregated
+        from streamstate.spark.driver.pre_aggregation import pre_aggregated
 
         return pre_aggregated(
             df,
@@ -1048,7 +1048,7 @@ class KeyedStreamingQuery:
         return routes
 
     def _host_spec(self, subtask: int) -> Any:
-        from streamstate.spark.host_client import host_spec
+        from streamstate.spark.task.host_client import host_spec
 
         job = self.job
         return host_spec(
@@ -1064,7 +1064,7 @@ class KeyedStreamingQuery:
     def _retire(self, subtask: int, where: dict[str, Any], reason: str) -> bool:
         """Ask the host at ``where`` to exit if it is still the process the acknowledgement
         named (best effort: an unreachable one exits with its executor or when idle)."""
-        from streamstate.spark.host_client import shutdown_remote
+        from streamstate.spark.task.host_client import shutdown_remote
 
         if where.get("tcp"):
             return shutdown_remote(
@@ -1106,7 +1106,7 @@ class KeyedStreamingQuery:
     def last_progress(self) -> Any:
         """Spark's last ``StreamingQueryProgress`` (a dict), whose
         ``observedMetrics["streamstate"]`` holds the micro-batch's state figures
-        (:mod:`streamstate.spark.progress`, docs/spark.md "Monitoring")."""
+        (:mod:`streamstate.spark.driver.progress`, docs/spark.md "Monitoring")."""
         progress = self.query.lastProgress
         if self._report_dir and progress is not None:
             self._sync_from_server(sinks=False)
@@ -1215,8 +1215,8 @@ class KeyedStreamingQuery:
         same checkpoint (another driver's) are not touched."""
         from concurrent.futures import ThreadPoolExecutor
 
-        from streamstate.spark.host_client import shutdown
-        from streamstate.spark.security import node_id
+        from streamstate.spark.task.host_client import shutdown
+        from streamstate.spark.wire.security import node_id
 
         if self._hosts_stopped:
             return 0
@@ -1339,7 +1339,7 @@ def _bind_for(spark: Any, option: str | None) -> str | None:
     """The ``bind`` host setting: the option, else with a ``local`` master ``"off"`` (every
     task runs on this machine and reaches its host's Unix socket: a TCP port would only let
     other local users reach it, past the socket's uid check) unless ``STREAMSTATE_HOST_BIND``
-    asks for one; None leaves it to each node (:func:`~streamstate.spark.network.
+    asks for one; None leaves it to each node (:func:`~streamstate.spark.wire.network.
     default_bind`)."""
     if option is not None:
         return option

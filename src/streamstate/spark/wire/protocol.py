@@ -1,9 +1,9 @@
 """The wire protocol between a Spark task (or the driver) and a subtask's state host.
 
 Transport: a Unix socket in the node's run directory (a task on the host's node) or TCP (a
-task on another node; :mod:`streamstate.spark.host_client`). Both carry the same bytes.
+task on another node; :mod:`streamstate.spark.task.host_client`). Both carry the same bytes.
 
-**Handshake** (:mod:`streamstate.spark.security`), before any framed message: every connection
+**Handshake** (:mod:`streamstate.spark.wire.security`), before any framed message: every connection
 authenticates with an HMAC-SHA256 challenge-response over the job's secret, which itself never
 crosses the connection::
 
@@ -16,7 +16,7 @@ and the client knows the host holds the secret too. A Unix-socket peer must also
 host's uid (``SO_PEERCRED``). Both sides then derive the connection's two AES-256-GCM keys
 (HKDF of the secret, both nonces and the host id).
 
-**Messages** after the handshake are sealed (:mod:`streamstate.spark.channel`: encrypted,
+**Messages** after the handshake are sealed (:mod:`streamstate.spark.wire.channel`: encrypted,
 authenticated, numbered per direction, so a replayed, reordered, dropped, injected or changed
 frame is refused). A message is a msgpack header (a map whose ``"t"`` names it) and an
 optional body: one Arrow record batch in IPC stream format without its schema (the schema
@@ -38,7 +38,7 @@ connection's limit, both checked before the bytes are read::
 DATA is answered before the next DATA is sent (lock-step), so a host never buffers more than
 one Arrow batch of a partition and a failure stops the stream at once. A host serves only the
 job it was started for: a BEGIN naming another checkpoint, operator, function or storage
-options is refused (:mod:`streamstate.spark.state_host`).
+options is refused (:mod:`streamstate.spark.host.state_host`).
 
 Version 3 (this one) seals every frame after the handshake; version 2 added the handshake, the
 frame limits, the location fields of HELLO and ``subtask`` in BEGIN. A peer of another version
@@ -51,8 +51,8 @@ from typing import Any
 
 import msgspec
 
-from streamstate.spark.channel import FrameError, SecureChannel
-from streamstate.spark.security import PROTOCOL_VERSION, SessionKeys
+from streamstate.spark.wire.channel import FrameError, SecureChannel
+from streamstate.spark.wire.security import PROTOCOL_VERSION, SessionKeys
 
 __all__ = [
     "MAX_BODY_BYTES",

@@ -3,7 +3,7 @@
 Spark reuses Python workers but does not pin a partition to a worker, so state kept in a worker
 would be found only by chance. A state host is a process per ``(job, operator, subtask,
 parallelism, query run)``: the Spark task of subtask ``i`` streams its Arrow batches to host
-``i`` (:mod:`streamstate.spark.protocol`) and gets an acknowledgement back;
+``i`` (:mod:`streamstate.spark.wire.protocol`) and gets an acknowledgement back;
 the state stays in the host's memory (heap) or local disk (RocksDB) between micro-batches and is
 reloaded from checkpoint storage only when the version a batch needs is not the one the host
 holds (:class:`~streamstate.spark.subtask.SubtaskRuntime`).
@@ -12,11 +12,11 @@ Where: a host lives on the node whose task first needed it. It listens on a Unix
 node's run directory and, unless disabled, on TCP (``HostSpec.bind``, an ephemeral port); its
 HELLO reports its location (node id, TCP address, socket path), the task puts it in its
 acknowledgement, and the driver tells the next batch's task of that subtask where to send its
-records, on whichever node Spark runs it (:mod:`streamstate.spark.host_client`). Every
-connection is authenticated first (:mod:`streamstate.spark.security`) by the acceptor thread,
-which runs all pending handshakes at once (:mod:`streamstate.spark.acceptor`); the main thread
+records, on whichever node Spark runs it (:mod:`streamstate.spark.task.host_client`). Every
+connection is authenticated first (:mod:`streamstate.spark.wire.security`) by the acceptor thread,
+which runs all pending handshakes at once (:mod:`streamstate.spark.host.acceptor`); the main thread
 serves authenticated connections one at a time, Unix ones first, over sealed frames
-(:mod:`streamstate.spark.channel`). A refused connection or frame is logged (rate-limited) and
+(:mod:`streamstate.spark.wire.channel`). A refused connection or frame is logged (rate-limited) and
 closed and the host goes on serving. A host serves only the job it was started for
 (:class:`JobPin`).
 
@@ -57,15 +57,15 @@ from typing import Any
 
 import msgspec
 
-from streamstate.spark.acceptor import Acceptor, RefusalLog
-from streamstate.spark.network import bind_tcp
-from streamstate.spark.protocol import (
+from streamstate.spark.host.acceptor import Acceptor, RefusalLog
+from streamstate.spark.wire.network import bind_tcp
+from streamstate.spark.wire.protocol import (
     MAX_BODY_BYTES,
     PROTOCOL_VERSION,
     Connection,
     ProtocolError,
 )
-from streamstate.spark.security import node_id, node_secret, run_dir
+from streamstate.spark.wire.security import node_id, node_secret, run_dir
 
 __all__ = [
     "Begin",
@@ -101,7 +101,7 @@ class HostSpec(msgspec.Struct, frozen=True, kw_only=True):
     #: seconds a connection has to complete the handshake, from its accept (one deadline)
     auth_timeout: float = 5.0
     #: handshakes pending at once: from one source address, and in all (beyond: the oldest
-    #: is dropped, :mod:`streamstate.spark.acceptor`)
+    #: is dropped, :mod:`streamstate.spark.host.acceptor`)
     max_pending_per_address: int = 16
     max_pending: int = 256
     #: refusals logged per 10 s (beyond: one line says how many were not)
@@ -444,7 +444,7 @@ def serve(
     ``secret`` the query run's secret (default: the node's, :func:`~streamstate.spark.
     security.node_secret`); ``pin`` the job it serves (None: no batch).
 
-    Two threads: the acceptor (:mod:`streamstate.spark.acceptor`) accepts and authenticates
+    Two threads: the acceptor (:mod:`streamstate.spark.host.acceptor`) accepts and authenticates
     connections concurrently; this one serves authenticated connections one at a time, Unix
     ones first. Only those count as use for ``idle_timeout``."""
     status: list[int | None] = [status_fd]
@@ -711,7 +711,7 @@ def _warm_imports() -> None:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m streamstate.spark.state_host serve <spec json> [status fd]``; the secret
+    """``python -m streamstate.spark.host.state_host serve <spec json> [status fd]``; the secret
     (hex) and the job pin come on stdin, never on the command line (visible to every user in
     ``ps``)."""
     if len(argv) < 2 or argv[0] != "serve":

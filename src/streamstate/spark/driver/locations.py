@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from streamstate.spark.session import is_connect
-from streamstate.spark.sinks import spark_readable
+from streamstate.spark.driver.session import is_connect
+from streamstate.spark.driver.sinks import spark_readable
 
 __all__ = ["spark_checkpoint_location"]
 

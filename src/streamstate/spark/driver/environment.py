@@ -57,7 +57,7 @@ class WorkerPythonError(StreamStateError, RuntimeError):
 def check_worker_python(spark: Any, pythonpath: str = "") -> None:
     """Raise :class:`WorkerPythonError` if the Python that Spark's workers run on this machine
     cannot import what streamstate needs (local masters only; cached per interpreter)."""
-    from streamstate.spark.session import is_connect
+    from streamstate.spark.driver.session import is_connect
 
     if is_connect(spark):
         check_connect_server_python(spark)  # the workers run on the server, with its Python
@@ -152,7 +152,7 @@ def check_connect_server_python(spark: Any) -> None:
         return
     from pyspark.sql.types import StringType
 
-    from streamstate.spark.session import functions_for
+    from streamstate.spark.driver.session import functions_for
 
     probe = functions_for(spark).udf(_probe_function(), StringType(), useArrow=False)
     remedy = (

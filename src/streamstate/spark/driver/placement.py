@@ -159,7 +159,7 @@ def _check_columns(df: Any, key_columns: list[str]) -> None:
 
 def with_key_group(df: Any, key_columns: list[str], max_parallelism: int) -> Any:
     """``df`` plus the INT column ``_kg``, the key group of each row's key."""
-    from streamstate.spark.session import functions_for
+    from streamstate.spark.driver.session import functions_for
 
     sf = functions_for(df)
     _check_columns(df, key_columns)
@@ -217,7 +217,7 @@ def _key_group_pass(key_columns: list[str], max_parallelism: int) -> Any:
 def place(df: Any, key_columns: list[str], parallelism: int, max_parallelism: int) -> Any:
     """``df`` with ``_kg``, repartitioned so that partition ``i`` holds exactly the rows of
     subtask ``i`` (``parallelism`` partitions, some possibly empty)."""
-    from streamstate.spark.session import functions_for
+    from streamstate.spark.driver.session import functions_for
 
     subtask_sql = f"CAST(({KEY_GROUP_COLUMN} * {parallelism}) div {max_parallelism} AS INT)"
     fast = _place_sql_key_classic(df, key_columns, parallelism, max_parallelism, subtask_sql)
@@ -240,7 +240,7 @@ def _place_sql_key_classic(
     (active-session checks, call-site origins, list conversions), 0.2-0.5 s per micro-batch
     under load. Same plan, same key groups as :func:`with_key_group`.
     """
-    from streamstate.spark.session import is_connect
+    from streamstate.spark.driver.session import is_connect
 
     if is_connect(df):
         return None

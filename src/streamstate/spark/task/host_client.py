@@ -9,15 +9,15 @@ fails) it starts a host on its own node, which reloads the base version from che
 storage. Routing never decides what state is used: the host's version, lineage and attempt
 checks do (:meth:`~streamstate.spark.subtask.SubtaskRuntime.prepare`).
 
-Every connection first passes the HMAC handshake (:mod:`streamstate.spark.security`) with the
+Every connection first passes the HMAC handshake (:mod:`streamstate.spark.wire.security`) with the
 query run's secret (or, outside a query run, the node's), within one deadline
-(:data:`HANDSHAKE_TIMEOUT`); every frame after it is sealed (:mod:`streamstate.spark.channel`).
-A host started here is told the job it serves (:class:`~streamstate.spark.state_host.JobPin`,
+(:data:`HANDSHAKE_TIMEOUT`); every frame after it is sealed (:mod:`streamstate.spark.wire.channel`).
+A host started here is told the job it serves (:class:`~streamstate.spark.host.state_host.JobPin`,
 on its stdin with the secret).
 
 Starting is race-free: a task connects to ``<id>.sock``; if nobody listens it takes the spawn
 ``flock`` (``<id>.spawn``), tries again (another task may have started the host meanwhile), and
-only then spawns ``python -m streamstate.spark.state_host serve ...`` and waits for its
+only then spawns ``python -m streamstate.spark.host.state_host serve ...`` and waits for its
 ``READY`` line. A host that cannot start says why (``ERROR <reason>`` plus the tail of its log)
 in a :class:`~streamstate.errors.StateHostError`, which fails the Spark task (and Spark retries
 it).
@@ -40,16 +40,16 @@ from typing import Any
 import msgspec
 
 from streamstate.errors import StateHostError
-from streamstate.spark.network import split_address, tcp_tune
-from streamstate.spark.protocol import PROTOCOL_VERSION, Connection, ProtocolError
-from streamstate.spark.security import (
+from streamstate.spark.wire.network import split_address, tcp_tune
+from streamstate.spark.wire.protocol import PROTOCOL_VERSION, Connection, ProtocolError
+from streamstate.spark.wire.security import (
     AuthError,
     client_handshake,
     node_id,
     node_secret,
     peer_uid,
 )
-from streamstate.spark.state_host import HostSpec, JobPin, host_paths, proc_start_time
+from streamstate.spark.host.state_host import HostSpec, JobPin, host_paths, proc_start_time
 
 __all__ = [
     "FunctionFailed",
@@ -128,7 +128,7 @@ def spawn(
             [
                 sys.executable,
                 "-m",
-                "streamstate.spark.state_host",
+                "streamstate.spark.host.state_host",
                 "serve",
                 json.dumps(msgspec.to_builtins(spec)),
                 str(write_fd),
@@ -278,8 +278,8 @@ def connect_tcp(
     connect_timeout: float = 3.0,
 ) -> tuple[Connection, dict[str, Any]]:
     """Connect to the host of ``spec`` at ``address`` (``host:port``) on another node; raises
-    ``OSError`` (refused, timed out, :class:`~streamstate.spark.security.AuthError`) or
-    :class:`~streamstate.spark.protocol.ProtocolError` if it cannot be used."""
+    ``OSError`` (refused, timed out, :class:`~streamstate.spark.wire.security.AuthError`) or
+    :class:`~streamstate.spark.wire.protocol.ProtocolError` if it cannot be used."""
     sock = socket.create_connection(split_address(address), timeout=connect_timeout)
     tcp_tune(sock)
     return _open(
@@ -510,10 +510,10 @@ def host_spec(
     bind: str | None = "off",
 ) -> HostSpec:
     """The spec of the host of one subtask of query run ``run``, watching this process's
-    executor JVM; ``bind`` as :func:`~streamstate.spark.network.default_bind` (default
+    executor JVM; ``bind`` as :func:`~streamstate.spark.wire.network.default_bind` (default
     ``"off"``: no TCP)."""
-    from streamstate.spark.network import default_bind
-    from streamstate.spark.state_host import host_id, run_dir
+    from streamstate.spark.wire.network import default_bind
+    from streamstate.spark.host.state_host import host_id, run_dir
 
     jvm = find_jvm_pid() if watch else None
     return HostSpec(

@@ -9,7 +9,7 @@ DataFrame, as Flink does for bounded sources):
 * ``batch``: after the placement shuffle, Spark sorts each partition by key and event time
   (``sortWithinPartitions``: its external sort, so no partition needs to fit in memory; see
   :func:`sort_columns`), and the task keeps one key's state at a time
-  (``spark/batch_subtask.py``), firing a key's timers when its records end;
+  (``spark/task/batch_subtask.py``), firing a key's timers when its records end;
 * ``streaming``: the streaming operator over the partition as it comes, every key's state in
   the job's state backend until the input ends, when the watermark jumps to the end of time.
 
@@ -29,9 +29,9 @@ from typing import Any
 import msgspec
 
 from streamstate.spark.failures import original_error, raise_function_error
-from streamstate.spark.keyed import KeyedOptions, function_blob
-from streamstate.spark.placement import KEY_GROUP_COLUMN, place
-from streamstate.spark.tasks import ACK_SCHEMA, bounded_task
+from streamstate.spark.driver.keyed import KeyedOptions, function_blob
+from streamstate.spark.driver.placement import KEY_GROUP_COLUMN, place
+from streamstate.spark.task.tasks import ACK_SCHEMA, bounded_task
 
 __all__ = ["run_bounded", "sort_columns"]
 
@@ -85,8 +85,8 @@ def _placed(options: KeyedOptions, blob: bytes) -> Any:
         return place(options.df, options.key_columns, options.parallelism, options.max_parallelism)
     import hashlib
 
-    from streamstate.spark.pre_aggregation import pre_aggregated
-    from streamstate.spark.tasks import fold_task
+    from streamstate.spark.driver.pre_aggregation import pre_aggregated
+    from streamstate.spark.task.tasks import fold_task
 
     job = msgspec.msgpack.encode(options.job_spec(""))
     return pre_aggregated(
@@ -153,7 +153,7 @@ def _with_savepoint(options: KeyedOptions, placed: Any, blob: bytes, savepoint: 
     spark = options.spark
     if not outputs:
         return spark.createDataFrame([], options.output_struct)
-    from streamstate.spark.sinks import spark_readable
+    from streamstate.spark.driver.sinks import spark_readable
 
     return spark.read.schema(options.output_struct).parquet(
         spark_readable(storage.url_of(f"{name}/{OUTPUTS_DIR}"))
