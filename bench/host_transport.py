@@ -43,10 +43,10 @@ import pyarrow as pa
 from streamstate import KeyedProcessFunction, ValueStateDescriptor
 from streamstate.keygroups import assign_key_groups
 from streamstate.spark.driver.commit import CheckpointLog
-from streamstate.spark.task.host_client import host_spec, run_batch, shutdown
 from streamstate.spark.job import JobSpec, arrow_schema_to_bytes, pickle_function
-from streamstate.spark.wire.security import new_secret
 from streamstate.spark.subtask import BatchResult, job_storage
+from streamstate.spark.task.host_client import host_spec, run_batch, shutdown
+from streamstate.spark.wire.security import new_secret
 
 SCHEMA = pa.schema([("user", pa.int64()), ("v", pa.int64()), ("_kg", pa.int32())])
 OUT = pa.schema([("user", pa.int64()), ("n", pa.int64())])

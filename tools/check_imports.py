@@ -58,7 +58,11 @@ LAYERS: list[list[list[str]]] = [
 KNOWN_CYCLES: list[list[str]] = [
     # the entry point dispatches to the batch and streaming runtimes, which take its options:
     # split with spark/ by process
-    ["streamstate.spark.driver.batch", "streamstate.spark.driver.keyed", "streamstate.spark.driver.streaming"],
+    [
+        "streamstate.spark.driver.batch",
+        "streamstate.spark.driver.keyed",
+        "streamstate.spark.driver.streaming",
+    ],
 ]
 
 

@@ -14,7 +14,8 @@ the file and key group of any corruption.
 ``streamstate checkpoints rollback <dir> --to N``: rolls a streaming job back to checkpoint
 ``chk-N``: later checkpoints go, Spark's offset and commit logs are rolled back with them, and
 (with ``--sink``) the parquet sink's later batches, so the restarted query re-runs the Spark
-micro-batch after chk-N's and every later one exactly once (:mod:`streamstate.spark.driver.rollback`).
+micro-batch after chk-N's and every later one exactly once
+(:mod:`streamstate.spark.driver.rollback`).
 """
 
 from __future__ import annotations
@@ -511,8 +512,8 @@ def _demo_on_cluster(directory: str, workers: int, console: Any, kwargs: dict[st
     import tempfile
 
     from streamstate.demo.streaming import run_streaming, spark_session
-    from streamstate.spark.job import src_path
     from streamstate.devtools.local_cluster import LocalCluster, wait_for_executors
+    from streamstate.spark.job import src_path
 
     # executors and their state hosts import this streamstate (a source checkout included)
     pythonpath = os.pathsep.join(p for p in (src_path(), os.environ.get("PYTHONPATH")) if p)

@@ -52,9 +52,9 @@ from streamstate.keygroups import (
     compute_operator_index_for_key_group,
 )
 from streamstate.serializers import Int64Serializer, serializer_from_snapshot
-from streamstate.spark.task.batch_subtask import BatchSubtaskRuntime
 from streamstate.spark.job import JobSpec, arrow_schema_to_bytes
 from streamstate.spark.subtask import BatchResult, SubtaskRuntime
+from streamstate.spark.task.batch_subtask import BatchSubtaskRuntime
 from streamstate.windows import (
     CountEvictor,
     CountTrigger,
@@ -301,7 +301,8 @@ def assert_same(batch: Run, streaming: Run) -> None:
 
 
 def commit_savepoint(root: str, directory: str, inp: Input, handles: list[bytes]) -> None:
-    """What the driver does once every task wrote its savepoint files (``spark/driver/batch.py``)."""
+    """What the driver does once every task wrote its savepoint files
+    (``spark/driver/batch.py``)."""
     import msgspec
 
     from streamstate.checkpoint.metadata import SubtaskStateHandle

@@ -24,6 +24,7 @@ import pytest
 from streamstate import AggregateFunction, OutputTag
 from streamstate.api import aggregates as agg
 from streamstate.spark import MemorySink, keyed_process
+from streamstate.spark.driver.pre_aggregation import _sql_fold, plan_pre_aggregation
 from streamstate.spark.partials import (
     ACCUMULATOR,
     COUNT,
@@ -37,7 +38,6 @@ from streamstate.spark.partials import (
     partial_schema,
     sql_accumulator,
 )
-from streamstate.spark.driver.pre_aggregation import _sql_fold, plan_pre_aggregation
 from streamstate.windows import (
     ProcessWindowFunction,
     SlidingEventTimeWindows,

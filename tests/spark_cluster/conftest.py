@@ -24,8 +24,8 @@ from typing import Any
 
 import pytest
 
-from streamstate.spark.job import src_path
 from streamstate.devtools.local_cluster import LocalCluster
+from streamstate.spark.job import src_path
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

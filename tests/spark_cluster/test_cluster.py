@@ -17,8 +17,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from streamstate.spark import FileSink
 from streamstate.devtools.local_cluster import LocalCluster, live_processes
+from streamstate.spark import FileSink
 
 Rows = list[tuple[str, int]]
 

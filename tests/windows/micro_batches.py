@@ -1,7 +1,8 @@
 """Micro-batches of a keyed window job without Spark: the driver's loop of
-``streamstate.spark.driver.streaming`` (plan, one :class:`SubtaskRuntime` per subtask, commit) with the
-records routed by key group in Python, per record or pre-aggregated by the Python fold the Spark
-task runs (:class:`~streamstate.spark.partials.PartialFold`) over random map partitions.
+``streamstate.spark.driver.streaming`` (plan, one :class:`SubtaskRuntime` per subtask, commit)
+with the records routed by key group in Python, per record or pre-aggregated by the Python
+fold the Spark task runs (:class:`~streamstate.spark.partials.PartialFold`)
+over random map partitions.
 
 It runs the very code of a state host's batch (prepare, begin, process, finish) and of the
 pre-shuffle stage; only Spark's shuffle is replaced by routing rows on ``_kg``. Runtimes stay

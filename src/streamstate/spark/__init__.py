@@ -24,10 +24,8 @@ Spark moves the data; streamstate keeps the state (SPEC §11, ``docs/spark.md``)
 
 from streamstate.errors import OutputSchemaError, StateHostError
 from streamstate.spark.driver.environment import WorkerPythonError
-from streamstate.spark.failures import original_error
 from streamstate.spark.driver.keyed import keyed_process
 from streamstate.spark.driver.reader import read_state
-from streamstate.spark.records import Row
 from streamstate.spark.driver.sinks import (
     ConsoleSink,
     FileSink,
@@ -37,6 +35,8 @@ from streamstate.spark.driver.sinks import (
     StagedBatch,
 )
 from streamstate.spark.driver.streaming import KeyedStream, KeyedStreamingQuery
+from streamstate.spark.failures import original_error
+from streamstate.spark.records import Row
 
 __all__ = [
     "ConsoleSink",

@@ -2,8 +2,8 @@
 and the commit of the version it ends with.
 
 A *step* is one run of every subtask that ends with a checkpoint: the step of a Spark
-micro-batch's input, or a no-data micro-batch (:mod:`streamstate.spark.driver.no_data`). Checkpoint ids
-are consecutive: step ``c`` runs every subtask on state version ``c - 1`` (checkpoint
+micro-batch's input, or a no-data micro-batch (:mod:`streamstate.spark.driver.no_data`).
+Checkpoint ids are consecutive: step ``c`` runs every subtask on state version ``c - 1`` (checkpoint
 ``chk-(c-1)``, or the empty/initial state for the first one) and ends with checkpoint ``chk-c``,
 whose ``_metadata`` the driver writes (:class:`~streamstate.checkpoint.coordinator.
 CheckpointCoordinator`) only after every subtask acknowledged. Until a query's first no-data

@@ -7,9 +7,9 @@ sink gets the same staged files again (the batch is not recomputed), so a sink t
 per batch id makes the query exactly-once end to end.
 
 The batch id a sink sees is the **checkpoint id** of the step: the same as Spark's micro-batch
-id until the query's first no-data micro-batch (:mod:`streamstate.spark.driver.no_data`), which takes
-the next id, as every later step does. It is stable across replays and restarts, so it stays
-the key to deduplicate by; :attr:`StagedBatch.spark_batch` names Spark's micro-batch and
+id until the query's first no-data micro-batch (:mod:`streamstate.spark.driver.no_data`),
+which takes the next id, as every later step does. It is stable across replays and restarts,
+so it stays the key to deduplicate by; :attr:`StagedBatch.spark_batch` names Spark's micro-batch and
 :attr:`StagedBatch.no_data` marks a micro-batch without input.
 
 ===================  ==================================  =====================================

@@ -71,8 +71,8 @@ def micro_batch_task(
     def task(batches: Iterator[Any]) -> Iterator[Any]:
         from pyspark import TaskContext
 
-        from streamstate.spark.task.host_client import FunctionFailed, host_spec, run_batch
         from streamstate.spark.job import JobSpec
+        from streamstate.spark.task.host_client import FunctionFailed, host_spec, run_batch
 
         ctx = _task_context(TaskContext.get())
         index = ctx.partitionId()
