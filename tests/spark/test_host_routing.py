@@ -18,12 +18,12 @@ from data import final_counts, make_batches, running_counts, write_batches
 from functions import Count
 
 from streamstate.spark import FileSink, keyed_process, read_state
-from streamstate.spark.task.host_client import connect, ping, run_batch, shutdown
-from streamstate.spark.wire.network import bind_tcp, default_bind, port_range, split_address
-from streamstate.spark.wire.security import new_secret, node_id
-from streamstate.spark.host.state_host import host_id
 from streamstate.spark.driver.streaming import KeyedStreamingQuery
 from streamstate.spark.subtask import BatchResult
+from streamstate.spark.task.host_client import connect, ping, run_batch, shutdown
+from streamstate.spark.wire.hosts import host_id
+from streamstate.spark.wire.network import bind_tcp, default_bind, port_range, split_address
+from streamstate.spark.wire.security import new_secret, node_id
 from support.state_host import Driver, begin_header, user_batch, wait_gone
 
 pytestmark = pytest.mark.subprocess

@@ -27,13 +27,13 @@ import msgspec
 import pytest
 from functions import Count
 
-from streamstate.spark.wire.channel import SecureChannel
-from streamstate.spark.task.host_client import connect, run_batch
 from streamstate.spark.job import JobSpec
+from streamstate.spark.subtask import BatchResult, job_storage
+from streamstate.spark.task.host_client import connect, run_batch
+from streamstate.spark.wire.channel import SecureChannel
+from streamstate.spark.wire.hosts import host_paths
 from streamstate.spark.wire.protocol import Connection
 from streamstate.spark.wire.security import MAGIC, client_handshake, new_secret, run_dir
-from streamstate.spark.host.state_host import host_paths
-from streamstate.spark.subtask import BatchResult, job_storage
 from support.hostile_peers import Peers
 from support.state_host import Driver
 
@@ -636,7 +636,7 @@ def test_ping_and_shutdown_return_false_when_a_host_does_not_answer(tmp_path: An
     """A socket that accepts and never speaks (a host stuck or busy): ``ping`` gives None and
     ``shutdown`` False after their timeout, so ``shutdown_hosts`` goes on with the next host."""
     from streamstate.spark.task.host_client import ping, shutdown
-    from streamstate.spark.host.state_host import HostSpec
+    from streamstate.spark.wire.hosts import HostSpec
 
     run = str(tmp_path / "run")
     os.makedirs(run, mode=0o700)

@@ -12,10 +12,10 @@ import msgspec
 import pyarrow as pa
 
 from streamstate.spark.driver.commit import CheckpointLog
-from streamstate.spark.task.host_client import run_batch, shutdown
 from streamstate.spark.job import JobSpec, arrow_schema_to_bytes, pickle_function
-from streamstate.spark.host.state_host import HostSpec, host_id, proc_start_time
 from streamstate.spark.subtask import BatchResult, job_storage
+from streamstate.spark.task.host_client import run_batch, shutdown
+from streamstate.spark.wire.hosts import HostSpec, host_id, proc_start_time
 
 __all__ = ["OUT", "SCHEMA", "Driver", "begin_header", "user_batch", "wait_gone"]
 

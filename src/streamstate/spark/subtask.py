@@ -33,11 +33,11 @@ import msgspec
 
 from streamstate.backends.figures import StateFigures
 from streamstate.spark.job import (
+    KEY_GROUP_COLUMN,
     JobSpec,
     arrow_schema_from_bytes,
     key_serializer_for,
 )
-from streamstate.spark.driver.placement import KEY_GROUP_COLUMN
 from streamstate.spark.records import OutputConverter, column_values, event_time_ms, row_class
 
 __all__ = [

@@ -28,9 +28,10 @@ from typing import Any
 
 import msgspec
 
-from streamstate.spark.failures import original_error, raise_function_error
 from streamstate.spark.driver.keyed import KeyedOptions, function_blob
-from streamstate.spark.driver.placement import KEY_GROUP_COLUMN, place
+from streamstate.spark.driver.placement import place
+from streamstate.spark.failures import original_error, raise_function_error
+from streamstate.spark.job import KEY_GROUP_COLUMN
 from streamstate.spark.task.tasks import ACK_SCHEMA, bounded_task
 
 __all__ = ["run_bounded", "sort_columns"]

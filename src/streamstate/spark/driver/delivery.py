@@ -58,7 +58,7 @@ class DriverDelivery:
         import msgspec
 
         from streamstate.spark.task.host_client import host_spec
-        from streamstate.spark.host.state_host import proc_start_time
+        from streamstate.spark.wire.hosts import proc_start_time
 
         job, host = self.job, self.host
         spec = host_spec(
@@ -85,7 +85,7 @@ class DriverDelivery:
         import numpy as np
         import pyarrow as pa
 
-        from streamstate.spark.driver.placement import KEY_GROUP_COLUMN
+        from streamstate.spark.job import KEY_GROUP_COLUMN
 
         job = self.job
         p = job.parallelism

@@ -13,10 +13,15 @@ from streamstate.api.functions import KeyedProcessFunction
 from streamstate.errors import CheckpointNotFoundError, MaxParallelismMismatchError
 from streamstate.keygroups import compute_default_max_parallelism
 from streamstate.spark.driver.checks import check_before_first_job
-from streamstate.spark.job import JobSpec, arrow_schema_to_bytes, pickle_function, src_path
-from streamstate.spark.driver.placement import KEY_GROUP_COLUMN
 from streamstate.spark.driver.pre_aggregation import PreAggregationPlan, plan_pre_aggregation
 from streamstate.spark.driver.session import default_parallelism, is_connect, parse_ddl
+from streamstate.spark.job import (
+    KEY_GROUP_COLUMN,
+    JobSpec,
+    arrow_schema_to_bytes,
+    pickle_function,
+    src_path,
+)
 
 __all__ = ["EXECUTION_MODES", "checkpointed_backend", "keyed_process", "resolve_execution_mode"]
 

@@ -35,6 +35,8 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
+from streamstate.spark.job import KEY_GROUP_COLUMN
+
 __all__ = [
     "KEY_GROUP_COLUMN",
     "is_integer_key",
@@ -47,7 +49,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-KEY_GROUP_COLUMN = "_kg"
 #: the names of the key group's intermediate steps (dropped at the end)
 _STEP_PREFIX = "__streamstate_kg_step"
 _M32 = 0xFFFFFFFF

@@ -33,6 +33,7 @@ from typing import Any
 
 from streamstate.api.aggregates import BuiltinAggregate
 from streamstate.errors import PreAggregationError
+from streamstate.spark.job import KEY_GROUP_COLUMN
 from streamstate.spark.partials import (
     ACCUMULATOR,
     COUNT,
@@ -44,7 +45,6 @@ from streamstate.spark.partials import (
     WINDOW,
     sql_accumulator,
 )
-from streamstate.spark.driver.placement import KEY_GROUP_COLUMN
 from streamstate.windows.partial import LATE, PARTIAL, WINDOWLESS
 from streamstate.windows.pre_aggregation import PreAggregation, choose_pre_aggregation
 

@@ -18,8 +18,8 @@ until the query's first no-data micro-batch):
 4. The sink gets the staged outputs (idempotent per checkpoint id), each side sink its side
    output's.
 5. While the committed checkpoint owes a no-data micro-batch (the next watermark passes a
-   pending event-time timer; :mod:`streamstate.spark.driver.no_data`), steps 1-4 again without input,
-   as checkpoint ``c + 1``, ...; Spark then commits its own log. In a running query an
+   pending event-time timer; :mod:`streamstate.spark.driver.no_data`), steps 1-4 again without
+   input, as checkpoint ``c + 1``, ...; Spark then commits its own log. In a running query an
    :class:`~streamstate.spark.driver.no_data.IdleTicker` runs the no-data micro-batches that
    processing-time timers call for while no input arrives.
 
@@ -51,22 +51,6 @@ from typing import Any
 import msgspec
 
 from streamstate.spark.driver.commit import BatchPlan, CheckpointLog, spark_batch_of
-from streamstate.spark.failures import (
-    error_from_report,
-    failure_report,
-    is_function_error,
-    original_error,
-    parse_remote_error,
-    quiet_query_failure_log,
-    raise_function_error,
-)
-from streamstate.spark.job import (
-    FUNCTIONS_DIR,
-    JobSpec,
-    arrow_schema_from_bytes,
-    pickle_function,
-    src_path,
-)
 from streamstate.spark.driver.keyed import KeyedOptions, function_blob
 from streamstate.spark.driver.locations import spark_checkpoint_location
 from streamstate.spark.driver.no_data import (
@@ -85,6 +69,22 @@ from streamstate.spark.driver.progress import (
 )
 from streamstate.spark.driver.session import conf, is_connect, is_local
 from streamstate.spark.driver.sinks import MemorySink, Sink, StagedBatch, sink_from
+from streamstate.spark.failures import (
+    error_from_report,
+    failure_report,
+    is_function_error,
+    original_error,
+    parse_remote_error,
+    quiet_query_failure_log,
+    raise_function_error,
+)
+from streamstate.spark.job import (
+    FUNCTIONS_DIR,
+    JobSpec,
+    arrow_schema_from_bytes,
+    pickle_function,
+    src_path,
+)
 from streamstate.spark.subtask import (
     MIN_WATERMARK,
     OUTPUTS_DIR,
@@ -479,9 +479,9 @@ class KeyedStreamingQuery:
     def _spawn_local_hosts(self, jvm: int) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
-        from streamstate.spark.task.host_client import connect, host_spec
         from streamstate.spark.job import src_path
-        from streamstate.spark.host.state_host import proc_start_time
+        from streamstate.spark.task.host_client import connect, host_spec
+        from streamstate.spark.wire.hosts import proc_start_time
 
         t0 = time.perf_counter()
         job = self.job
@@ -965,8 +965,8 @@ class KeyedStreamingQuery:
 
         from streamstate.keygroups import assign_key_groups_for_columns
         from streamstate.spark.driver.delivery import DriverDelivery
-        from streamstate.spark.driver.placement import KEY_GROUP_COLUMN
         from streamstate.spark.driver.pre_aggregation import collected_fold
+        from streamstate.spark.job import KEY_GROUP_COLUMN
 
         options = self.options
         pre = options.pre_aggregation

@@ -12,7 +12,7 @@ checks do (:meth:`~streamstate.spark.subtask.SubtaskRuntime.prepare`).
 Every connection first passes the HMAC handshake (:mod:`streamstate.spark.wire.security`) with the
 query run's secret (or, outside a query run, the node's), within one deadline
 (:data:`HANDSHAKE_TIMEOUT`); every frame after it is sealed (:mod:`streamstate.spark.wire.channel`).
-A host started here is told the job it serves (:class:`~streamstate.spark.host.state_host.JobPin`,
+A host started here is told the job it serves (:class:`~streamstate.spark.wire.hosts.JobPin`,
 on its stdin with the secret).
 
 Starting is race-free: a task connects to ``<id>.sock``; if nobody listens it takes the spawn
@@ -40,6 +40,7 @@ from typing import Any
 import msgspec
 
 from streamstate.errors import StateHostError
+from streamstate.spark.wire.hosts import HostSpec, JobPin, host_paths, proc_start_time
 from streamstate.spark.wire.network import split_address, tcp_tune
 from streamstate.spark.wire.protocol import PROTOCOL_VERSION, Connection, ProtocolError
 from streamstate.spark.wire.security import (
@@ -49,7 +50,6 @@ from streamstate.spark.wire.security import (
     node_secret,
     peer_uid,
 )
-from streamstate.spark.host.state_host import HostSpec, JobPin, host_paths, proc_start_time
 
 __all__ = [
     "FunctionFailed",
@@ -512,8 +512,9 @@ def host_spec(
     """The spec of the host of one subtask of query run ``run``, watching this process's
     executor JVM; ``bind`` as :func:`~streamstate.spark.wire.network.default_bind` (default
     ``"off"``: no TCP)."""
+    from streamstate.spark.wire.hosts import host_id
     from streamstate.spark.wire.network import default_bind
-    from streamstate.spark.host.state_host import host_id, run_dir
+    from streamstate.spark.wire.security import run_dir
 
     jvm = find_jvm_pid() if watch else None
     return HostSpec(
