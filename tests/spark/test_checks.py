@@ -26,7 +26,8 @@ from streamstate.checkpoint.storage import FileSystemCheckpointStorage
 from streamstate.errors import OutputSchemaError
 from streamstate.serializers import StrSerializer
 from streamstate.spark.driver.checks import _open_function, _state_declarations
-from streamstate.spark.driver.keyed import KeyedOptions, _follow_backend
+from streamstate.spark.driver.keyed import _follow_backend
+from streamstate.spark.driver.options import KeyedOptions
 
 
 class Plain:

@@ -28,10 +28,10 @@ from typing import Any
 
 import msgspec
 
-from streamstate.spark.driver.keyed import KeyedOptions, function_blob
+from streamstate.spark.driver.options import KeyedOptions
 from streamstate.spark.driver.placement import place
 from streamstate.spark.failures import original_error, raise_function_error
-from streamstate.spark.job import KEY_GROUP_COLUMN
+from streamstate.spark.job import KEY_GROUP_COLUMN, pickle_function
 from streamstate.spark.task.tasks import ACK_SCHEMA, bounded_task
 
 __all__ = ["run_bounded", "sort_columns"]
@@ -63,7 +63,7 @@ def _exact_keys(df: Any, key_columns: list[str]) -> bool:
 
 
 def run_bounded(options: KeyedOptions, *, savepoint: str | None = None) -> Any:
-    blob = function_blob(options.function)
+    blob = pickle_function(options.function)
     placed = _placed(options, blob)
     mode = options.execution_mode
     if mode == "batch":

@@ -12,14 +12,13 @@ from typing import Any
 from streamstate.api.functions import KeyedProcessFunction
 from streamstate.errors import CheckpointNotFoundError, MaxParallelismMismatchError
 from streamstate.keygroups import compute_default_max_parallelism
+from streamstate.spark.driver.batch import run_bounded
 from streamstate.spark.driver.checks import check_before_first_job
-from streamstate.spark.driver.pre_aggregation import PreAggregationPlan, plan_pre_aggregation
+from streamstate.spark.driver.options import KeyedOptions
+from streamstate.spark.driver.pre_aggregation import plan_pre_aggregation
 from streamstate.spark.driver.session import default_parallelism, is_connect, parse_ddl
+from streamstate.spark.driver.streaming import KeyedStream
 from streamstate.spark.job import (
-    KEY_GROUP_COLUMN,
-    JobSpec,
-    arrow_schema_to_bytes,
-    pickle_function,
     src_path,
 )
 
@@ -29,109 +28,6 @@ __all__ = ["EXECUTION_MODES", "checkpointed_backend", "keyed_process", "resolve_
 EXECUTION_MODES = ("automatic", "batch", "streaming")
 
 log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass
-class KeyedOptions:
-    """Everything ``keyed_process`` was given, resolved against the input and the checkpoint."""
-
-    df: Any
-    key_columns: list[str]
-    function: KeyedProcessFunction[Any, Any]
-    output_struct: Any
-    parallelism: int
-    max_parallelism: int
-    state_backend: str
-    state_backend_options: dict[str, Any]
-    checkpoint: str | None
-    event_time: str | None
-    watermark_delay: int | None
-    operator_name: str
-    storage_options: dict[str, Any]
-    initial_state: str | None
-    max_deltas: int
-    retained_checkpoints: int
-    host_idle_timeout: float
-    adaptive: bool
-    #: side-output tag id -> Spark schema (StructType) of the side outputs delivered
-    side_output_structs: dict[str, Any] = dataclasses.field(default_factory=dict)
-    #: "batch" (sorted by key, one key's state at a time) or "streaming" (resolved)
-    execution_mode: str = "streaming"
-    #: how micro-batches are folded before the shuffle (SPEC §13.2), or None: per record
-    pre_aggregation: PreAggregationPlan | None = None
-
-    @property
-    def spark(self) -> Any:
-        return self.df.sparkSession
-
-    def arrow_schemas(self) -> tuple[Any, Any]:
-        """(task input schema, output schema) as Arrow schemas."""
-        from pyspark.sql.pandas.types import to_arrow_schema
-        from pyspark.sql.types import IntegerType, StructField, StructType
-
-        tz = self.spark.conf.get("spark.sql.session.timeZone")
-        if self.pre_aggregation is not None:
-            inp = self.partial_schema()
-        else:
-            fields = [*self.df.schema.fields, StructField(KEY_GROUP_COLUMN, IntegerType())]
-            inp = StructType(fields)
-        return to_arrow_schema(inp, timezone=tz), to_arrow_schema(self.output_struct, timezone=tz)
-
-    def partial_schema(self) -> Any:
-        """The Spark schema of the pre-aggregated rows a subtask receives."""
-        from streamstate.spark.driver.pre_aggregation import pre_aggregated
-
-        assert self.pre_aggregation is not None
-        # the plan of a micro-batch without its watermark: only its schema is used (analysis,
-        # nothing runs)
-        return pre_aggregated(
-            self.df,
-            self.pre_aggregation,
-            parallelism=self.parallelism,
-            max_parallelism=self.max_parallelism,
-            watermark=None,
-            fold_task=_no_fold,
-        ).schema
-
-    def side_output_schemas(self) -> dict[str, Any]:
-        """Side-output tag id -> Arrow schema."""
-        from pyspark.sql.pandas.types import to_arrow_schema
-
-        tz = self.spark.conf.get("spark.sql.session.timeZone")
-        return {
-            tag: to_arrow_schema(struct, timezone=tz)
-            for tag, struct in self.side_output_structs.items()
-        }
-
-    def job_spec(self, checkpoint_url: str, function_path: str = "", sha: str = "") -> JobSpec:
-        inp, out = self.arrow_schemas()
-        return JobSpec(
-            operator=self.operator_name,
-            parallelism=self.parallelism,
-            max_parallelism=self.max_parallelism,
-            key_columns=list(self.key_columns),
-            value_columns=list(self.df.columns),
-            input_schema=arrow_schema_to_bytes(inp),
-            output_schema=arrow_schema_to_bytes(out),
-            event_time=self.event_time,
-            state_backend=self.state_backend,
-            state_backend_options=dict(self.state_backend_options),
-            checkpoint_url=checkpoint_url,
-            storage_options=dict(self.storage_options),
-            max_deltas=self.max_deltas,
-            function_path=function_path,
-            function_sha=sha,
-            initial_state=self.initial_state,
-            side_outputs={
-                tag: arrow_schema_to_bytes(schema)
-                for tag, schema in self.side_output_schemas().items()
-            },
-            pre_aggregation="" if self.pre_aggregation is None else self.pre_aggregation.mode,
-        )
-
-
-def _no_fold(batches: Any) -> Any:  # the schema of the Python fold, never run
-    return iter(())
 
 
 def _ms(value: int | datetime.timedelta | None, what: str) -> int | None:
@@ -444,11 +340,7 @@ def keyed_process(
     ensure_worker_path(df.sparkSession)
     check_before_first_job(options, restored)
     if streaming:
-        from streamstate.spark.driver.streaming import KeyedStream
-
         return KeyedStream(options)
-    from streamstate.spark.driver.batch import run_bounded
-
     result = run_bounded(options, savepoint=_absolute(savepoint) if savepoint else None)
     # the streaming API on a batch result: say why, instead of PySpark's ATTRIBUTE_NOT_SUPPORTED
     # (a DataFrame kind that takes no attribute keeps PySpark's error)
@@ -509,7 +401,3 @@ def ensure_worker_path(spark: Any) -> None:
     if here not in current.split(os.pathsep):
         sc.environment["PYTHONPATH"] = os.pathsep.join(p for p in (here, current) if p)
     check_worker_python(spark, sc.environment["PYTHONPATH"])
-
-
-def function_blob(function: Any) -> bytes:
-    return pickle_function(function)

@@ -51,7 +51,6 @@ from typing import Any
 import msgspec
 
 from streamstate.spark.driver.commit import BatchPlan, CheckpointLog, spark_batch_of
-from streamstate.spark.driver.keyed import KeyedOptions, function_blob
 from streamstate.spark.driver.locations import spark_checkpoint_location
 from streamstate.spark.driver.no_data import (
     MAX_NO_DATA_BATCHES,
@@ -59,6 +58,7 @@ from streamstate.spark.driver.no_data import (
     IdleTicker,
     trigger_interval,
 )
+from streamstate.spark.driver.options import KeyedOptions
 from streamstate.spark.driver.placement import place
 from streamstate.spark.driver.progress import (
     ProgressPublisher,
@@ -425,7 +425,7 @@ class KeyedStreamingQuery:
         """Pickle the function once per query run into ``<checkpoint>/functions/<sha>.pkl``."""
         import hashlib
 
-        blob = function_blob(options.function)
+        blob = pickle_function(options.function)
         sha = hashlib.sha256(blob).hexdigest()
         #: the pickled function, for a fold before the shuffle (SPEC §13.2)
         self._function = (blob, sha)
