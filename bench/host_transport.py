@@ -45,7 +45,8 @@ from streamstate.keygroups import assign_key_groups
 from streamstate.spark.driver.commit import CheckpointLog
 from streamstate.spark.job import JobSpec, arrow_schema_to_bytes, pickle_function
 from streamstate.spark.subtask import BatchResult, job_storage
-from streamstate.spark.task.host_client import host_spec, run_batch, shutdown
+from streamstate.spark.task.host_client import run_batch, shutdown
+from streamstate.spark.wire.hosts import HostSettings
 from streamstate.spark.wire.security import new_secret
 
 SCHEMA = pa.schema([("user", pa.int64()), ("v", pa.int64()), ("_kg", pa.int32())])
@@ -103,7 +104,14 @@ def measure(args: Any) -> dict[str, list[dict[str, Any]]]:
     secret = new_secret()
     nodes = {name: f"{root}/{name}" for name in ("node-a", "node-b")}
     specs = {
-        name: host_spec(job.checkpoint_url, "op", 0, 1, directory=d, run="bench", bind="127.0.0.1")
+        name: HostSettings(
+            job=job.checkpoint_url,
+            operator="op",
+            parallelism=1,
+            run="bench",
+            run_dir=d,
+            bind="127.0.0.1",
+        ).spec(0)
         for name, d in nodes.items()
     }
     location: dict[str, Any] | None = None
@@ -117,20 +125,10 @@ def measure(args: Any) -> dict[str, list[dict[str, Any]]]:
         nonlocal location, attempt
         attempt += 1
         plan = log.plan(b)
-        begin = {
-            "job": msgspec.msgpack.encode(job),
-            "batch": b,
-            "base": plan.base,
-            "lineage": plan.lineage,
-            "new_lineage": plan.new_lineage,
-            "base_attempt": plan.base_attempts.get(0),
-            "attempt": attempt,
-            "watermark": plan.watermark,
-            "processing_time": plan.processing_time,
-        }
+        step = plan.task(msgspec.msgpack.encode(job))
         data = _batches(args.rows, args.keys, args.batch_rows, seed=b)
         t0 = time.perf_counter()
-        raw, timings = run_batch(specs[on], begin, data, secret=secret, location=location)
+        raw, timings = run_batch(specs[on], step, attempt, data, secret=secret, location=location)
         total = time.perf_counter() - t0
         result = msgspec.msgpack.decode(raw, type=BatchResult)
         log.commit(plan, [result])

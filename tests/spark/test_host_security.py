@@ -34,6 +34,7 @@ from streamstate.spark.wire.channel import SecureChannel
 from streamstate.spark.wire.hosts import host_paths
 from streamstate.spark.wire.protocol import Connection
 from streamstate.spark.wire.security import MAGIC, client_handshake, new_secret, run_dir
+from streamstate.spark.wire.step import Begin, StepTask
 from support.hostile_peers import Peers
 from support.state_host import Driver
 
@@ -108,19 +109,19 @@ class Host(Driver):
         """A batch of the job itself (the host must still serve it, hot after the first): from
         this node (``unix``) or from another node over TCP (``tcp``, to ``via`` if given: a
         relay). The result's ``stats`` get the task's ``route`` and ``total_s``."""
-        from support.state_host import begin_header, user_batch
+        from support.state_host import step_task, user_batch
 
         users = users or ["a", "b", "a"]
         plan = self.log.plan(self.next_batch)
         self.attempt += 1
-        begin = begin_header(self.job, plan, self.attempt)
+        step = step_task(self.job, plan)
         spec, location = self.spec, None
         if route == "tcp":
             spec = msgspec.structs.replace(spec, run_dir=self.other_node)
             location = {**self.location, "tcp": via or self.tcp}
         t0 = time.perf_counter()
         raw, timings = run_batch(
-            spec, begin, [user_batch(users)], secret=self.secret, location=location
+            spec, step, self.attempt, [user_batch(users)], secret=self.secret, location=location
         )
         result = msgspec.msgpack.decode(raw, type=BatchResult)
         result.stats.update(total_s=time.perf_counter() - t0)
@@ -149,16 +150,9 @@ def host(tmp_path_factory: Any) -> Any:
     h.close()
 
 
-def _begin(job: JobSpec) -> dict[str, Any]:
-    return {
-        "t": "BEGIN",
-        "job": msgspec.msgpack.encode(job),
-        "batch": 0,
-        "base": -1,
-        "lineage": "x",
-        "new_lineage": "y",
-        "attempt": 1,
-    }
+def _begin(job: JobSpec) -> Begin:
+    task = StepTask(job=msgspec.msgpack.encode(job), batch=0, base=-1, lineage="x", new_lineage="y")
+    return Begin(task=task, subtask=0, attempt=1)
 
 
 def _begin_frame(job: JobSpec) -> bytes:

@@ -201,7 +201,7 @@ def test_a_fenced_query_stops_only_its_own_state_hosts(spark: Any, tmp_path: Any
     assert [b["batch"] for b in newer.batches] == [2, 3]
 
     def alive(query: Any) -> list[bool]:
-        return [ping(query._host_spec(i), query._secret) is not None for i in range(2)]
+        return [ping(query.hosts.spec(i), query.hosts.secret) is not None for i in range(2)]
 
     assert alive(older) == [True, True]
     assert alive(newer) == [True, True]

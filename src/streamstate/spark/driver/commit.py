@@ -58,6 +58,7 @@ import msgspec
 from streamstate.errors import CheckpointError, CheckpointFencedError, CheckpointNotFoundError
 from streamstate.spark.driver.no_data import TimeProgress, due, next_watermark
 from streamstate.spark.subtask import MIN_WATERMARK, BatchResult, StagedOutput
+from streamstate.spark.wire.step import StepTask
 
 __all__ = ["BatchPlan", "CheckpointLog", "spark_batch_of"]
 
@@ -91,6 +92,22 @@ class BatchPlan:
     no_data: bool = False
     #: the Spark micro-batch whose foreachBatch call runs the step (None: the idle ticker)
     during_batch: int | None = None
+
+    def task(self, job: bytes) -> StepTask:
+        """The step as every subtask runs it (sent to each subtask's host unchanged); ``job``
+        the operator's encoded :class:`~streamstate.spark.job.JobSpec`."""
+        return StepTask(
+            job=job,
+            batch=self.batch,
+            base=self.base,
+            lineage=self.lineage,
+            new_lineage=self.new_lineage,
+            base_attempts=self.base_attempts,
+            watermark=self.watermark,
+            processing_time=self.processing_time,
+            spark_batch=self.during_batch,
+            no_data=self.no_data,
+        )
 
 
 class CheckpointLog:

@@ -6,7 +6,7 @@ them to ``parallelism`` Spark tasks that only forward them to their subtasks' st
 cost a second shuffle, a task and a Python worker per subtask, for a few kilobytes. With a
 ``local`` master the state hosts run on the driver's machine, so the driver collects the folded
 rows (one Spark job, Arrow to the driver) and streams each subtask's share to its host itself,
-in parallel, with the protocol and the checks a task uses (:func:`~streamstate.spark.
+in parallel, with the protocol and the checks a task uses (:func:`~streamstate.spark.task.
 host_client.run_batch`: the same BEGIN, the same version, lineage and attempt checks, the same
 acknowledgement).
 
@@ -28,6 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from streamstate.errors import StateHostError
+from streamstate.spark.wire.hosts import HostSettings
+from streamstate.spark.wire.step import StepTask
 
 __all__ = ["DRIVER_ATTEMPTS", "DriverDelivery"]
 
@@ -41,47 +43,24 @@ class DriverDelivery:
     """Streams pre-aggregated rows from the driver to the state hosts of one query run.
 
     Parameters:
-        job: the operator's ``JobSpec`` (encoded, as a task gets it) and decoded.
-        host: the host settings a task gets (run_dir, idle_timeout, pythonpath, run, secret,
-            bind, connect_timeout).
+        job: the operator's ``JobSpec``.
+        hosts: how the query run's hosts are reached (as its tasks get it).
         jvm: the driver JVM's pid, which the hosts it starts watch.
     """
 
-    def __init__(self, job_bytes: bytes, job: Any, host: dict[str, Any], jvm: int) -> None:
-        self.job_bytes = job_bytes
+    def __init__(self, job: Any, hosts: HostSettings, jvm: int) -> None:
         self.job = job
-        self.host = host
+        self.hosts = hosts
         self.jvm = jvm
         self._attempts = itertools.count(DRIVER_ATTEMPTS)
 
-    def _spec(self, subtask: int) -> Any:
-        import msgspec
-
-        from streamstate.spark.task.host_client import host_spec
-        from streamstate.spark.wire.hosts import proc_start_time
-
-        job, host = self.job, self.host
-        spec = host_spec(
-            job.checkpoint_url,
-            job.operator,
-            subtask,
-            job.parallelism,
-            directory=host.get("run_dir"),
-            idle_timeout=host.get("idle_timeout", 600.0),
-            run=host.get("run", ""),
-            bind=host.get("bind"),
-            watch=False,
-        )
-        return msgspec.structs.replace(
-            spec, watch_pid=self.jvm, watch_start=proc_start_time(self.jvm)
-        )
-
     def deliver(
-        self, table: Any, plan: dict[str, Any], hosts: dict[int, Any]
+        self, table: Any, step: StepTask, locations: dict[int, Any]
     ) -> list[dict[str, Any]]:
-        """Send each subtask its rows of ``table`` (with ``_kg``) for the batch ``plan`` (what a
-        task's closure holds); returns one acknowledgement per subtask as a task yields it
-        (``subtask``, ``result``, ``timings``)."""
+        """Send each subtask its rows of ``table`` (with ``_kg``) for ``step`` (what a task's
+        closure holds; ``locations``: subtask -> where its host was); returns one
+        acknowledgement per subtask as a task yields it (``subtask``, ``result``,
+        ``timings``)."""
         import numpy as np
         import pyarrow as pa
 
@@ -101,40 +80,32 @@ class DriverDelivery:
             max_workers=min(8, p), thread_name_prefix="streamstate-deliver"
         ) as pool:
             return list(
-                pool.map(lambda i: self._deliver_one(i, shares[i], plan, hosts.get(i)), range(p))
+                pool.map(
+                    lambda i: self._deliver_one(i, shares[i], step, locations.get(i)), range(p)
+                )
             )
 
     def _deliver_one(
-        self, subtask: int, batches: list[Any], plan: dict[str, Any], location: Any
+        self, subtask: int, batches: list[Any], step: StepTask, location: Any
     ) -> dict[str, Any]:
         from streamstate.spark.failures import parse_remote_error
         from streamstate.spark.task.host_client import run_batch
 
-        spec = self._spec(subtask)
-        host = self.host
+        hosts = self.hosts
+        spec = hosts.spec(subtask, watch_pid=self.jvm)
         for tries in range(1, _TRIES + 1):
             attempt = next(self._attempts)
-            begin = {
-                "job": self.job_bytes,
-                "batch": plan["batch"],
-                "base": plan["base"],
-                "lineage": plan["lineage"],
-                "new_lineage": plan["new_lineage"],
-                "base_attempt": plan["base_attempts"].get(subtask),
-                "attempt": attempt,
-                "watermark": plan["watermark"],
-                "processing_time": plan["processing_time"],
-            }
             t0 = time.perf_counter()
             try:
                 result, timings = run_batch(
                     spec,
-                    begin,
+                    step,
+                    attempt,
                     iter(batches),
-                    pythonpath=host.get("pythonpath"),
-                    secret=host.get("secret"),
+                    pythonpath=hosts.pythonpath,
+                    secret=hosts.secret,
                     location=location,
-                    connect_timeout=host.get("connect_timeout", 3.0),
+                    connect_timeout=hosts.connect_timeout,
                 )
             except StateHostError as exc:
                 rebuilt = parse_remote_error(str(exc))

@@ -45,12 +45,12 @@ import logging
 import os
 import threading
 import time
-import uuid
 from typing import Any
 
 import msgspec
 
 from streamstate.spark.driver.commit import BatchPlan, CheckpointLog, spark_batch_of
+from streamstate.spark.driver.host_fleet import HostFleet
 from streamstate.spark.driver.locations import spark_checkpoint_location
 from streamstate.spark.driver.no_data import (
     MAX_NO_DATA_BATCHES,
@@ -59,16 +59,15 @@ from streamstate.spark.driver.no_data import (
     trigger_interval,
 )
 from streamstate.spark.driver.options import KeyedOptions
-from streamstate.spark.driver.placement import place
 from streamstate.spark.driver.progress import (
     ProgressPublisher,
     micro_batch_figures,
     observe_state,
-    step_figures,
     with_state_figures,
 )
 from streamstate.spark.driver.session import conf, is_connect, is_local
 from streamstate.spark.driver.sinks import MemorySink, Sink, StagedBatch, sink_from
+from streamstate.spark.driver.step_tasks import StepTasks
 from streamstate.spark.failures import (
     error_from_report,
     failure_report,
@@ -76,23 +75,18 @@ from streamstate.spark.failures import (
     original_error,
     parse_remote_error,
     quiet_query_failure_log,
-    raise_function_error,
 )
 from streamstate.spark.job import (
     FUNCTIONS_DIR,
     JobSpec,
     arrow_schema_from_bytes,
     pickle_function,
-    src_path,
 )
 from streamstate.spark.subtask import (
-    MIN_WATERMARK,
     OUTPUTS_DIR,
-    BatchResult,
     StagedOutput,
     job_storage,
 )
-from streamstate.spark.task.tasks import ACK_SCHEMA, micro_batch_task
 
 __all__ = ["KeyedStream", "KeyedStreamingQuery"]
 
@@ -233,8 +227,6 @@ class KeyedStreamingQuery:
         spark_checkpoint: str | None = None,
         no_data_batches: bool | None = None,
     ) -> None:
-        from streamstate.spark.wire.security import new_secret
-
         t_init = time.perf_counter()
         #: where the query's fixed costs went, in ms: ``ship_ms`` (pickling and storing the
         #: function), ``epoch_ms`` (taking the checkpoint over), ``spark_start_ms`` (Spark's
@@ -247,20 +239,23 @@ class KeyedStreamingQuery:
         self.sink = sink
         #: side-output tag id -> its sink
         self.side_sinks = dict(side_sinks or {})
-        self.run_dir = run_dir
         self.spark = options.spark
-        #: this query run: part of its hosts' identity; the secret authenticates their clients
-        self.run_id = uuid.uuid4().hex
-        self._secret = new_secret()
-        self.host_bind = _bind_for(self.spark, host_bind)
-        self.host_connect_timeout = host_connect_timeout
-        #: subtask -> where its host was at the end of the last batch (from the acks)
-        self.host_locations: dict[int, dict[str, Any]] = {}
         checkpoint = options.checkpoint
         assert checkpoint is not None
         t = time.perf_counter()
         self.job = self._ship_function(options)
         self.timings["ship_ms"] = (time.perf_counter() - t) * 1e3
+        #: the job as every step's task carries it (encoded once)
+        self._job_bytes = msgspec.msgpack.encode(self.job)
+        #: the run's state hosts: identity, secret, where each subtask's is
+        self.hosts = HostFleet(
+            self.job,
+            self._job_bytes,
+            run_dir=run_dir,
+            bind=_bind_for(self.spark, host_bind),
+            connect_timeout=host_connect_timeout,
+            idle_timeout=options.host_idle_timeout,
+        )
         self.storage = job_storage(self.job)
         self.output_schema = arrow_schema_from_bytes(self.job.output_schema)
         self.spark_checkpoint = spark_checkpoint_location(
@@ -282,8 +277,11 @@ class KeyedStreamingQuery:
         self.timings["epoch_ms"] = (time.perf_counter() - t) * 1e3
         #: with a local master, the driver JVM's pid: the driver delivers pre-aggregated rows
         #: to the state hosts itself (SPEC §13.2; None: the tasks do)
-        self._delivery_jvm = self._local_jvm() if options.pre_aggregation is not None else None
-        self._delivery: Any = None
+        delivery_jvm = self._local_jvm() if options.pre_aggregation is not None else None
+        #: how each step's subtasks run: the Spark job of its tasks, or the driver's delivery
+        self.steps = StepTasks(
+            options, self.job, self._job_bytes, self._function, self.hosts, delivery_jvm
+        )
         #: starts this run's state hosts while Spark plans the first micro-batch (local master)
         self._prespawn = self._prespawn_hosts()
         #: one dict of figures per step run by this query object: ``batch`` (Spark's
@@ -332,7 +330,9 @@ class KeyedStreamingQuery:
         #: the server's batch reports the client read so far, by file name
         self._reports_read: dict[str, Any] = {}
         if is_connect(self.spark):
-            self._report_dir = f"{CONNECT_DIR}/{time.time_ns() // 1_000_000:013d}-{self.run_id}"
+            self._report_dir = (
+                f"{CONNECT_DIR}/{time.time_ns() // 1_000_000:013d}-{self.hosts.run_id}"
+            )
             self._prune_reports()
             for name, s in [("main", sink), *self.side_sinks.items()]:
                 if isinstance(s, MemorySink):
@@ -477,40 +477,8 @@ class KeyedStreamingQuery:
             return None
 
     def _spawn_local_hosts(self, jvm: int) -> None:
-        from concurrent.futures import ThreadPoolExecutor
-
-        from streamstate.spark.job import src_path
-        from streamstate.spark.task.host_client import connect, host_spec
-        from streamstate.spark.wire.hosts import proc_start_time
-
         t0 = time.perf_counter()
-        job = self.job
-
-        def start(subtask: int) -> None:
-            # the spec a task of this subtask computes (tasks.micro_batch_task)
-            spec = host_spec(
-                job.checkpoint_url,
-                job.operator,
-                subtask,
-                job.parallelism,
-                directory=self.run_dir,
-                idle_timeout=self.options.host_idle_timeout,
-                run=self.run_id,
-                bind=self.host_bind,
-                watch=False,
-            )
-            spec = msgspec.structs.replace(spec, watch_pid=jvm, watch_start=proc_start_time(jvm))
-            got = connect(
-                spec, pythonpath=src_path(), secret=self._secret, job=msgspec.msgpack.encode(job)
-            )
-            if got is not None:
-                got[0].close()
-
-        try:
-            with ThreadPoolExecutor(max_workers=min(8, job.parallelism)) as pool:
-                list(pool.map(start, range(job.parallelism)))
-        except Exception as exc:  # the tasks start their hosts themselves
-            log.warning("starting the state hosts ahead of the first micro-batch failed: %r", exc)
+        self.hosts.spawn_local(jvm)
         self.timings["spawn_ms"] = (time.perf_counter() - t0) * 1e3
 
     # ---- one micro-batch -----------------------------------------------------------------------
@@ -665,7 +633,7 @@ class KeyedStreamingQuery:
     ) -> None:
         """Run, commit and deliver one step: ``df``'s records, or none (``plan.no_data``)."""
         figures = self._figures(plan, plan_ms, due)
-        results = self._compute(session, df, plan, figures)
+        results = self.steps.run(session, df, plan, figures)
         t_commit = time.perf_counter()
         completed = self.log.commit(plan, results)
         figures["commit_ms"] = (time.perf_counter() - t_commit) * 1e3
@@ -753,7 +721,7 @@ class KeyedStreamingQuery:
         end by themselves and run theirs inside their last micro-batch."""
         if self._idle_interval is None or self._ticker is not None:
             return
-        self._ticker = IdleTicker(self._idle_tick, f"streamstate-idle-{self.run_id[:8]}")
+        self._ticker = IdleTicker(self._idle_tick, f"streamstate-idle-{self.hosts.run_id[:8]}")
         self._ticker.start()
 
     def _stop_idle_ticker(self) -> None:
@@ -868,215 +836,6 @@ class KeyedStreamingQuery:
             if isinstance(s, MemorySink):
                 s.sync()
 
-    def _compute(
-        self, session: Any, df: Any, plan: BatchPlan, figures: dict[str, Any]
-    ) -> list[BatchResult]:
-        options = self.options
-        t_place = time.perf_counter()
-        task_plan = {
-            "batch": plan.batch,
-            "base": plan.base,
-            "lineage": plan.lineage,
-            "new_lineage": plan.new_lineage,
-            "base_attempts": plan.base_attempts,
-            "watermark": plan.watermark,
-            "processing_time": plan.processing_time,
-            "hosts": dict(self.host_locations),
-            "spark_batch": plan.during_batch,
-            "no_data": plan.no_data,
-        }
-        host = {
-            "run_dir": self.run_dir,
-            "idle_timeout": options.host_idle_timeout,
-            "pythonpath": src_path(),
-            "run": self.run_id,
-            "secret": self._secret,
-            "bind": self.host_bind,
-            "connect_timeout": self.host_connect_timeout,
-        }
-        if not plan.no_data and not options.adaptive:
-            session.conf.set("spark.sql.adaptive.enabled", "false")
-        if options.pre_aggregation is not None and self._delivery_jvm is not None:
-            rows = self._deliver_from_driver(df, plan, task_plan, host, figures, t_place)
-        else:
-            if plan.no_data:
-                # one placeholder row in each of p partitions: Spark runs the task of every
-                # subtask (partition i is subtask i), without a shuffle
-                p = options.parallelism
-                placed = session.range(0, p, 1, p)
-            else:
-                placed = self._placed(df, plan)
-            task = micro_batch_task(msgspec.msgpack.encode(self.job), task_plan, host)
-            t_job = time.perf_counter()
-            figures["place_ms"] = (t_job - t_place) * 1e3
-            rows = placed.mapInArrow(task, ACK_SCHEMA).collect()
-            figures["job_ms"] = (time.perf_counter() - t_job) * 1e3
-        raise_function_error(rows)
-        results = [msgspec.msgpack.decode(r["result"], type=BatchResult) for r in rows]
-        routes = self._update_locations(rows)
-        figures["rows"] = sum(r.rows for r in results)
-        figures["output_rows"] = sum(r.output_rows for r in results)
-        figures["late_records_dropped"] = sum(r.late_records_dropped for r in results)
-        if self.job.pre_aggregation:
-            figures["partials"] = sum(r.partials for r in results)
-        figures["side_outputs_dropped"] = sum(r.side_outputs_dropped for r in results)
-        figures["restore"] = sorted({r.restore for r in results})
-        # the task's side: connecting (spawn_ms: starting the host, None if it was running),
-        # streaming the partition to it, and why it fell back to a host on its own node
-        task_timings = {
-            int(row["subtask"]): {
-                k: v
-                for k, v in json.loads(row["timings"] or "{}").items()
-                if k in ("connect_ms", "spawn_ms", "stream_ms", "fallback")
-            }
-            for row in rows
-        }
-        figures["subtasks"] = [
-            {
-                "subtask": r.subtask,
-                "restore": r.restore,
-                "route": routes.get(r.subtask),
-                "rows": r.rows,
-                **task_timings.get(r.subtask, {}),
-                **r.stats,
-                **({"state_metrics": r.state_metrics} if r.state_metrics else {}),
-            }
-            for r in sorted(results, key=lambda r: r.subtask)
-        ]
-        figures["routes"] = sorted(set(routes.values()))
-        figures["watermark"] = plan.watermark
-        figures["state"] = step_figures(results, plan.batch, plan.watermark, figures["output_rows"])
-        return results
-
-    def _deliver_from_driver(
-        self,
-        df: Any,
-        plan: BatchPlan,
-        task_plan: dict[str, Any],
-        host: dict[str, Any],
-        figures: dict[str, Any],
-        t_place: float,
-    ) -> list[dict[str, Any]]:
-        """The pre-aggregated micro-batch collected to the driver (one Spark job) and streamed
-        from here to the state hosts (:mod:`streamstate.spark.driver.delivery`); the
-        acknowledgements as tasks would yield them. A no-data micro-batch runs no Spark job:
-        each host gets its BEGIN and END."""
-        import pyarrow as pa
-
-        from streamstate.keygroups import assign_key_groups_for_columns
-        from streamstate.spark.driver.delivery import DriverDelivery
-        from streamstate.spark.driver.pre_aggregation import collected_fold
-        from streamstate.spark.job import KEY_GROUP_COLUMN
-
-        options = self.options
-        pre = options.pre_aggregation
-        assert pre is not None and self._delivery_jvm is not None
-        t_job = time.perf_counter()
-        figures["place_ms"] = (t_job - t_place) * 1e3
-        if plan.no_data:
-            table = pa.table({KEY_GROUP_COLUMN: pa.array([], pa.int32())})
-        else:
-            fold = collected_fold(
-                df, pre, watermark=self._fold_watermark(plan), fold_task=self._fold(plan)
-            )
-            t_job = time.perf_counter()
-            figures["place_ms"] = (t_job - t_place) * 1e3
-            table = fold.toArrow()
-        figures["job_ms"] = (time.perf_counter() - t_job) * 1e3
-        if KEY_GROUP_COLUMN not in table.column_names:
-            columns = [table.column(c).combine_chunks() for c in options.key_columns]
-            groups = assign_key_groups_for_columns(columns, options.max_parallelism)
-            table = table.append_column(KEY_GROUP_COLUMN, pa.array(groups, pa.int32()))
-        if self._delivery is None:
-            self._delivery = DriverDelivery(
-                msgspec.msgpack.encode(self.job), self.job, host, self._delivery_jvm
-            )
-        t_deliver = time.perf_counter()
-        acks = self._delivery.deliver(table, task_plan, task_plan["hosts"])
-        figures["deliver_ms"] = (time.perf_counter() - t_deliver) * 1e3
-        return [{**a, "timings": json.dumps(a["timings"]), "error": None} for a in acks]
-
-    def _fold_watermark(self, plan: BatchPlan) -> int | None:
-        return None if plan.watermark <= MIN_WATERMARK else plan.watermark
-
-    def _fold(self, plan: BatchPlan) -> Any:
-        """The Python fold's ``mapInArrow`` function for this batch."""
-        from streamstate.spark.task.tasks import fold_task
-
-        blob, sha = self._function
-        return fold_task(msgspec.msgpack.encode(self.job), blob, sha, self._fold_watermark(plan))
-
-    def _placed(self, df: Any, plan: BatchPlan) -> Any:
-        """The micro-batch placed by subtask: its records, or pre-aggregated per (key, window)
-        under the batch's watermark (SPEC §13.2)."""
-        options = self.options
-        pre = options.pre_aggregation
-        if pre is None:
-            return place(df, options.key_columns, options.parallelism, options.max_parallelism)
-        from streamstate.spark.driver.pre_aggregation import pre_aggregated
-
-        return pre_aggregated(
-            df,
-            pre,
-            parallelism=options.parallelism,
-            max_parallelism=options.max_parallelism,
-            watermark=self._fold_watermark(plan),
-            fold_task=self._fold(plan),
-        )
-
-    def _update_locations(self, rows: list[Any]) -> dict[int, str]:
-        """Remember where each subtask's host is (for the next batch's plan); a host the
-        subtask left (its node was unreachable) is told to exit. Returns subtask -> route."""
-        routes: dict[int, str] = {}
-        for r in rows:
-            timings = json.loads(r["timings"] or "{}")
-            where = timings.get("location")
-            if not where:
-                continue
-            subtask = int(r["subtask"])
-            routes[subtask] = timings.get("route", "")
-            old = self.host_locations.get(subtask)
-            self.host_locations[subtask] = where
-            if old and old.get("node") != where.get("node"):
-                # its host on the other node holds an old version: nothing will use it
-                threading.Thread(
-                    target=self._retire,
-                    args=(subtask, old, "the subtask moved to another host"),
-                    name="streamstate-retire-host",
-                    daemon=True,
-                ).start()
-        return routes
-
-    def _host_spec(self, subtask: int) -> Any:
-        from streamstate.spark.task.host_client import host_spec
-
-        job = self.job
-        return host_spec(
-            job.checkpoint_url,
-            job.operator,
-            subtask,
-            job.parallelism,
-            directory=self.run_dir,
-            watch=False,
-            run=self.run_id,
-        )
-
-    def _retire(self, subtask: int, where: dict[str, Any], reason: str) -> bool:
-        """Ask the host at ``where`` to exit if it is still the process the acknowledgement
-        named (best effort: an unreachable one exits with its executor or when idle)."""
-        from streamstate.spark.task.host_client import shutdown_remote
-
-        if where.get("tcp"):
-            return shutdown_remote(
-                where["tcp"],
-                self._host_spec(subtask),
-                self._secret,
-                reason,
-                timeout=self.host_connect_timeout,
-                pid=where.get("pid"),
-            )
-        return False
-
     def _delete_old_outputs(self, batch_id: int) -> None:
         """Staged outputs are needed until their step is delivered and no replay can ask for
         them (a replay delivers the latest checkpoint only: steps are delivered in order, one
@@ -1091,6 +850,12 @@ class KeyedStreamingQuery:
     def id(self) -> str:
         """Spark's query id."""
         return str(self.query.id)
+
+    @property
+    def host_locations(self) -> dict[int, dict[str, Any]]:
+        """Subtask -> where its state host was at the end of the last step (node, TCP address,
+        socket, pid)."""
+        return self.hosts.locations
 
     @property
     def is_active(self) -> bool:
@@ -1213,11 +978,6 @@ class KeyedStreamingQuery:
         sockets, those elsewhere at the locations the last acknowledgements gave (hosts that
         cannot be reached exit with their executor or when idle). Hosts of other runs on the
         same checkpoint (another driver's) are not touched."""
-        from concurrent.futures import ThreadPoolExecutor
-
-        from streamstate.spark.task.host_client import shutdown
-        from streamstate.spark.wire.security import node_id
-
         if self._hosts_stopped:
             return 0
         self._hosts_stopped = True
@@ -1226,21 +986,9 @@ class KeyedStreamingQuery:
         if self._prespawn is not None:
             self._prespawn.join()  # a host it is starting must be found and stopped too
         self.log.close()
-        here = node_id(self._host_spec(0).run_dir)
-        remote = {
-            i: where
-            for i, where in self.host_locations.items()
-            if where.get("node") != here and where.get("tcp")
-        }
-        with ThreadPoolExecutor(max_workers=8) as pool:
-            far = list(pool.map(lambda it: self._retire(it[0], it[1], reason), remote.items()))
-        # host by host: one that does not answer (busy, gone) costs its timeout, not the rest
-        near = sum(
-            shutdown(self._host_spec(i), reason, secret=self._secret)
-            for i in range(self.job.parallelism)
-        )
+        stopped = self.hosts.shutdown(reason)
         self.timings["shutdown_ms"] = (time.perf_counter() - t) * 1e3
-        return near + sum(far)
+        return stopped
 
     def __enter__(self) -> KeyedStreamingQuery:
         return self

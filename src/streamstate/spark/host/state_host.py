@@ -65,31 +65,13 @@ from streamstate.spark.wire.protocol import (
     ProtocolError,
 )
 from streamstate.spark.wire.security import node_id, node_secret
+from streamstate.spark.wire.step import Begin
 
 __all__ = [
-    "Begin",
     "StateHost",
     "clean_stale_host_files",
     "serve",
 ]
-
-
-class Begin(msgspec.Struct, kw_only=True):
-    """The BEGIN message of a batch, validated before anything in it is used."""
-
-    t: str
-    job: bytes
-    batch: int
-    base: int
-    lineage: str
-    new_lineage: str
-    attempt: int
-    base_attempt: int | None = None
-    watermark: int | None = None
-    processing_time: int | None = None
-    schema: bytes | None = None
-    #: the subtask the client means (checked against the host's)
-    subtask: int | None = None
 
 
 #: files of a host that exited are removed once this old (seconds since last written)...
@@ -230,11 +212,11 @@ class StateHost:
 
         try:
             begin = msgspec.convert(header, Begin)
-            job = msgspec.msgpack.decode(begin.job, type=JobSpec)
+            job = msgspec.msgpack.decode(begin.task.job, type=JobSpec)
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
             raise ProtocolError(f"malformed BEGIN: {exc}") from exc
         spec = self.spec
-        if begin.subtask is not None and begin.subtask != spec.subtask:
+        if begin.subtask != spec.subtask:
             raise ProtocolError(
                 f"BEGIN for subtask {begin.subtask} reached the host of subtask {spec.subtask}"
             )
@@ -262,12 +244,13 @@ class StateHost:
 
         t0 = time.perf_counter()
         runtime = self._runtime_for(job)
-        restore = runtime.prepare(begin.base, begin.lineage, begin.base_attempt)
+        task = begin.task
+        restore = runtime.prepare(task.base, task.lineage, begin.base_attempt)
         t_restore = time.perf_counter() - t0
         conn.send({"t": "BEGUN", "restore": restore, "restore_ms": t_restore * 1e3})
         schema = None if begin.schema is None else pa.ipc.read_schema(pa.py_buffer(begin.schema))
         try:
-            runtime.begin(begin.watermark, begin.processing_time)
+            runtime.begin(task.watermark, task.processing_time)
             t_proc = 0.0
             while True:
                 msg, body = conn.recv()
@@ -282,7 +265,7 @@ class StateHost:
                     break
                 else:
                     raise ProtocolError(f"unexpected message {kind} inside a batch")
-            result = runtime.finish(begin.batch, begin.attempt, begin.new_lineage)
+            result = runtime.finish(task.batch, begin.attempt, task.new_lineage)
         except BaseException:
             runtime.close()  # a half-applied batch: the next one reloads its base version
             raise
@@ -349,7 +332,7 @@ def serve(
     spec: HostSpec, status_fd: int | None, secret: bytes | None = None, pin: JobPin | None = None
 ) -> int:
     """The host's main loop; ``status_fd`` is the pipe to the spawner (READY or ERROR);
-    ``secret`` the query run's secret (default: the node's, :func:`~streamstate.spark.
+    ``secret`` the query run's secret (default: the node's, :func:`~streamstate.spark.wire.
     security.node_secret`); ``pin`` the job it serves (None: no batch).
 
     Two threads: the acceptor (:mod:`streamstate.spark.host.acceptor`) accepts and authenticates
@@ -525,19 +508,19 @@ def _handle(
             try:
                 host.run_batch(conn, begin, job)
             except ProtocolError as exc:  # a frame inside the batch: the channel is not safe
-                refusals(peer, "frame", f"in batch {begin.batch}: {exc}")
+                refusals(peer, "frame", f"in batch {begin.task.batch}: {exc}")
                 return None
             except (EOFError, ConnectionError, TimeoutError) as exc:
-                _log(f"batch {begin.batch} aborted by the task ({exc!r})")
+                _log(f"batch {begin.task.batch} aborted by the task ({exc!r})")
                 return None
             except Exception as exc:
-                _log(f"batch {begin.batch} failed: {exc!r}")
+                _log(f"batch {begin.task.batch} failed: {exc!r}")
                 spec = host.spec
                 _send_error(
                     conn,
                     exc,
                     f"in the state host of {spec.operator!r} subtask {spec.subtask} "
-                    f"(micro-batch {begin.batch})",
+                    f"(micro-batch {begin.task.batch})",
                 )
                 return None
         else:

@@ -40,7 +40,7 @@ from typing import Any
 import msgspec
 
 from streamstate.errors import StateHostError
-from streamstate.spark.wire.hosts import HostSpec, JobPin, host_paths, proc_start_time
+from streamstate.spark.wire.hosts import HostSpec, JobPin, host_paths
 from streamstate.spark.wire.network import split_address, tcp_tune
 from streamstate.spark.wire.protocol import PROTOCOL_VERSION, Connection, ProtocolError
 from streamstate.spark.wire.security import (
@@ -50,6 +50,7 @@ from streamstate.spark.wire.security import (
     node_secret,
     peer_uid,
 )
+from streamstate.spark.wire.step import Begin, StepTask
 
 __all__ = [
     "FunctionFailed",
@@ -351,7 +352,8 @@ def location_of(hello: dict[str, Any]) -> dict[str, Any]:
 
 def run_batch(
     spec: HostSpec,
-    begin: dict[str, Any],
+    task: StepTask,
+    attempt: int,
     batches: Iterable[Any],
     *,
     pythonpath: str | None = None,
@@ -361,7 +363,8 @@ def run_batch(
 ) -> tuple[bytes, dict[str, Any]]:
     """Stream one micro-batch of one subtask through its host.
 
-    ``begin`` is the BEGIN header; ``batches`` the subtask's Arrow record batches;
+    ``task`` is the step (sent in the BEGIN message with ``attempt``, the task attempt that
+    runs it); ``batches`` the subtask's Arrow record batches;
     ``location`` where the driver last saw the subtask's host (see :func:`open_host`). Returns
     the encoded ``BatchResult`` and timings (with ``route`` and the host's ``location``).
     Raises :class:`StateHostError` if the host reports an error or goes away (the host has then
@@ -374,7 +377,7 @@ def run_batch(
         location=location,
         connect_timeout=connect_timeout,
         pythonpath=pythonpath,
-        job=begin.get("job"),
+        job=task.job,
     )
     t_connect = time.perf_counter() - t0
     where = hello.get("tcp") if route == "tcp" else host_paths(spec.id, spec.run_dir)["log"]
@@ -382,7 +385,7 @@ def run_batch(
         it = (b for b in batches if b.num_rows)
         first = next(it, None)
         schema = None if first is None else bytes(first.schema.serialize())
-        conn.send({"subtask": spec.subtask, **begin, "t": "BEGIN", "schema": schema})
+        conn.send(Begin(task=task, subtask=spec.subtask, attempt=attempt, schema=schema))
         msg, _ = conn.recv()
         if msg["t"] == "ERROR":
             _raise_remote(spec, msg)
@@ -495,38 +498,3 @@ def shutdown_remote(
     except _UNREACHABLE:
         return False
     return _bye(conn, reason, pid)
-
-
-def host_spec(
-    job_url: str,
-    operator: str,
-    subtask: int,
-    parallelism: int,
-    *,
-    directory: str | None = None,
-    idle_timeout: float = 600.0,
-    watch: bool = True,
-    run: str = "",
-    bind: str | None = "off",
-) -> HostSpec:
-    """The spec of the host of one subtask of query run ``run``, watching this process's
-    executor JVM; ``bind`` as :func:`~streamstate.spark.wire.network.default_bind` (default
-    ``"off"``: no TCP)."""
-    from streamstate.spark.wire.hosts import host_id
-    from streamstate.spark.wire.network import default_bind
-    from streamstate.spark.wire.security import run_dir
-
-    jvm = find_jvm_pid() if watch else None
-    return HostSpec(
-        id=host_id(job_url, operator, subtask, parallelism, run),
-        run=run,
-        bind=default_bind(bind),
-        job=job_url,
-        operator=operator,
-        subtask=subtask,
-        parallelism=parallelism,
-        run_dir=run_dir(directory),
-        watch_pid=jvm,
-        watch_start=proc_start_time(jvm) if jvm else None,
-        idle_timeout=idle_timeout,
-    )

@@ -10,9 +10,10 @@
 * :func:`fold_task`: the pre-shuffle stage of a window aggregate pre-aggregated in Python
   (SPEC §13.2): folds its map partition per (key, window) and yields the partial rows.
 
-Everything a task needs travels in its closure: the :class:`~streamstate.spark.job.JobSpec`,
-the batch's plan, and in batch mode the pickled function (a streaming task ships only the
-function's digest; the host loads the function file once per query run).
+Everything a task needs travels in its closure: the :class:`~streamstate.spark.job.JobSpec`
+(for a micro-batch inside its :class:`~streamstate.spark.wire.step.StepTask`), and in batch
+mode the pickled function (a streaming task ships only the function's digest; the host loads
+the function file once per query run).
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import msgspec
+
+from streamstate.spark.wire.hosts import HostSettings
+from streamstate.spark.wire.step import StepTask
 
 __all__ = ["ACK_SCHEMA", "bounded_task", "fold_task", "micro_batch_task"]
 
@@ -57,61 +61,37 @@ def _check_batch_id(ctx: Any, batch_id: int | None) -> None:
 
 
 def micro_batch_task(
-    job_bytes: bytes,
-    plan: dict[str, Any],
-    host: dict[str, Any],
+    step: StepTask,
+    hosts: HostSettings,
+    locations: dict[int, dict[str, Any]],
 ) -> Callable[[Iterator[Any]], Iterator[Any]]:
-    """The task of one step: ``plan`` holds batch (the checkpoint id), base, lineage,
-    new_lineage, base_attempts, watermark, processing_time, ``hosts`` (subtask -> the location
-    of its host after the previous step), ``spark_batch`` (the Spark micro-batch whose
-    ``foreachBatch`` call runs it; None: the idle ticker) and ``no_data`` (stream no records:
-    the partition is one placeholder row); ``host`` the host settings (run_dir, idle_timeout,
-    pythonpath, run, secret, bind, connect_timeout)."""
+    """The task of one step: ``step`` as the driver planned it (sent on to the host
+    unchanged), ``hosts`` how to reach the query run's hosts, ``locations`` subtask -> where
+    its host was after the previous step. A no-data step's partition is one placeholder row,
+    and no record is streamed."""
 
     def task(batches: Iterator[Any]) -> Iterator[Any]:
         from pyspark import TaskContext
 
-        from streamstate.spark.job import JobSpec
-        from streamstate.spark.task.host_client import FunctionFailed, host_spec, run_batch
+        from streamstate.spark.task.host_client import FunctionFailed, find_jvm_pid, run_batch
 
         ctx = _task_context(TaskContext.get())
         index = ctx.partitionId()
-        _check_batch_id(ctx, plan.get("spark_batch", plan["batch"]))
-        if plan.get("no_data"):
+        _check_batch_id(ctx, step.spark_batch)
+        if step.no_data:
             for _ in batches:  # the placeholder row that makes Spark run this task
                 pass
             batches = iter(())
-        job = msgspec.msgpack.decode(job_bytes, type=JobSpec)
-        spec = host_spec(
-            job.checkpoint_url,
-            job.operator,
-            index,
-            job.parallelism,
-            directory=host.get("run_dir"),
-            idle_timeout=host.get("idle_timeout", 600.0),
-            run=host.get("run", ""),
-            bind=host.get("bind"),
-        )
-        begin = {
-            "job": job_bytes,
-            "batch": plan["batch"],
-            "base": plan["base"],
-            "lineage": plan["lineage"],
-            "new_lineage": plan["new_lineage"],
-            "base_attempt": plan["base_attempts"].get(index),
-            "attempt": ctx.taskAttemptId(),
-            "watermark": plan["watermark"],
-            "processing_time": plan["processing_time"],
-        }
         try:
             result, timings = run_batch(
-                spec,
-                begin,
+                hosts.spec(index, watch_pid=find_jvm_pid()),
+                step,
+                ctx.taskAttemptId(),
                 batches,
-                pythonpath=host.get("pythonpath"),
-                secret=host.get("secret"),
-                location=plan.get("hosts", {}).get(index),
-                connect_timeout=host.get("connect_timeout", 3.0),
+                pythonpath=hosts.pythonpath,
+                secret=hosts.secret,
+                location=locations.get(index),
+                connect_timeout=hosts.connect_timeout,
             )
         except FunctionFailed as failed:
             # the host dropped the batch; the driver raises the error once, no retry

@@ -12,9 +12,11 @@ from typing import Any
 
 import msgspec
 
+from streamstate.spark.wire.network import default_bind
 from streamstate.spark.wire.protocol import MAX_BODY_BYTES
+from streamstate.spark.wire.security import run_dir
 
-__all__ = ["HostSpec", "JobPin", "host_id", "host_paths", "proc_start_time"]
+__all__ = ["HostSettings", "HostSpec", "JobPin", "host_id", "host_paths", "proc_start_time"]
 
 
 class HostSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -47,6 +49,47 @@ class HostSpec(msgspec.Struct, frozen=True, kw_only=True):
     max_frame: int = MAX_BODY_BYTES
     #: the query run (for humans; the run is also part of ``id``)
     run: str = ""
+
+
+class HostSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """How the tasks of one query run, and its driver, reach the state hosts of its subtasks:
+    set once per run by the driver. A host's spec is derived from it where the host is
+    reached (:meth:`spec`): its run directory and TCP address are that node's."""
+
+    #: the job's checkpoint URL, operator and parallelism
+    job: str
+    operator: str
+    parallelism: int
+    #: the query run (empty: outside a query run)
+    run: str = ""
+    #: the node's run directory (None: ``$STREAMSTATE_RUN_DIR`` or the default, on that node)
+    run_dir: str | None = None
+    idle_timeout: float = 600.0
+    #: as :func:`~streamstate.spark.wire.network.default_bind` (``"off"``: no TCP)
+    bind: str | None = "off"
+    #: the ``PYTHONPATH`` a spawned host needs to import streamstate (None: inherited)
+    pythonpath: str | None = None
+    #: the query run's secret (None: the node's)
+    secret: bytes | None = None
+    #: seconds to wait for a host to accept a connection
+    connect_timeout: float = 3.0
+
+    def spec(self, subtask: int, watch_pid: int | None = None) -> HostSpec:
+        """The spec of the host of ``subtask`` on this node, watching the executor JVM
+        ``watch_pid`` (None: none)."""
+        return HostSpec(
+            id=host_id(self.job, self.operator, subtask, self.parallelism, self.run),
+            run=self.run,
+            bind=default_bind(self.bind),
+            job=self.job,
+            operator=self.operator,
+            subtask=subtask,
+            parallelism=self.parallelism,
+            run_dir=run_dir(self.run_dir),
+            watch_pid=watch_pid,
+            watch_start=proc_start_time(watch_pid) if watch_pid else None,
+            idle_timeout=self.idle_timeout,
+        )
 
 
 class JobPin(msgspec.Struct, frozen=True, kw_only=True):

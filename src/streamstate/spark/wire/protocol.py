@@ -70,6 +70,10 @@ _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder().decode
 
 
+def _kind(header: dict[str, Any] | msgspec.Struct) -> Any:
+    return header.get("t") if isinstance(header, dict) else getattr(header, "t", None)
+
+
 class ProtocolError(RuntimeError):
     """A peer sent something the protocol does not allow."""
 
@@ -84,12 +88,14 @@ class Connection:
         self.channel = SecureChannel(sock, keys)
         self.max_body = max_body
 
-    def send(self, header: dict[str, Any], body: Any = None) -> None:
+    def send(self, header: dict[str, Any] | msgspec.Struct, body: Any = None) -> None:
+        """Send a message: ``header`` a msgpack map with ``"t"`` (a dict, or a tagged
+        ``msgspec.Struct`` such as :class:`~streamstate.spark.wire.step.Begin`)."""
         head = _encode(header)
         size = 0 if body is None else memoryview(body).nbytes
         if len(head) > MAX_HEADER_BYTES:
             raise ProtocolError(
-                f"message {header.get('t')!r} has a {len(head)}-byte header; the limit is "
+                f"message {_kind(header)!r} has a {len(head)}-byte header; the limit is "
                 f"{MAX_HEADER_BYTES}"
             )
         if size > self.max_body:
