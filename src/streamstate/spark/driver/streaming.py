@@ -7,12 +7,14 @@ until the query's first no-data micro-batch):
 1. :meth:`~streamstate.spark.driver.commit.CheckpointLog.plan`: the state version to start from
    (``chk-(c-1)``), its lineage, the watermark; if ``b``'s step is already committed (the
    driver died after our commit, before Spark's), skip to step 4 with each checkpoint of ``b``.
-2. One Spark job: placement by key group, ``repartitionById``, ``mapInArrow`` with
-   :func:`~streamstate.spark.task.tasks.micro_batch_task`: each task streams its partition to its
-   subtask's state host, which applies it, writes the incremental checkpoint ``chk-c`` of the
-   subtask and stages the outputs, and the task yields one acknowledgement row. The
-   acknowledgement says where the host lives; the next step's plan carries these locations,
-   so the task of subtask ``i`` reaches the same host from whichever node Spark runs it on
+2. One Spark job (:class:`~streamstate.spark.driver.step_tasks.StepTasks`): placement by key
+   group, ``repartitionById``, ``mapInArrow`` with
+   :func:`~streamstate.spark.task.tasks.micro_batch_task`: each task streams its partition to
+   its subtask's state host, which applies it, writes the incremental checkpoint ``chk-c`` of
+   the subtask and stages the outputs, and the task yields one acknowledgement row. The
+   acknowledgement says where the host lives; the next step's tasks get these locations
+   (:class:`~streamstate.spark.driver.host_fleet.HostFleet`), so the task of subtask ``i``
+   reaches the same host from whichever node Spark runs it on
    (:mod:`streamstate.spark.task.host_client`).
 3. Commit: ``chk-c/_metadata`` is written only when all subtasks acknowledged version ``c``.
 4. The sink gets the staged outputs (idempotent per checkpoint id), each side sink its side
@@ -25,10 +27,10 @@ until the query's first no-data micro-batch):
 
 A function error (the user's function raised; streamstate's errors about what the job
 declares) is data: the host drops the half-applied batch, the task returns the error in its
-acknowledgement, and the driver raises it once, uncommitted (spark/failures.py). A task that
-fails (host killed, worker lost, storage) is retried by Spark; its host has dropped the
-half-applied batch and reloads ``chk-(b-1)``. Old staged outputs and
-checkpoints are deleted behind the retained ones.
+acknowledgement, and the driver raises it once, uncommitted
+(:mod:`streamstate.spark.failures`). A task that fails (host killed, worker lost, storage) is
+retried by Spark; its host has dropped the half-applied batch and reloads ``chk-(b-1)``. Old
+staged outputs and checkpoints are deleted behind the retained ones.
 
 A query takes an epoch in the checkpoint directory when it starts (fencing: an older query on
 the same directory stops before its next batch or commit, and leaves the hosts to the newer
