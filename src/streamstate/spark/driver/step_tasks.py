@@ -11,6 +11,7 @@ step's figures (rows, routes, restores, per-subtask timings) are filled in.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from typing import Any
@@ -59,6 +60,13 @@ class StepTasks:
         self.hosts = hosts
         self._delivery_jvm = delivery_jvm
         self._delivery: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled with its query to a Spark Connect server: without the input DataFrame (the
+        client's session stays behind; each step gets the micro-batch's DataFrame)."""
+        state = dict(self.__dict__)
+        state["options"] = dataclasses.replace(self.options, df=None)
+        return state
 
     def run(
         self, session: Any, df: Any, plan: BatchPlan, figures: dict[str, Any]
