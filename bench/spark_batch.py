@@ -113,6 +113,12 @@ def _status_kb(field: str) -> int:
     return 0
 
 
+def _in_spark_task() -> bool:
+    from pyspark import TaskContext
+
+    return TaskContext.get() is not None
+
+
 class TaskMemory:
     """Resets the process's peak RSS when a task starts and records it when the task ends
     (one JSON file per task in ``directory``)."""
@@ -130,7 +136,9 @@ class TaskMemory:
         self._start = _status_kb("VmRSS")
 
     def end(self, subtask: int) -> None:
-        if not self.directory:
+        if not self.directory or not _in_spark_task():
+            # keyed_process opens and closes a copy of the function on the driver to check its
+            # states: the driver's RSS (which holds collected results) is no task's memory
             return
         report = {
             "pid": os.getpid(),

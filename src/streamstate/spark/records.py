@@ -227,10 +227,8 @@ class OutputConverter:
 
     def _columns(self, outputs: list[Any]) -> list[Sequence[Any]]:
         n = len(self.names)
-        first = outputs[0]
-        if type(first) is tuple and all(
-            type(o) is tuple and len(o) == n for o in outputs
-        ):  # fast path: plain tuples of the right width
+        # fast path: plain tuples of the right width (both tests loop in C)
+        if set(map(type, outputs)) == {tuple} and set(map(len, outputs)) == {n}:
             return list(zip(*outputs, strict=True)) if n else []
         columns: list[Any] = [[] for _ in range(n)]
         for i, out in enumerate(outputs):

@@ -127,7 +127,22 @@ class BatchExecutionKeyedStateBackend(KeyedStateBackend):
             for state in self._raw:
                 guard(state, False)
         else:
-            self._finish_key(current)
+            # _finish_key(current), inlined: a key change is a per-key cost of every batch run
+            if self.key_selected_listeners:
+                for listener in self.key_selected_listeners:
+                    listener(current)
+            added = self._timers_added
+            if added[0]:
+                for fire in self._timer_services:
+                    fire(current)
+                for queue in self._unfired_queues:
+                    queue.clear()
+                added[0] = 0
+            if self._spool is not None:
+                self._spool_key(current)
+            for state in self._raw:
+                state.drop_key()
+            self.keys_done += 1
         ctx.key = key
         ctx.kg_index = index
 
@@ -161,7 +176,7 @@ class BatchExecutionKeyedStateBackend(KeyedStateBackend):
 
     def _finish_key(self, key: Any) -> None:
         """``key`` (still current) ends: its timers fire, its entries are spooled, its state
-        is dropped."""
+        is dropped (:meth:`set_current_key` does the same inline)."""
         listeners = self.key_selected_listeners
         if listeners:
             for listener in listeners:
@@ -173,16 +188,21 @@ class BatchExecutionKeyedStateBackend(KeyedStateBackend):
             for queue in self._unfired_queues:
                 queue.clear()
             added[0] = 0
-        spool = self._spool
-        if spool is not None:
-            kg = self.ctx.key_group
-            for state in self._raw:
-                if len(state):
-                    spool.add(kg, key, state.descriptor.name, state.entries())
-            spool.key_done()
+        if self._spool is not None:
+            self._spool_key(key)
         for state in self._raw:
             state.drop_key()
         self.keys_done += 1
+
+    def _spool_key(self, key: Any) -> None:
+        """Hand the entries of ``key`` (still current) to the spool."""
+        spool = self._spool
+        assert spool is not None
+        kg = self.ctx.key_group
+        for state in self._raw:
+            if len(state):
+                spool.add(kg, key, state.descriptor.name, state.entries())
+        spool.key_done()
 
     def add_timer_service(
         self, fire: Callable[[Any], object], queues: Sequence[KeyGroupedTimerQueue]

@@ -75,6 +75,13 @@ class SingleKeyTimerQueue(KeyGroupedTimerQueue):
             return 0
         live = self._live
         fired = 0
+        if len(heap) == 1 and len(live) == 1:
+            # the common case (one timer per key): that entry is the live one, nothing to
+            # look up; a timer added while it fires is fired by the loop below
+            ts, _, key, ns = heap.pop()  # type: ignore[misc]
+            live.clear()
+            target(ts, key, ns)
+            fired = 1
         while heap:
             ts, seq, key, ns = _heappop(heap)  # type: ignore[misc]
             ident = (ts, ns)

@@ -178,11 +178,14 @@ class ProgressPublisher:
         #: input column of the query)
         self._number: int | None = None
         self._columns: tuple[int, list[str | None]] | None = None
+        #: an UnsafeRow of the observation's input width, for the query run
+        self._row: Any = None
         self._warned = False
 
     def publish(self, spark: Any, query_id: str, figures: dict[str, int | None]) -> bool:
         """Returns whether Spark's progress of the running micro-batch will carry ``figures``.
-        About a dozen py4j calls (0.1-2 ms each, by the driver's load)."""
+        Ten py4j calls (0.1-2 ms each, by the driver's load), a few more at a query's first
+        micro-batch."""
         try:
             self._publish(spark, query_id, figures)
             return True
@@ -203,11 +206,16 @@ class ProgressPublisher:
             if query is None:
                 raise LookupError(f"no active query {query_id}")
             self._execution = (query_id, query.streamingQuery())
+            self._number = self._columns = self._row = None
         if self._classes is None:
-            jvm = spark._jvm
+            from py4j.java_gateway import JavaClass
+
+            # by name, without a round trip per package (``jvm.org.apache...`` asks the JVM
+            # at every dot)
+            client = spark._jvm._gateway_client
             self._classes = (
-                jvm.org.apache.spark.util.AccumulatorContext,
-                jvm.org.apache.spark.sql.catalyst.expressions.UnsafeRow,
+                JavaClass("org.apache.spark.util.AccumulatorContext", client),
+                JavaClass("org.apache.spark.sql.catalyst.expressions.UnsafeRow", client),
             )
         accumulators, unsafe_row = self._classes
         execution = self._execution[1].lastExecution()
@@ -217,13 +225,14 @@ class ProgressPublisher:
         accumulator = accumulators.get(node.accumulatorId()).get()
         width, columns = self._input_columns(node)
         data = unsafe_row_bytes([None if c is None else figures.get(c) for c in columns])
-        row = unsafe_row(width)
-        row.pointTo(bytearray(data), len(data))
+        if self._row is None:
+            self._row = unsafe_row(width)
+        self._row.pointTo(bytearray(data), len(data))
         # the reset clears what the tasks' attempts merged, so the value set from the driver is
         # the one Spark reports. Not the node's resetMetrics(): it also resets every node below
         # it, and Spark's numInputRows (read from the scan's metrics) would become 0
         accumulator.reset()
-        accumulator.add(row)
+        accumulator.add(self._row)
 
     def _find(self, plan: Any) -> Any:
         """The ``CollectMetricsExec`` named ``streamstate``: at the last plan's number if it is
@@ -247,17 +256,17 @@ class ProgressPublisher:
             number += 1
 
     def _input_columns(self, node: Any) -> tuple[int, list[str | None]]:
-        """The observed node's input width and, per column, the figure it carries."""
+        """The observed node's input width and, per column, the figure it carries (read once
+        per query run: its micro-batches plan the same tree)."""
+        if self._columns is not None:
+            return self._columns
         output = node.output()
         width = output.size()
-        if self._columns is None or self._columns[0] != width:
-            columns: list[str | None] = []
-            for i in range(width):
-                name = output.apply(i).name()
-                columns.append(
-                    name[len(_COLUMN_PREFIX) :] if name.startswith(_COLUMN_PREFIX) else None
-                )
-            self._columns = (width, columns)
+        columns: list[str | None] = []
+        for i in range(width):
+            name = output.apply(i).name()
+            columns.append(name[len(_COLUMN_PREFIX) :] if name.startswith(_COLUMN_PREFIX) else None)
+        self._columns = (width, columns)
         return self._columns
 
 

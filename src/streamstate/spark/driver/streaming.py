@@ -319,6 +319,8 @@ class KeyedStreamingQuery:
         self._call_steps: list[dict[str, Any]] | None = None
         #: puts each micro-batch's state figures into Spark's progress (classic session)
         self._publisher = ProgressPublisher()
+        #: Spark's id of the query (asked once: each ask is a py4j call)
+        self._query_id: str | None = None
         #: set once Spark's query exists (a first micro-batch may end before start() returns)
         self._started = threading.Event()
         sink.open(query_name or options.operator_name)
@@ -510,9 +512,11 @@ class KeyedStreamingQuery:
         self._started.wait(timeout=30.0)
         query = self._spark_query()
         if query is not None:
+            if self._query_id is None:
+                self._query_id = str(query.id)
             # the session that started the query: the micro-batch's own is a clone, whose
             # query manager does not list it
-            self._publisher.publish(self.spark or session, str(query.id), figures)
+            self._publisher.publish(self.spark or session, self._query_id, figures)
 
     def _record_failure(self, exc: BaseException, batch_id: int | None, session: Any) -> None:
         """Spark turns what a micro-batch raised into a StreamingQueryException with Java
