@@ -1,5 +1,5 @@
 """One hot micro-batch through a state host: the Unix socket (task on the host's node) against
-TCP over loopback (task on another node, :mod:`streamstate.spark.host_client` routing), and
+TCP over loopback (task on another node, :mod:`streamstate.spark.task.host_client` routing), and
 this tree's sealed channel against another tree's (the plaintext channel of protocol 2).
 
 A 1-subtask job holds ``--keys`` keys; each measured batch sends ``--rows`` records (Arrow
@@ -42,11 +42,12 @@ import pyarrow as pa
 
 from streamstate import KeyedProcessFunction, ValueStateDescriptor
 from streamstate.keygroups import assign_key_groups
-from streamstate.spark.commit import CheckpointLog
-from streamstate.spark.host_client import host_spec, run_batch, shutdown
+from streamstate.spark.driver.commit import CheckpointLog
 from streamstate.spark.job import JobSpec, arrow_schema_to_bytes, pickle_function
-from streamstate.spark.security import new_secret
 from streamstate.spark.subtask import BatchResult, job_storage
+from streamstate.spark.task.host_client import run_batch, shutdown
+from streamstate.spark.wire.hosts import HostSettings
+from streamstate.spark.wire.security import new_secret
 
 SCHEMA = pa.schema([("user", pa.int64()), ("v", pa.int64()), ("_kg", pa.int32())])
 OUT = pa.schema([("user", pa.int64()), ("n", pa.int64())])
@@ -103,7 +104,14 @@ def measure(args: Any) -> dict[str, list[dict[str, Any]]]:
     secret = new_secret()
     nodes = {name: f"{root}/{name}" for name in ("node-a", "node-b")}
     specs = {
-        name: host_spec(job.checkpoint_url, "op", 0, 1, directory=d, run="bench", bind="127.0.0.1")
+        name: HostSettings(
+            job=job.checkpoint_url,
+            operator="op",
+            parallelism=1,
+            run="bench",
+            run_dir=d,
+            bind="127.0.0.1",
+        ).spec(0)
         for name, d in nodes.items()
     }
     location: dict[str, Any] | None = None
@@ -117,20 +125,10 @@ def measure(args: Any) -> dict[str, list[dict[str, Any]]]:
         nonlocal location, attempt
         attempt += 1
         plan = log.plan(b)
-        begin = {
-            "job": msgspec.msgpack.encode(job),
-            "batch": b,
-            "base": plan.base,
-            "lineage": plan.lineage,
-            "new_lineage": plan.new_lineage,
-            "base_attempt": plan.base_attempts.get(0),
-            "attempt": attempt,
-            "watermark": plan.watermark,
-            "processing_time": plan.processing_time,
-        }
+        step = plan.task(msgspec.msgpack.encode(job))
         data = _batches(args.rows, args.keys, args.batch_rows, seed=b)
         t0 = time.perf_counter()
-        raw, timings = run_batch(specs[on], begin, data, secret=secret, location=location)
+        raw, timings = run_batch(specs[on], step, attempt, data, secret=secret, location=location)
         total = time.perf_counter() - t0
         result = msgspec.msgpack.decode(raw, type=BatchResult)
         log.commit(plan, [result])
@@ -156,14 +154,14 @@ def measure(args: Any) -> dict[str, list[dict[str, Any]]]:
 def channel_cost(args: Any, repeat: int = 20) -> dict[str, float]:
     """The channel alone: one batch's DATA messages (``--rows`` rows in ``--batch-rows``
     Arrow batches) and their OK answers through a socket pair, sealed (this tree's
-    :class:`~streamstate.spark.protocol.Connection`) against protocol 2's plaintext framing
+    :class:`~streamstate.spark.wire.protocol.Connection`) against protocol 2's plaintext framing
     (length prefix, msgpack header, body), medians of ``repeat`` in ms."""
     import socket
     import struct
     import threading
 
-    from streamstate.spark.protocol import Connection
-    from streamstate.spark.security import new_secret, session_keys
+    from streamstate.spark.wire.protocol import Connection
+    from streamstate.spark.wire.security import new_secret, session_keys
 
     bodies = [b.serialize() for b in _batches(args.rows, args.keys, args.batch_rows, seed=0)]
     head = msgspec.msgpack.encode({"t": "DATA"})

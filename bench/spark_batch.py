@@ -271,7 +271,7 @@ def run_streamstate(
 
 
 def run_floor(df: Any, job: str, rows: int) -> float:
-    from streamstate.spark.batch import sort_columns
+    from streamstate.spark.driver.batch import sort_columns
 
     sort = sort_columns(["k"], "ts" if job == "window" else None, exact=True)
     return spark_floor_ms(df, rows, sort=sort) / 1e3
@@ -407,7 +407,10 @@ PROFILE_BUCKETS = [
     ("batch timer service (runtime/batch.py)", "runtime/batch.py"),
     ("operator loop (runtime/operator.py)", "runtime/operator.py"),
     ("outputs to Arrow (spark/records.py)", "spark/records.py"),
-    ("run starts, Arrow to Python rows (batch_subtask.py, subtask.py)", "spark/batch_subtask.py"),
+    (
+        "run starts, Arrow to Python rows (batch_subtask.py, subtask.py)",
+        "spark/task/batch_subtask.py",
+    ),
     ("Arrow to Python (subtask.py)", "spark/subtask.py"),
     ("timer services (timers.py)", "streamstate/timers.py"),
     ("Spark's Python worker (reading and writing Arrow)", "pyspark"),
@@ -511,10 +514,10 @@ def in_process(rows: int, keys: int, repeat: int) -> dict[str, Any]:
     import pyarrow as pa
 
     from streamstate.keygroups import assign_key_groups_for_columns
-    from streamstate.spark.batch_subtask import BatchSubtaskRuntime
     from streamstate.spark.job import JobSpec, arrow_schema_to_bytes
     from streamstate.spark.records import row_class
     from streamstate.spark.subtask import SubtaskRuntime
+    from streamstate.spark.task.batch_subtask import BatchSubtaskRuntime
 
     schema = pa.schema([("k", pa.int64()), ("v", pa.int64()), ("_kg", pa.int32())])
     out = pa.schema([("k", pa.int64()), ("total", pa.int64())])

@@ -1,7 +1,7 @@
 """streamstate on a Spark standalone cluster of local nodes: does the state stay hot?
 
 A master and ``--workers`` workers (default 3, one core each) started from pyspark's own
-``spark-class`` on 127.0.0.1 (``streamstate.spark.local_cluster``); every worker has its own
+``spark-class`` on 127.0.0.1 (``streamstate.devtools.local_cluster``); every worker has its own
 ``STREAMSTATE_RUN_DIR``, so its executor's state hosts are a separate node's. The driver is this
 process.
 

@@ -870,7 +870,7 @@ def bench_connect(spark: Any, args: argparse.Namespace, tmp: str) -> dict[str, A
     local Connect server (``LocalConnectServer``, the pyspark wheel's jars, the same settings as
     the classic session), alternating; the overhead is the ratio of the medians of the steady
     batches' ``batch_ms`` (after batch 0) and of the wall times (goal: steady <= 1.2x)."""
-    from streamstate.spark.local_connect import LocalConnectServer
+    from streamstate.devtools.local_connect import LocalConnectServer
 
     out: dict[str, Any] = {}
     server = LocalConnectServer(

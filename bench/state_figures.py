@@ -162,7 +162,11 @@ def bench_spark(files: int, rows: int, repeat: int) -> dict[str, Any]:
     import pyarrow.parquet as pq
     from pyspark.sql import SparkSession
 
-    from streamstate.spark.progress import ProgressPublisher, micro_batch_figures, observe_state
+    from streamstate.spark.driver.progress import (
+        ProgressPublisher,
+        micro_batch_figures,
+        observe_state,
+    )
 
     directory = tempfile.mkdtemp(prefix="bench-figures-spark-")
     for i in range(files):

@@ -14,7 +14,8 @@ the file and key group of any corruption.
 ``streamstate checkpoints rollback <dir> --to N``: rolls a streaming job back to checkpoint
 ``chk-N``: later checkpoints go, Spark's offset and commit logs are rolled back with them, and
 (with ``--sink``) the parquet sink's later batches, so the restarted query re-runs the Spark
-micro-batch after chk-N's and every later one exactly once (:mod:`streamstate.spark.rollback`).
+micro-batch after chk-N's and every later one exactly once
+(:mod:`streamstate.spark.driver.rollback`).
 """
 
 from __future__ import annotations
@@ -323,7 +324,7 @@ def rollback_command(
     Stop the query first (a running one is fenced anyway): the restarted query re-runs the
     Spark micro-batch after chk-N's (N+1 until the query's first no-data micro-batch) and every
     later one from chk-N."""
-    from streamstate.spark.rollback import plan_rollback, rollback
+    from streamstate.spark.driver.rollback import plan_rollback, rollback
 
     console = Console()
     storage, directory = open_location(path)
@@ -511,8 +512,8 @@ def _demo_on_cluster(directory: str, workers: int, console: Any, kwargs: dict[st
     import tempfile
 
     from streamstate.demo.streaming import run_streaming, spark_session
+    from streamstate.devtools.local_cluster import LocalCluster, wait_for_executors
     from streamstate.spark.job import src_path
-    from streamstate.spark.local_cluster import LocalCluster, wait_for_executors
 
     # executors and their state hosts import this streamstate (a source checkout included)
     pythonpath = os.pathsep.join(p for p in (src_path(), os.environ.get("PYTHONPATH")) if p)

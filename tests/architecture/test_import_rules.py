@@ -79,3 +79,47 @@ def test_an_upward_private_or_lazy_import_is_reported(
     out = capsys.readouterr().out
     assert re.search(r"codec\.py:2: upward import: streamstate\.format\.codec imports", out)
     assert "private name: streamstate.format.codec imports streamstate.runtime.local._hidden" in out
+
+
+def test_the_processes_of_spark_import_only_what_they_may(
+    checker: ModuleType,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The host imports neither the driver nor a task, a task does not import the driver, no
+    runtime module imports the development tools; the driver may import a task's functions."""
+    package = tmp_path / "streamstate"
+    for sub in ("", "spark", "spark/driver", "spark/task", "spark/host", "spark/wire", "devtools"):
+        (package / sub).mkdir(parents=True, exist_ok=True)
+        (package / sub / "__init__.py").write_text("")
+    (package / "devtools" / "local_cluster.py").write_text("")
+    (package / "spark" / "wire" / "protocol.py").write_text("")
+    (package / "spark" / "driver" / "streaming.py").write_text(
+        "def f():\n    from streamstate.devtools import local_cluster\n"
+        "    from streamstate.spark.task import tasks\n"
+    )
+    (package / "spark" / "task" / "tasks.py").write_text(
+        "from streamstate.spark.wire import protocol\n"
+        "def f():\n    from streamstate.spark.driver import streaming\n"
+    )
+    (package / "spark" / "host" / "state_host.py").write_text(
+        "from streamstate.spark.wire import protocol\n"
+        "def f():\n    from streamstate.spark.task import tasks\n"
+        "    from streamstate.spark.driver import streaming\n"
+    )
+    monkeypatch.setattr(checker, "ROOT", tmp_path)
+    assert checker.main() == 1
+    found = sorted(
+        line.split(": ", 2)[1] + ": " + line.split(": ", 2)[2]
+        for line in capsys.readouterr().out.splitlines()
+        if ": upward import: " in line or ": independent parts: " in line
+    )
+    assert found == [
+        "independent parts: streamstate.spark.host.state_host imports streamstate.spark.task.tasks",
+        "upward import: streamstate.spark.driver.streaming imports streamstate.devtools."
+        "local_cluster",
+        "upward import: streamstate.spark.host.state_host imports streamstate.spark.driver."
+        "streaming",
+        "upward import: streamstate.spark.task.tasks imports streamstate.spark.driver.streaming",
+    ]

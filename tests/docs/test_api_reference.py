@@ -35,9 +35,9 @@ def test_the_api_reference_builds_without_warnings(tmp_path: Path) -> None:
     assert {"functions.html", "state.html", "windows.html", "spark.html"} <= pages
     spark = (tmp_path / "html" / "spark.html").read_text()
     for name in (
-        "keyed.keyed_process",
-        "reader.read_state",
-        "streaming.KeyedStreamingQuery",
+        "driver.keyed.keyed_process",
+        "driver.reader.read_state",
+        "driver.streaming.KeyedStreamingQuery",
         "failures.original_error",
         "records.Row",
     ):

@@ -52,7 +52,7 @@ def spark() -> Iterator[Any]:
 def connect_server(tmp_path_factory: Any) -> Iterator[Any]:
     pytest.importorskip("pyspark.sql.connect.session")
     pytest.importorskip("grpc")
-    from streamstate.spark.local_connect import LocalConnectServer
+    from streamstate.devtools.local_connect import LocalConnectServer
 
     log = str(tmp_path_factory.mktemp("connect") / "server.log")
     server = LocalConnectServer(

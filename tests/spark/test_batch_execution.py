@@ -1,7 +1,7 @@
 """Batch execution against the streaming path, in process (no Spark; SPEC §13.3).
 
 Random jobs run twice over the same bounded input, subtask by subtask, exactly as Spark's tasks
-run them: through :class:`~streamstate.spark.batch_subtask.BatchSubtaskRuntime` over each
+run them: through :class:`~streamstate.spark.task.batch_subtask.BatchSubtaskRuntime` over each
 subtask's records sorted by key and event time (floating-point keys by key group first: what
 ``sortWithinPartitions`` hands a task; their key groups interleave), and through the streaming
 :class:`~streamstate.spark.subtask.SubtaskRuntime` over the same records as they come
@@ -52,9 +52,9 @@ from streamstate.keygroups import (
     compute_operator_index_for_key_group,
 )
 from streamstate.serializers import Int64Serializer, serializer_from_snapshot
-from streamstate.spark.batch_subtask import BatchSubtaskRuntime
 from streamstate.spark.job import JobSpec, arrow_schema_to_bytes
 from streamstate.spark.subtask import BatchResult, SubtaskRuntime
+from streamstate.spark.task.batch_subtask import BatchSubtaskRuntime
 from streamstate.windows import (
     CountEvictor,
     CountTrigger,
@@ -220,7 +220,7 @@ def _partition(inp: Input, mode: str) -> list[list[tuple[Any, ...]]]:
         parts[
             compute_operator_index_for_key_group(inp.max_parallelism, inp.parallelism, r[4])
         ].append(r)
-    if mode == "batch":  # Spark's sortWithinPartitions (spark/batch.py, sort_columns)
+    if mode == "batch":  # Spark's sortWithinPartitions (spark/driver/batch.py, sort_columns)
         first = inp.key_kind == "float"  # by key group first
         for part in parts:
             part.sort(key=lambda r: (r[4] if first else 0, r[0], r[2] if inp.event_time else 0))
@@ -301,7 +301,8 @@ def assert_same(batch: Run, streaming: Run) -> None:
 
 
 def commit_savepoint(root: str, directory: str, inp: Input, handles: list[bytes]) -> None:
-    """What the driver does once every task wrote its savepoint files (``spark/batch.py``)."""
+    """What the driver does once every task wrote its savepoint files
+    (``spark/driver/batch.py``)."""
     import msgspec
 
     from streamstate.checkpoint.metadata import SubtaskStateHandle

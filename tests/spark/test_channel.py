@@ -1,4 +1,4 @@
-"""Sealed frames between a state host and its clients (:mod:`streamstate.spark.channel`): what
+"""Sealed frames between a state host and its clients (:mod:`streamstate.spark.wire.channel`): what
 one side sends the other reads back exactly, and a frame that was changed, replayed, reordered,
 dropped, cut short or sealed for another connection is refused, in either direction."""
 
@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamstate.spark.channel import CHUNK, TAG
-from streamstate.spark.protocol import Connection, ProtocolError
-from streamstate.spark.security import (
+from streamstate.spark.wire.channel import CHUNK, TAG
+from streamstate.spark.wire.protocol import Connection, ProtocolError
+from streamstate.spark.wire.security import (
     REPLY_BYTES,
     AuthError,
     ServerHandshake,
@@ -216,14 +216,14 @@ def test_handshakes_derive_the_same_keys_and_refuse_another_version_clearly() ->
     t.join()
     assert client.send == got["keys"].recv and client.recv == got["keys"].send
     assert client.send != client.recv
-    # a version-2 host (an older streamstate on that node)
+    # a version-3 host (an older streamstate on that node: BEGIN without the typed step)
     a, b = socket.socketpair()
-    b.sendall(b"SSHOST\x00\x02" + os.urandom(32))
-    with pytest.raises(AuthError, match="speaks state-host protocol version 2, this side 3"):
+    b.sendall(b"SSHOST\x00\x03" + os.urandom(32))
+    with pytest.raises(AuthError, match="speaks state-host protocol version 3, this side 4"):
         client_handshake(a, secret, "h1", timeout=2)
-    # a version-2 client, seen by the host
-    with pytest.raises(AuthError, match="speaks state-host protocol version 2, this side 3"):
-        ServerHandshake.check_prefix(b"SSHOST\x00\x02" + os.urandom(10))
+    # a version-3 client, seen by the host
+    with pytest.raises(AuthError, match="speaks state-host protocol version 3, this side 4"):
+        ServerHandshake.check_prefix(b"SSHOST\x00\x03" + os.urandom(10))
     # a host that never answers: one deadline for the whole handshake
     a, b = socket.socketpair()
     b.sendall(b"SSHOST\x00")  # a byte at a time would not get more time either

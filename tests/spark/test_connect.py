@@ -16,9 +16,9 @@ from data import final_counts, make_batches, running_counts, write_batches
 from functions import Count
 
 from streamstate.spark import FileSink, keyed_process, read_state
+from streamstate.spark.driver.session import default_parallelism, is_connect, master
+from streamstate.spark.driver.streaming import CONNECT_DIR, CONNECT_REPORTS_KEPT, _start
 from streamstate.spark.job import src_path
-from streamstate.spark.session import default_parallelism, is_connect, master
-from streamstate.spark.streaming import CONNECT_DIR, CONNECT_REPORTS_KEPT, _start
 
 pytestmark = pytest.mark.spark
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -80,7 +80,7 @@ def test_foreach_batch_gets_a_connect_dataframe(connect_spark: Any, tmp_path: An
     assert [b["rows"] for b in query.batches] == [100, 100]
     runs = sorted(os.listdir(tmp_path / "ck" / CONNECT_DIR))
     assert len(runs) == CONNECT_REPORTS_KEPT == 3
-    assert runs[:2] == old_runs[-2:] and runs[2].endswith(query.run_id)
+    assert runs[:2] == old_runs[-2:] and runs[2].endswith(query.hosts.run_id)
     assert len(os.listdir(tmp_path / "ck" / CONNECT_DIR / runs[2] / "batches")) == 2
 
 

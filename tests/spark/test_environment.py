@@ -73,8 +73,8 @@ def test_a_connect_server_whose_python_lacks_the_dependencies_is_reported(tmp_pa
     retrying a foreachBatch process that never connects back."""
     pytest.importorskip("grpc")
     from streamstate import KeyedProcessFunction
+    from streamstate.devtools.local_connect import LocalConnectServer
     from streamstate.spark import WorkerPythonError, keyed_process
-    from streamstate.spark.local_connect import LocalConnectServer
 
     base = os.path.join(sys.base_prefix, "bin", f"python{sys.version_info[0]}")
     if not os.path.exists(base):

@@ -16,9 +16,9 @@ import pytest
 from data import final_counts, make_batches, running_counts, write_batches
 from functions import CountWithFaults
 
+from streamstate.devtools.local_cluster import descendants, live_processes
 from streamstate.spark import FileSink, keyed_process, read_state
 from streamstate.spark.job import src_path
-from streamstate.spark.local_cluster import descendants, live_processes
 
 pytestmark = pytest.mark.spark
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -18,13 +18,13 @@ from data import final_counts, make_batches, running_counts, write_batches
 from functions import Count
 
 from streamstate.spark import FileSink, keyed_process, read_state
-from streamstate.spark.host_client import connect, ping, run_batch, shutdown
-from streamstate.spark.network import bind_tcp, default_bind, port_range, split_address
-from streamstate.spark.security import new_secret, node_id
-from streamstate.spark.state_host import host_id
-from streamstate.spark.streaming import KeyedStreamingQuery
+from streamstate.spark.driver.host_fleet import HostFleet
 from streamstate.spark.subtask import BatchResult
-from support.state_host import Driver, begin_header, user_batch, wait_gone
+from streamstate.spark.task.host_client import connect, ping, run_batch, shutdown
+from streamstate.spark.wire.hosts import host_id
+from streamstate.spark.wire.network import bind_tcp, default_bind, port_range, split_address
+from streamstate.spark.wire.security import new_secret, node_id
+from support.state_host import Driver, step_task, user_batch, wait_gone
 
 pytestmark = pytest.mark.subprocess
 
@@ -50,11 +50,11 @@ class TwoNodes(Driver):
         spec = msgspec.structs.replace(self.spec, run_dir=on)
         plan = self.log.plan(b)
         self.attempt += 1
-        begin = begin_header(self.job, plan, self.attempt)
         batch = user_batch(users)
         raw, timings = run_batch(
             spec,
-            begin,
+            step_task(self.job, plan),
+            self.attempt,
             [batch],
             secret=self.secret,
             location=self.location if location is None else location,
@@ -137,16 +137,22 @@ def test_the_driver_retires_a_host_its_subtask_left_and_only_that_process(
     """When an acknowledgement shows subtask 0 on another node, the driver tells the host it
     left to exit, naming its pid: a SHUTDOWN for another pid (a reused port) is ignored."""
     r0, t0 = nodes.run(0, ["a"], on=nodes.node_a)
-    query = KeyedStreamingQuery.__new__(KeyedStreamingQuery)  # the driver's bookkeeping only
-    query.job, query.run_id, query.run_dir = nodes.job, "r1", nodes.node_b
-    query._secret, query.host_connect_timeout = nodes.secret, 1.0
-    query.host_locations = {0: {**t0["location"], "pid": 1}}
+    fleet = HostFleet(  # the driver's bookkeeping of the run's hosts
+        nodes.job,
+        msgspec.msgpack.encode(nodes.job),
+        run_dir=nodes.node_b,
+        bind="off",
+        connect_timeout=1.0,
+        idle_timeout=60.0,
+    )
+    fleet.run_id, fleet.secret = "r1", nodes.secret
+    fleet.locations = {0: {**t0["location"], "pid": 1}}
     moved = {"subtask": 0, "timings": json.dumps({"location": {"node": "B"}, "route": "unix"})}
-    assert query._update_locations([moved]) == {0: "unix"}
-    assert query.host_locations[0] == {"node": "B"}
-    assert not query._retire(0, {**t0["location"], "pid": 1}, "wrong pid")
+    assert fleet.update_locations([moved]) == {0: "unix"}
+    assert fleet.locations[0] == {"node": "B"}
+    assert not fleet.retire(0, {**t0["location"], "pid": 1}, "wrong pid")
     assert ping(msgspec.structs.replace(nodes.spec, run_dir=nodes.node_a), nodes.secret)
-    assert query._retire(0, t0["location"], "moved")
+    assert fleet.retire(0, t0["location"], "moved")
     wait_gone(int(r0.stats["host_pid"]))
 
 
@@ -183,7 +189,7 @@ def test_streaming_batches_follow_their_hosts_across_nodes(spark: Any, tmp_path:
     try:
         for b, rows in enumerate(batches):
             if b == 1:
-                query.run_dir = node_b
+                query.hosts.run_dir = node_b
             if b == 2:
                 os.kill(query.host_locations[0]["pid"], signal.SIGKILL)
             write_batches(source, [rows], start=b)
@@ -210,7 +216,7 @@ def test_streaming_batches_follow_their_hosts_across_nodes(spark: Any, tmp_path:
 
 
 def test_a_local_master_opens_no_tcp_port_unless_asked(spark: Any, monkeypatch: Any) -> None:
-    from streamstate.spark.streaming import _bind_for
+    from streamstate.spark.driver.streaming import _bind_for
 
     monkeypatch.delenv("STREAMSTATE_HOST_BIND", raising=False)
     monkeypatch.setenv("SPARK_LOCAL_IP", "127.0.0.1")  # Spark's own address is no request

@@ -27,13 +27,14 @@ import msgspec
 import pytest
 from functions import Count
 
-from streamstate.spark.channel import SecureChannel
-from streamstate.spark.host_client import connect, run_batch
 from streamstate.spark.job import JobSpec
-from streamstate.spark.protocol import Connection
-from streamstate.spark.security import MAGIC, client_handshake, new_secret, run_dir
-from streamstate.spark.state_host import host_paths
 from streamstate.spark.subtask import BatchResult, job_storage
+from streamstate.spark.task.host_client import connect, run_batch
+from streamstate.spark.wire.channel import SecureChannel
+from streamstate.spark.wire.hosts import host_paths
+from streamstate.spark.wire.protocol import Connection
+from streamstate.spark.wire.security import MAGIC, client_handshake, new_secret, run_dir
+from streamstate.spark.wire.step import Begin, StepTask
 from support.hostile_peers import Peers
 from support.state_host import Driver
 
@@ -108,19 +109,19 @@ class Host(Driver):
         """A batch of the job itself (the host must still serve it, hot after the first): from
         this node (``unix``) or from another node over TCP (``tcp``, to ``via`` if given: a
         relay). The result's ``stats`` get the task's ``route`` and ``total_s``."""
-        from support.state_host import begin_header, user_batch
+        from support.state_host import step_task, user_batch
 
         users = users or ["a", "b", "a"]
         plan = self.log.plan(self.next_batch)
         self.attempt += 1
-        begin = begin_header(self.job, plan, self.attempt)
+        step = step_task(self.job, plan)
         spec, location = self.spec, None
         if route == "tcp":
             spec = msgspec.structs.replace(spec, run_dir=self.other_node)
             location = {**self.location, "tcp": via or self.tcp}
         t0 = time.perf_counter()
         raw, timings = run_batch(
-            spec, begin, [user_batch(users)], secret=self.secret, location=location
+            spec, step, self.attempt, [user_batch(users)], secret=self.secret, location=location
         )
         result = msgspec.msgpack.decode(raw, type=BatchResult)
         result.stats.update(total_s=time.perf_counter() - t0)
@@ -134,7 +135,7 @@ class Host(Driver):
             return f.read().splitlines()
 
     def close(self) -> None:
-        from streamstate.spark.host_client import shutdown
+        from streamstate.spark.task.host_client import shutdown
 
         shutdown(self.spec, "test done", self.secret)
         shutdown(msgspec.structs.replace(self.spec, run_dir=self.other_node), "done", self.secret)
@@ -149,16 +150,9 @@ def host(tmp_path_factory: Any) -> Any:
     h.close()
 
 
-def _begin(job: JobSpec) -> dict[str, Any]:
-    return {
-        "t": "BEGIN",
-        "job": msgspec.msgpack.encode(job),
-        "batch": 0,
-        "base": -1,
-        "lineage": "x",
-        "new_lineage": "y",
-        "attempt": 1,
-    }
+def _begin(job: JobSpec) -> Begin:
+    task = StepTask(job=msgspec.msgpack.encode(job), batch=0, base=-1, lineage="x", new_lineage="y")
+    return Begin(task=task, subtask=0, attempt=1)
 
 
 def _begin_frame(job: JobSpec) -> bytes:
@@ -408,7 +402,7 @@ class Relay:
     bytes). Every record it saw is kept per connection in ``records``."""
 
     def __init__(self, target: str, edit: Any) -> None:
-        from streamstate.spark.security import REPLY_BYTES
+        from streamstate.spark.wire.security import REPLY_BYTES
 
         self.reply_bytes = REPLY_BYTES
         self.target = target
@@ -540,7 +534,7 @@ def test_unauthenticated_peers_cost_a_host_no_batch_time(tmp_path: Any) -> None:
     uses too): batches over TCP and over the Unix socket go on at the speed they had, none
     falls back, a PING answers at once; the handshakes stay pending until their one deadline,
     then each is closed with one log line."""
-    from streamstate.spark.host_client import ping
+    from streamstate.spark.task.host_client import ping
 
     h = Host(tmp_path, max_pending_per_address=64)
     peers = None
@@ -635,8 +629,8 @@ def _closed(sock: socket.socket) -> bool:
 def test_ping_and_shutdown_return_false_when_a_host_does_not_answer(tmp_path: Any) -> None:
     """A socket that accepts and never speaks (a host stuck or busy): ``ping`` gives None and
     ``shutdown`` False after their timeout, so ``shutdown_hosts`` goes on with the next host."""
-    from streamstate.spark.host_client import ping, shutdown
-    from streamstate.spark.state_host import HostSpec
+    from streamstate.spark.task.host_client import ping, shutdown
+    from streamstate.spark.wire.hosts import HostSpec
 
     run = str(tmp_path / "run")
     os.makedirs(run, mode=0o700)

@@ -12,8 +12,8 @@ from data import make_batches, write_batches
 from functions import Count
 
 from streamstate.spark import keyed_process
-from streamstate.spark.progress import FIGURES, OBSERVATION
-from streamstate.spark.session import is_connect
+from streamstate.spark.driver.progress import FIGURES, OBSERVATION
+from streamstate.spark.driver.session import is_connect
 
 pytestmark = pytest.mark.spark
 

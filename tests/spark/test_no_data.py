@@ -17,9 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamstate.keygroups import assign_key_groups
-from streamstate.spark.commit import CheckpointLog, spark_batch_of
-from streamstate.spark.job import JobSpec, arrow_schema_to_bytes
-from streamstate.spark.no_data import (
+from streamstate.spark.driver.commit import CheckpointLog, spark_batch_of
+from streamstate.spark.driver.no_data import (
     DUE_EVENT_TIME,
     DUE_PROCESSING_TIME,
     TimeProgress,
@@ -27,7 +26,8 @@ from streamstate.spark.no_data import (
     next_watermark,
     trigger_interval,
 )
-from streamstate.spark.rollback import plan_rollback, rollback
+from streamstate.spark.driver.rollback import plan_rollback, rollback
+from streamstate.spark.job import JobSpec, arrow_schema_to_bytes
 from streamstate.spark.subtask import MIN_WATERMARK, SubtaskRuntime, job_storage
 from streamstate.windows import TumblingEventTimeWindows, window
 

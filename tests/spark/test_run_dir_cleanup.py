@@ -7,7 +7,8 @@ import fcntl
 import os
 from pathlib import Path
 
-from streamstate.spark.state_host import clean_stale_host_files, host_paths
+from streamstate.spark.host.state_host import clean_stale_host_files
+from streamstate.spark.wire.hosts import host_paths
 
 NOW = 1_800_000_000.0
 HOUR, DAY = 3600, 86400

@@ -14,7 +14,7 @@ import pytest
 
 from streamstate import OutputTag
 from streamstate.spark import FileSink, MemorySink, keyed_process
-from streamstate.spark.session import is_connect
+from streamstate.spark.driver.session import is_connect
 from streamstate.windows import ProcessWindowFunction, TumblingEventTimeWindows, window
 
 pytestmark = pytest.mark.spark

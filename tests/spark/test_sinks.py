@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from streamstate.spark.sinks import FileSink, MemorySink, sink_from
+from streamstate.spark.driver.sinks import FileSink, MemorySink, sink_from
 
 
 def test_parquet_sink_gets_the_storage_options(tmp_path: Any) -> None:

@@ -174,7 +174,7 @@ def test_a_fenced_query_stops_only_its_own_state_hosts(spark: Any, tmp_path: Any
     """Hosts belong to one query run: the fenced query's shutdown leaves the newer query's
     hosts serving it."""
     from streamstate.spark import keyed_process
-    from streamstate.spark.host_client import ping
+    from streamstate.spark.task.host_client import ping
 
     batches = make_batches(4, 50, users=5)
     write_batches(str(tmp_path / "in"), batches[:2])
@@ -201,7 +201,7 @@ def test_a_fenced_query_stops_only_its_own_state_hosts(spark: Any, tmp_path: Any
     assert [b["batch"] for b in newer.batches] == [2, 3]
 
     def alive(query: Any) -> list[bool]:
-        return [ping(query._host_spec(i), query._secret) is not None for i in range(2)]
+        return [ping(query.hosts.spec(i), query.hosts.secret) is not None for i in range(2)]
 
     assert alive(older) == [True, True]
     assert alive(newer) == [True, True]
@@ -219,7 +219,7 @@ def test_a_batch_an_older_run_committed_first_is_adopted_by_the_newer_run(tmp_pa
     failing; nothing is overwritten and the counts stay exact."""
     from functions import Count
 
-    from streamstate.spark.commit import CheckpointLog
+    from streamstate.spark.driver.commit import CheckpointLog
     from support.state_host import Driver
 
     d = Driver(tmp_path, Count())

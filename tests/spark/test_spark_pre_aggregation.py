@@ -24,6 +24,7 @@ import pytest
 from streamstate import AggregateFunction, OutputTag
 from streamstate.api import aggregates as agg
 from streamstate.spark import MemorySink, keyed_process
+from streamstate.spark.driver.pre_aggregation import _sql_fold, plan_pre_aggregation
 from streamstate.spark.partials import (
     ACCUMULATOR,
     COUNT,
@@ -37,7 +38,6 @@ from streamstate.spark.partials import (
     partial_schema,
     sql_accumulator,
 )
-from streamstate.spark.pre_aggregation import _sql_fold, plan_pre_aggregation
 from streamstate.windows import (
     ProcessWindowFunction,
     SlidingEventTimeWindows,
@@ -273,7 +273,7 @@ def test_streaming_pre_aggregated_equals_per_record_across_a_rescale(
     (a local master); a Python aggregate folded in Python, its rows shuffled to tasks that
     stream them to the hosts (what a cluster does); per record."""
     from streamstate.demo.job import CountViews
-    from streamstate.spark.streaming import KeyedStreamingQuery
+    from streamstate.spark.driver.streaming import KeyedStreamingQuery
 
     local_jvm = KeyedStreamingQuery._local_jvm
 
@@ -361,7 +361,7 @@ def test_string_key_groups_in_sql_equal_the_runtimes(spark: Any) -> None:
     """A string key's group is computed in Spark SQL (``String.hashCode`` through ``reflect``):
     the pre-aggregated rows and the per-record path place strings without a Python pass."""
     from streamstate.keygroups import assign_key_groups_for_columns
-    from streamstate.spark import placement
+    from streamstate.spark.driver import placement
 
     keys = ["", "a", "hello", "é", "\U0001f600", "app-123", "ß" * 40, "x" * 1000]
     df = spark.createDataFrame([(k,) for k in keys], "k string")

@@ -13,8 +13,8 @@ import pytest
 
 from streamstate import KeyedProcessFunction, ValueStateDescriptor
 from streamstate.keygroups import assign_key_groups
+from streamstate.spark.driver.progress import FIGURES, micro_batch_figures, step_figures
 from streamstate.spark.job import JobSpec, arrow_schema_to_bytes
-from streamstate.spark.progress import FIGURES, micro_batch_figures, step_figures
 from streamstate.spark.subtask import BatchResult, SubtaskRuntime
 
 SCHEMA = pa.schema([("user", pa.string()), ("v", pa.int64()), ("_kg", pa.int32())])

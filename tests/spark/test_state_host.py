@@ -12,8 +12,8 @@ import pytest
 from functions import Count, CountWithFaults
 
 from streamstate.errors import StateHostError
-from streamstate.spark.host_client import connect, ping, shutdown
 from streamstate.spark.job import pickle_function
+from streamstate.spark.task.host_client import connect, ping, shutdown
 from support.state_host import Driver, wait_gone
 
 pytestmark = pytest.mark.subprocess

@@ -20,8 +20,8 @@ from typer.testing import CliRunner
 
 from streamstate.checkpoint.storage import FileSystemCheckpointStorage
 from streamstate.cli import app
+from streamstate.devtools.local_cluster import live_processes
 from streamstate.spark import FileSink, keyed_process
-from streamstate.spark.local_cluster import live_processes
 from streamstate.windows import TumblingEventTimeWindows, window
 
 pytestmark = pytest.mark.spark

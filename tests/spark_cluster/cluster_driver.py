@@ -30,8 +30,8 @@ from typing import Any
 from cluster_functions import Count, CountPausingOnce
 from pyspark.sql import SparkSession
 
+from streamstate.devtools.local_cluster import wait_for_executors
 from streamstate.spark import FileSink, keyed_process, read_state
-from streamstate.spark.local_cluster import wait_for_executors
 
 
 class ReportingSink(FileSink):

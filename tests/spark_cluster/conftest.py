@@ -1,7 +1,7 @@
 """A Spark standalone cluster on 127.0.0.1 for the cluster tests (marker ``cluster``).
 
 One master and two workers per pytest session, started from pyspark's own ``spark-class``
-(``streamstate.spark.local_cluster``); each worker has its own ``STREAMSTATE_RUN_DIR``, so the
+(``streamstate.devtools.local_cluster``); each worker has its own ``STREAMSTATE_RUN_DIR``, so the
 two are separate nodes for the state hosts. Queries run in a child driver process
 (``cluster_driver.py``): a pytest process holds one SparkContext, the local one of
 ``tests/spark``. Skip these tests in a quick local run with ``-m "not cluster"``.
@@ -24,8 +24,8 @@ from typing import Any
 
 import pytest
 
+from streamstate.devtools.local_cluster import LocalCluster
 from streamstate.spark.job import src_path
-from streamstate.spark.local_cluster import LocalCluster
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

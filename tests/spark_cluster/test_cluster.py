@@ -17,8 +17,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from streamstate.devtools.local_cluster import LocalCluster, live_processes
 from streamstate.spark import FileSink
-from streamstate.spark.local_cluster import LocalCluster, live_processes
 
 Rows = list[tuple[str, int]]
 
@@ -89,7 +89,7 @@ def leftover_hosts(cluster: LocalCluster, timeout: float = 30) -> set[int]:
         left = {
             pid
             for pid, (_, cmd) in live_processes().items()
-            if "streamstate.spark.state_host" in cmd and cluster.directory in cmd
+            if "streamstate.spark.host.state_host" in cmd and cluster.directory in cmd
         }
         if not left or time.monotonic() > deadline:
             return left

@@ -7,8 +7,8 @@ import subprocess
 import sys
 from typing import Any
 
+from streamstate.devtools.local_cluster import live_processes
 from streamstate.spark.job import src_path
-from streamstate.spark.local_cluster import live_processes
 
 
 def test_demo_runs_on_a_two_node_cluster_and_leaves_nothing_behind(tmp_path: Any) -> None:

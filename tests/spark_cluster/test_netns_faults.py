@@ -1,7 +1,7 @@
 """Nodes with their own network addresses, and the faults of a real network (marker ``netns``).
 
 A standalone master and three workers, each in its own Linux network namespace with its own
-address on a bridge (``streamstate.spark.local_netns``); state hosts listen on their node's
+address on a bridge (``streamstate.devtools.local_netns``); state hosts listen on their node's
 address; the driver runs in the root namespace. One driver process serves the queries of the
 first tests (its start is the slow part). Each test injects one fault, and ends with the sink
 equal to a pandas oracle (every record counted once) and ``read_state`` equal to the final
@@ -29,8 +29,8 @@ from typing import Any
 import pytest
 from test_cluster import make_batches, oracle, restores, routes, sink_rows, write_batches
 
-from streamstate.spark.local_cluster import LocalCluster, Node, live_processes
-from streamstate.spark.local_netns import NetnsNetwork, unavailable
+from streamstate.devtools.local_cluster import LocalCluster, Node, live_processes
+from streamstate.devtools.local_netns import NetnsNetwork, unavailable
 
 pytestmark = pytest.mark.netns
 
@@ -345,7 +345,7 @@ def _hosts_of(cluster: LocalCluster, checkpoint: str) -> set[int]:
     return {
         pid
         for pid, (_, cmd) in live_processes().items()
-        if "streamstate.spark.state_host" in cmd and checkpoint in cmd
+        if "streamstate.spark.host.state_host" in cmd and checkpoint in cmd
     }
 
 

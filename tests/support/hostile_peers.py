@@ -8,7 +8,7 @@ import select
 import socket
 import threading
 
-from streamstate.spark.security import MAGIC
+from streamstate.spark.wire.security import MAGIC
 
 
 class Peers:

@@ -1,5 +1,5 @@
 """The state host without Spark, driven from the test process: a stand-in for the Spark driver and
-one task of a 1-subtask job (``Driver``), and the records and BEGIN messages it sends."""
+one task of a 1-subtask job (``Driver``), and the records and steps it sends."""
 
 from __future__ import annotations
 
@@ -11,31 +11,22 @@ from typing import Any
 import msgspec
 import pyarrow as pa
 
-from streamstate.spark.commit import CheckpointLog
-from streamstate.spark.host_client import run_batch, shutdown
+from streamstate.spark.driver.commit import CheckpointLog
 from streamstate.spark.job import JobSpec, arrow_schema_to_bytes, pickle_function
-from streamstate.spark.state_host import HostSpec, host_id, proc_start_time
 from streamstate.spark.subtask import BatchResult, job_storage
+from streamstate.spark.task.host_client import run_batch, shutdown
+from streamstate.spark.wire.hosts import HostSpec, host_id, proc_start_time
+from streamstate.spark.wire.step import StepTask
 
-__all__ = ["OUT", "SCHEMA", "Driver", "begin_header", "user_batch", "wait_gone"]
+__all__ = ["OUT", "SCHEMA", "Driver", "step_task", "user_batch", "wait_gone"]
 
 SCHEMA = pa.schema([("user", pa.string()), ("v", pa.int64()), ("_kg", pa.int32())])
 OUT = pa.schema([("user", pa.string()), ("n", pa.int64())])
 
 
-def begin_header(job: JobSpec, plan: Any, attempt: int) -> dict[str, Any]:
-    """The BEGIN message a task of subtask 0 sends for ``plan``."""
-    return {
-        "job": msgspec.msgpack.encode(job),
-        "batch": plan.batch,
-        "base": plan.base,
-        "lineage": plan.lineage,
-        "new_lineage": plan.new_lineage,
-        "base_attempt": plan.base_attempts.get(0),
-        "attempt": attempt,
-        "watermark": plan.watermark,
-        "processing_time": plan.processing_time,
-    }
+def step_task(job: JobSpec, plan: Any) -> StepTask:
+    """The step a task of subtask 0 runs for ``plan`` (what the driver ships)."""
+    return plan.task(msgspec.msgpack.encode(job))
 
 
 def user_batch(users: list[str]) -> pa.RecordBatch:
@@ -91,9 +82,8 @@ class Driver:
     def batch(self, b: int, users: list[str], *, commit: bool = True) -> BatchResult:
         plan = self.log.plan(b)
         self.attempt += 1
-        begin = begin_header(self.job, plan, self.attempt)
         batch = user_batch(users)
-        raw, _ = run_batch(self.spec, begin, [batch])
+        raw, _ = run_batch(self.spec, step_task(self.job, plan), self.attempt, [batch])
         result = msgspec.msgpack.decode(raw, type=BatchResult)
         if commit:
             self.log.commit(plan, [result])

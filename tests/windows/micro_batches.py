@@ -1,7 +1,8 @@
 """Micro-batches of a keyed window job without Spark: the driver's loop of
-``streamstate.spark.streaming`` (plan, one :class:`SubtaskRuntime` per subtask, commit) with the
-records routed by key group in Python, per record or pre-aggregated by the Python fold the Spark
-task runs (:class:`~streamstate.spark.partials.PartialFold`) over random map partitions.
+``streamstate.spark.driver.streaming`` (plan, one :class:`SubtaskRuntime` per subtask, commit)
+with the records routed by key group in Python, per record or pre-aggregated by the Python
+fold the Spark task runs (:class:`~streamstate.spark.partials.PartialFold`)
+over random map partitions.
 
 It runs the very code of a state host's batch (prepare, begin, process, finish) and of the
 pre-shuffle stage; only Spark's shuffle is replaced by routing rows on ``_kg``. Runtimes stay
@@ -19,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from streamstate.keygroups import assign_key_groups, compute_operator_index_for_key_group
-from streamstate.spark.commit import CheckpointLog
+from streamstate.spark.driver.commit import CheckpointLog
 from streamstate.spark.job import JobSpec, arrow_schema_to_bytes
 from streamstate.spark.partials import PartialFold, partial_schema
 from streamstate.spark.subtask import MIN_WATERMARK, SubtaskRuntime, job_storage

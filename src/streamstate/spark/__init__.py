@@ -23,12 +23,10 @@ Spark moves the data; streamstate keeps the state (SPEC §11, ``docs/spark.md``)
 """
 
 from streamstate.errors import OutputSchemaError, StateHostError
-from streamstate.spark.environment import WorkerPythonError
-from streamstate.spark.failures import original_error
-from streamstate.spark.keyed import keyed_process
-from streamstate.spark.reader import read_state
-from streamstate.spark.records import Row
-from streamstate.spark.sinks import (
+from streamstate.spark.driver.environment import WorkerPythonError
+from streamstate.spark.driver.keyed import keyed_process
+from streamstate.spark.driver.reader import read_state
+from streamstate.spark.driver.sinks import (
     ConsoleSink,
     FileSink,
     ForeachBatchSink,
@@ -36,7 +34,9 @@ from streamstate.spark.sinks import (
     Sink,
     StagedBatch,
 )
-from streamstate.spark.streaming import KeyedStream, KeyedStreamingQuery
+from streamstate.spark.driver.streaming import KeyedStream, KeyedStreamingQuery
+from streamstate.spark.failures import original_error
+from streamstate.spark.records import Row
 
 __all__ = [
     "ConsoleSink",

@@ -15,7 +15,7 @@ executor reaches the driver only as text, inside a ``PythonException`` with Java
 object when the driver raised it (a commit, the sink), or an exception of the same class with
 the same message and notes when a task or a state host raised it (a streamstate error, a
 built-in one such as the ``TypeError`` of a user's function), with the remote traceback in a
-note. :class:`~streamstate.spark.streaming.KeyedStreamingQuery` re-raises it from
+note. :class:`~streamstate.spark.driver.streaming.KeyedStreamingQuery` re-raises it from
 ``await_termination()`` and ``process_all_available()``, with Spark's exception chained.
 
 Through Spark Connect the micro-batches run in a Python process on the server, so the client

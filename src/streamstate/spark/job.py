@@ -20,6 +20,7 @@ from streamstate.errors import UnsupportedKeyTypeError
 
 __all__ = [
     "FUNCTIONS_DIR",
+    "KEY_GROUP_COLUMN",
     "JobSpec",
     "arrow_schema_from_bytes",
     "arrow_schema_to_bytes",
@@ -29,6 +30,8 @@ __all__ = [
 ]
 
 FUNCTIONS_DIR = "functions"
+#: the column the driver adds to every record: the key group of its key (Spark partitions by it)
+KEY_GROUP_COLUMN = "_kg"
 
 
 class JobSpec(msgspec.Struct, frozen=True, kw_only=True):

@@ -33,11 +33,11 @@ import msgspec
 
 from streamstate.backends.figures import StateFigures
 from streamstate.spark.job import (
+    KEY_GROUP_COLUMN,
     JobSpec,
     arrow_schema_from_bytes,
     key_serializer_for,
 )
-from streamstate.spark.placement import KEY_GROUP_COLUMN
 from streamstate.spark.records import OutputConverter, column_values, event_time_ms, row_class
 
 __all__ = [
@@ -89,7 +89,7 @@ class BatchResult(msgspec.Struct, kw_only=True):
     late_records_dropped: int = 0
     #: the subtask's earliest pending event-time and processing-time timers after the batch
     #: (None: none): the driver runs a no-data micro-batch when one is due
-    #: (streamstate.spark.no_data)
+    #: (streamstate.spark.driver.no_data)
     event_timer: int | None = None
     processing_timer: int | None = None
     #: pre-aggregated rows received (SPEC §13.2; ``rows`` counts the records they fold)

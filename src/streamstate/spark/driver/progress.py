@@ -1,0 +1,322 @@
+"""A streaming query's state figures in Spark's own monitoring (SPEC §13.5), on the driver.
+
+Spark fills a micro-batch's ``StreamingQueryProgress.observedMetrics`` from the
+``CollectMetricsExec`` nodes of the query's own plan: what ``Dataset.observe`` puts there. The
+keyed job of a micro-batch runs inside ``foreachBatch``, outside that plan, so the figures take
+this way instead:
+
+1. :func:`observe_state` adds ``observe("streamstate", max(c) for c in the figure columns)`` to
+   the streaming DataFrame over null ``long`` columns (``__streamstate_<figure>``) that it drops
+   again: the tasks aggregate nulls, at the cost of one projection in the JVM per row.
+2. After the micro-batch's steps committed (still inside the ``foreachBatch`` call, which a
+   classic session runs on the driver), :class:`ProgressPublisher` finds that node in the
+   query's current execution and sets its accumulator to one row of figures from the driver.
+   Spark then reports them as ``observedMetrics["streamstate"]`` in the micro-batch's progress:
+   ``query.last_progress``, ``recent_progress``, every ``StreamingQueryListener`` and the UI.
+
+Spark Connect runs ``foreachBatch`` in a Python process of the server that has no handle on the
+JVM: the client's :attr:`~streamstate.spark.driver.streaming.KeyedStreamingQuery.last_progress` and
+``recent_progress`` add the figures the server reported (:func:`with_state_figures`); Spark's
+own progress events (listeners, the UI) carry none there.
+
+The figure names follow Spark's ``StateOperatorProgress`` where one exists (``numRowsTotal``,
+``numRowsUpdated``, ``numRowsRemoved``, ``memoryUsedBytes``, ``numRowsDroppedByWatermark``);
+docs/spark.md lists them all.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+__all__ = [
+    "FIGURES",
+    "OBSERVATION",
+    "ProgressPublisher",
+    "micro_batch_figures",
+    "observe_state",
+    "step_figures",
+    "unsafe_row_bytes",
+    "with_state_figures",
+]
+
+log = logging.getLogger(__name__)
+
+#: the name of the observation in ``observedMetrics``
+OBSERVATION = "streamstate"
+#: prefix of the null columns the observation aggregates
+_COLUMN_PREFIX = "__streamstate_"
+
+#: every figure of a micro-batch, in the order of the observed row (all ``long``; null when
+#: unknown). Levels (the state after the micro-batch) and totals (summed over its steps):
+FIGURES = (
+    "checkpointId",  # level: the last checkpoint the micro-batch committed
+    "numSteps",  # total: checkpoints committed (1 + the no-data micro-batches run with it)
+    "numInputRows",  # total: records the subtasks processed
+    "numOutputRows",  # total: rows given to the sink
+    "numRowsTotal",  # level: state entries over every subtask (RocksDB: its estimate)
+    "numRowsUpdated",  # total: state entries written
+    "numRowsRemoved",  # total: state entries removed
+    "stateBytes",  # level: RocksDB's live data and memtables (null on the heap backend)
+    "memoryUsedBytes",  # level: resident memory of the processes holding the state
+    "numRowsDroppedByWatermark",  # total: late records the windows dropped
+    "numTimersPending",  # level: event- and processing-time timers
+    "numTimersFired",  # total
+    "numHotSubtasks",  # total: subtask steps that found their state in memory
+    "numReloadedSubtasks",  # total: subtask steps that reloaded it from the checkpoint
+    "checkpointBytes",  # total: bytes of the files the checkpoints wrote
+    "checkpointFullBytes",  # level: bytes of every file the last checkpoint references
+    "checkpointDurationMs",  # total: slowest subtask's checkpoint plus the driver's commit
+    "watermarkMs",  # level: the event-time watermark the last step ran with (null: none)
+)
+#: figures that add up over the steps of one micro-batch (the others: the last step's)
+_TOTALS = frozenset(
+    {
+        "numSteps",
+        "numInputRows",
+        "numOutputRows",
+        "numRowsUpdated",
+        "numRowsRemoved",
+        "numRowsDroppedByWatermark",
+        "numTimersFired",
+        "numHotSubtasks",
+        "numReloadedSubtasks",
+        "checkpointBytes",
+        "checkpointDurationMs",
+    }
+)
+_MIN_WATERMARK = -(1 << 63)
+
+
+def _sum(values: Iterable[int | None]) -> int | None:
+    """The sum, or None when any value is unknown."""
+    total = 0
+    for v in values:
+        if v is None:
+            return None
+        total += v
+    return total
+
+
+def step_figures(
+    results: Sequence[Any], checkpoint_id: int, watermark: int | None, output_rows: int
+) -> dict[str, int | None]:
+    """One step's figures from the subtasks' acknowledgements
+    (``streamstate.spark.subtask.BatchResult``); ``checkpointDurationMs`` leaves out the
+    driver's commit (the caller adds it)."""
+    states = [r.state for r in results]
+    known = [s for s in states if s is not None]
+    complete = len(known) == len(states)
+    restores = [r.restore for r in results]
+    return {
+        "checkpointId": checkpoint_id,
+        "numSteps": 1,
+        "numInputRows": sum(r.rows for r in results),
+        "numOutputRows": output_rows,
+        "numRowsTotal": sum(s.rows for s in known) if complete else None,
+        "numRowsUpdated": _sum(s.rows_updated for s in known) if complete else None,
+        "numRowsRemoved": _sum(s.rows_removed for s in known) if complete else None,
+        "stateBytes": _sum(s.state_bytes for s in known) if complete else None,
+        "memoryUsedBytes": _sum(r.memory_bytes for r in results),
+        "numRowsDroppedByWatermark": sum(r.late_records_dropped for r in results),
+        "numTimersPending": sum(r.timers for r in results),
+        "numTimersFired": sum(r.timers_fired for r in results),
+        "numHotSubtasks": restores.count("hot"),
+        "numReloadedSubtasks": restores.count("reload"),
+        "checkpointBytes": sum(r.checkpoint_bytes for r in results),
+        "checkpointFullBytes": sum(r.checkpoint_full_bytes for r in results),
+        "checkpointDurationMs": int(
+            max(
+                (r.stats.get("stage_ms", 0.0) + r.stats.get("checkpoint_wait_ms", 0.0))
+                for r in results
+            )
+            if results
+            else 0
+        ),
+        "watermarkMs": None if watermark is None or watermark <= _MIN_WATERMARK else watermark,
+    }
+
+
+def micro_batch_figures(steps: Sequence[dict[str, int | None]]) -> dict[str, int | None] | None:
+    """The figures of the steps one Spark micro-batch ran (its input's and the no-data
+    micro-batches after it): totals added up, levels from the last step; None without steps."""
+    if not steps:
+        return None
+    out = dict(steps[-1])
+    for name in _TOTALS:
+        out[name] = _sum(s.get(name) for s in steps)
+    return out
+
+
+def observe_state(df: Any) -> Any:
+    """``df`` with the ``streamstate`` observation (see the module docstring); the same
+    columns."""
+    from pyspark.sql import functions
+
+    columns = {f"{_COLUMN_PREFIX}{name}": functions.lit(None).cast("long") for name in FIGURES}
+    return (
+        df.withColumns(columns)
+        .observe(OBSERVATION, *[functions.max(c).alias(c[len(_COLUMN_PREFIX) :]) for c in columns])
+        .drop(*columns)
+    )
+
+
+class ProgressPublisher:
+    """Sets the ``streamstate`` observation of a classic session's running query to a micro-batch's
+    figures (see the module docstring). Publishing never fails a micro-batch: a failure (a Spark
+    version whose internals differ) is logged once as a warning, and the figures stay in
+    ``query.batches``."""
+
+    def __init__(self) -> None:
+        #: the query's ``StreamExecution`` (JVM), found once
+        self._execution: tuple[str, Any] | None = None
+        #: the JVM classes used at every micro-batch (each lookup is a round trip)
+        self._classes: tuple[Any, Any] | None = None
+        #: the observation's pre-order number in the last plan (the same in every micro-batch
+        #: of a query), its input width and the figure each input column carries (None: an
+        #: input column of the query)
+        self._number: int | None = None
+        self._columns: tuple[int, list[str | None]] | None = None
+        #: an UnsafeRow of the observation's input width, for the query run
+        self._row: Any = None
+        self._warned = False
+
+    def publish(self, spark: Any, query_id: str, figures: dict[str, int | None]) -> bool:
+        """Returns whether Spark's progress of the running micro-batch will carry ``figures``.
+        Ten py4j calls (0.1-2 ms each, by the driver's load), a few more at a query's first
+        micro-batch."""
+        try:
+            self._publish(spark, query_id, figures)
+            return True
+        except Exception as exc:
+            if not self._warned:
+                self._warned = True
+                log.warning(
+                    "cannot put the state figures into Spark's progress of query %s (they stay "
+                    "in query.batches): %s",
+                    query_id,
+                    str(exc).splitlines()[0][:500] if str(exc) else repr(exc),
+                )
+            return False
+
+    def _publish(self, spark: Any, query_id: str, figures: dict[str, int | None]) -> None:
+        if self._execution is None or self._execution[0] != query_id:
+            query = spark._jsparkSession.streams().get(query_id)
+            if query is None:
+                raise LookupError(f"no active query {query_id}")
+            self._execution = (query_id, query.streamingQuery())
+            self._number = self._columns = self._row = None
+        if self._classes is None:
+            from py4j.java_gateway import JavaClass
+
+            # by name, without a round trip per package (``jvm.org.apache...`` asks the JVM
+            # at every dot)
+            client = spark._jvm._gateway_client
+            self._classes = (
+                JavaClass("org.apache.spark.util.AccumulatorContext", client),
+                JavaClass("org.apache.spark.sql.catalyst.expressions.UnsafeRow", client),
+            )
+        accumulators, unsafe_row = self._classes
+        execution = self._execution[1].lastExecution()
+        if execution is None:
+            raise LookupError("the query has no current execution")
+        node = self._find(execution.executedPlan())
+        accumulator = accumulators.get(node.accumulatorId()).get()
+        width, columns = self._input_columns(node)
+        data = unsafe_row_bytes([None if c is None else figures.get(c) for c in columns])
+        if self._row is None:
+            self._row = unsafe_row(width)
+        self._row.pointTo(bytearray(data), len(data))
+        # the reset clears what the tasks' attempts merged, so the value set from the driver is
+        # the one Spark reports. Not the node's resetMetrics(): it also resets every node below
+        # it, and Spark's numInputRows (read from the scan's metrics) would become 0
+        accumulator.reset()
+        accumulator.add(self._row)
+
+    def _find(self, plan: Any) -> Any:
+        """The ``CollectMetricsExec`` named ``streamstate``: at the last plan's number if it is
+        there (a query plans the same tree at every micro-batch), else by a walk of the plan's
+        nodes in pre-order (``TreeNode.p(n)``)."""
+        if self._number is not None:
+            node = plan.p(self._number)
+            if _is_observation(node):
+                return node
+        number = 0
+        while True:
+            node = plan.p(number)
+            if node is None:
+                raise LookupError(
+                    f"the query's plan has no observation named {OBSERVATION!r} "
+                    "(CollectMetricsExec)"
+                )
+            if _is_observation(node):
+                self._number = number
+                return node
+            number += 1
+
+    def _input_columns(self, node: Any) -> tuple[int, list[str | None]]:
+        """The observed node's input width and, per column, the figure it carries (read once
+        per query run: its micro-batches plan the same tree)."""
+        if self._columns is not None:
+            return self._columns
+        output = node.output()
+        width = output.size()
+        columns: list[str | None] = []
+        for i in range(width):
+            name = output.apply(i).name()
+            columns.append(name[len(_COLUMN_PREFIX) :] if name.startswith(_COLUMN_PREFIX) else None)
+        self._columns = (width, columns)
+        return self._columns
+
+
+def unsafe_row_bytes(values: Sequence[int | None]) -> bytes:
+    """Spark's ``UnsafeRow`` of ``long`` fields (None: null): a null bit set of 64-bit words,
+    then one 8-byte slot per field (a null field of another type has the same layout, so the
+    row stands for the observation's whole input with its other columns null). One byte array
+    crosses to the JVM instead of a call per field.
+
+    >>> unsafe_row_bytes([None, 5]).hex()
+    '010000000000000000000000000000000500000000000000'
+    """
+    import struct
+
+    words = [0] * ((len(values) + 63) // 64)
+    slots = []
+    for i, v in enumerate(values):
+        if v is None:
+            words[i // 64] |= 1 << (i % 64)
+            slots.append(0)
+        else:
+            slots.append(int(v))
+    # Spark's Platform writes in the machine's order (little-endian on every platform it runs)
+    return struct.pack(f"<{len(words)}Q{len(slots)}q", *words, *slots)
+
+
+def _is_observation(node: Any) -> bool:
+    return node is not None and node.nodeName() == "CollectMetrics" and node.name() == OBSERVATION
+
+
+def with_state_figures(progress: Any, batches: Sequence[dict[str, Any]]) -> Any:
+    """Spark Connect client: ``progress`` (a ``StreamingQueryProgress``, a dict) with
+    ``observedMetrics["streamstate"]`` from the steps the server reported for its micro-batch
+    (``batches``: ``query.batches``); unchanged if it has them already or none ran."""
+    if progress is None:
+        return None
+    observed = progress.get("observedMetrics")
+    if observed is None:
+        observed = progress["observedMetrics"] = {}
+    if OBSERVATION in observed:
+        return progress
+    batch_id = progress.get("batchId")
+    steps = [
+        b["state"]
+        for b in batches
+        if b.get("batch") == batch_id and not b.get("idle") and b.get("state") is not None
+    ]
+    figures = micro_batch_figures(steps)
+    if figures is not None:
+        from pyspark.sql import Row
+
+        observed[OBSERVATION] = Row(**{name: figures.get(name) for name in FIGURES})
+    return progress

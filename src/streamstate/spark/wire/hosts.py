@@ -1,0 +1,146 @@
+"""How a state host is named, found and started, as its spawner (a task, or the driver) and the
+host itself both see it: its spec (on its command line), the job it is pinned to (on its stdin),
+its id and files in a node's run directory, and the start time that tells a live process from a
+reused pid.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Any
+
+import msgspec
+
+from streamstate.spark.wire.network import default_bind
+from streamstate.spark.wire.protocol import MAX_BODY_BYTES
+from streamstate.spark.wire.security import run_dir
+
+__all__ = ["HostSettings", "HostSpec", "JobPin", "host_id", "host_paths", "proc_start_time"]
+
+
+class HostSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """Identity and lifecycle settings of one state host (passed on its command line)."""
+
+    id: str
+    #: the job's checkpoint URL and operator (for humans: visible in ``ps``)
+    job: str
+    operator: str
+    subtask: int
+    parallelism: int
+    run_dir: str
+    #: pid of the executor JVM to watch (and its start time, to detect pid reuse)
+    watch_pid: int | None = None
+    watch_start: int | None = None
+    idle_timeout: float = 600.0
+    io_timeout: float = 600.0
+    #: TCP address to listen on (``"127.0.0.1"``, ``"10.0.0.5:0"``, ``"[::]:0"``; port 0 or
+    #: none: ephemeral); None: Unix socket only
+    bind: str | None = None
+    #: seconds a connection has to complete the handshake, from its accept (one deadline)
+    auth_timeout: float = 5.0
+    #: handshakes pending at once: from one source address, and in all (beyond: the oldest
+    #: is dropped, :mod:`streamstate.spark.host.acceptor`)
+    max_pending_per_address: int = 16
+    max_pending: int = 256
+    #: refusals logged per 10 s (beyond: one line says how many were not)
+    refusal_log_limit: int = 20
+    #: largest message body accepted (one Arrow batch)
+    max_frame: int = MAX_BODY_BYTES
+    #: the query run (for humans; the run is also part of ``id``)
+    run: str = ""
+
+
+class HostSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """How the tasks of one query run, and its driver, reach the state hosts of its subtasks:
+    set once per run by the driver. A host's spec is derived from it where the host is
+    reached (:meth:`spec`): its run directory and TCP address are that node's."""
+
+    #: the job's checkpoint URL, operator and parallelism
+    job: str
+    operator: str
+    parallelism: int
+    #: the query run (empty: outside a query run)
+    run: str = ""
+    #: the node's run directory (None: ``$STREAMSTATE_RUN_DIR`` or the default, on that node)
+    run_dir: str | None = None
+    idle_timeout: float = 600.0
+    #: as :func:`~streamstate.spark.wire.network.default_bind` (``"off"``: no TCP)
+    bind: str | None = "off"
+    #: the ``PYTHONPATH`` a spawned host needs to import streamstate (None: inherited)
+    pythonpath: str | None = None
+    #: the query run's secret (None: the node's)
+    secret: bytes | None = None
+    #: seconds to wait for a host to accept a connection
+    connect_timeout: float = 3.0
+
+    def spec(self, subtask: int, watch_pid: int | None = None) -> HostSpec:
+        """The spec of the host of ``subtask`` on this node, watching the executor JVM
+        ``watch_pid`` (None: none)."""
+        return HostSpec(
+            id=host_id(self.job, self.operator, subtask, self.parallelism, self.run),
+            run=self.run,
+            bind=default_bind(self.bind),
+            job=self.job,
+            operator=self.operator,
+            subtask=subtask,
+            parallelism=self.parallelism,
+            run_dir=run_dir(self.run_dir),
+            watch_pid=watch_pid,
+            watch_start=proc_start_time(watch_pid) if watch_pid else None,
+            idle_timeout=self.idle_timeout,
+        )
+
+
+class JobPin(msgspec.Struct, frozen=True, kw_only=True):
+    """The job a host serves, fixed when it starts (its spawner writes it on the host's stdin
+    with the secret): a BEGIN whose ``JobSpec`` names another checkpoint, operator, function
+    or storage options is refused, even from a client holding the secret."""
+
+    checkpoint_url: str
+    operator: str
+    function_sha: str
+    #: sha256 of the storage options (msgpack, keys sorted): compared, never kept
+    storage_options: str
+
+    @classmethod
+    def of(cls, job: Any) -> JobPin:
+        """The pin of a :class:`~streamstate.spark.job.JobSpec`."""
+        options = msgspec.msgpack.Encoder(order="sorted").encode(job.storage_options)
+        return cls(
+            checkpoint_url=job.checkpoint_url,
+            operator=job.operator,
+            function_sha=job.function_sha,
+            storage_options=hashlib.sha256(options).hexdigest(),
+        )
+
+    def differences(self, other: JobPin) -> list[str]:
+        """The fields in which ``other`` differs (names only: values may hold credentials)."""
+        return [f for f in self.__struct_fields__ if getattr(self, f) != getattr(other, f)]
+
+
+def host_id(job: str, operator: str, subtask: int, parallelism: int, run: str = "") -> str:
+    """The host of one subtask of one query run (``run`` empty: outside a query run)."""
+    ident = f"{job}\0{operator}\0{subtask}\0{parallelism}"
+    if run:
+        ident += f"\0{run}"
+    return hashlib.sha1(ident.encode()).hexdigest()[:20]
+
+
+def host_paths(hid: str, directory: str) -> dict[str, str]:
+    base = os.path.join(directory, hid)
+    return {
+        "sock": base + ".sock",
+        "lock": base + ".lock",
+        "spawn": base + ".spawn",
+        "log": base + ".log",
+        "local": base + ".d",
+    }
+
+
+def proc_start_time(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
