@@ -50,7 +50,7 @@ def xdist_scope(nodeid: str) -> str:
     """The unit of work a pytest-xdist worker takes whole under ``make test`` (``--dist
     loadgroup``, scheduled by :func:`pytest_xdist_make_scheduler`): ``cluster`` for the tests
     of the two standalone clusters (one worker runs them, one cluster after the other: with
-    two at once on two cores, a driver waited past its timeouts for its executors), ``connect``
+    two at once on a loaded 2-core machine a driver timed out waiting for a batch), ``connect``
     for the tests on the Spark Connect server (the ``connect`` and ``connect_spark`` parameters
     of ``any_spark`` and ``session``, and ``test_connect.py``), so that one worker starts it;
     any other test alone (each worker starts its own local SparkSession when a Spark test
