@@ -26,8 +26,11 @@ demo: $(STAMP)
 	$(PY) -m streamstate demo $(DEMO_ARGS)
 
 # pytest exits 5 when it collects no test; that is reported, not hidden.
+# Everything, on two pytest workers: the tests of the standalone clusters, and those of the Spark
+# Connect server, each run in one worker (xdist_scope in tests/conftest.py); dealt out in the
+# workers' order, the longest first.
 test: $(STAMP)
-	@$(PY) -m pytest -q --durations=20; rc=$$?; \
+	@$(PY) -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder --durations=20; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
 
 # the fast tier: no Spark, no other process, nothing slow, on two pytest workers (goal: <= 90 s

@@ -1,4 +1,5 @@
-"""Shared fixtures: keyed state backends of every kind, so behaviour tests run on all of them."""
+"""Shared fixtures: keyed state backends of every kind, so behaviour tests run on all of them;
+and how `make test` deals the tests out to its two pytest-xdist workers."""
 
 from __future__ import annotations
 
@@ -36,10 +37,72 @@ class ManualClock(Clock):
 SUBPROCESS_FIXTURES = frozenset({"s3_server", "s3_bucket"})
 
 
+#: test modules sharing a standalone cluster (the session's, or their module's)
+CLUSTER_MODULES = (
+    "tests/spark_cluster/test_cluster.py",
+    "tests/spark_cluster/test_netns_faults.py",
+)
+#: the test module of the Spark Connect server (``connect_spark``, ``tests/spark/conftest.py``)
+CONNECT_MODULE = "tests/spark/test_connect.py"
+
+
+def xdist_scope(nodeid: str) -> str:
+    """The unit of work a pytest-xdist worker takes whole under ``make test`` (``--dist
+    loadgroup``, scheduled by :func:`pytest_xdist_make_scheduler`): ``cluster`` for the tests
+    of the two standalone clusters (one worker runs them, one cluster after the other: with
+    two at once on a loaded 2-core machine a driver timed out waiting for a batch), ``connect``
+    for the tests on the Spark Connect server (the ``connect`` and ``connect_spark`` parameters
+    of ``any_spark`` and ``session``, and ``test_connect.py``), so that one worker starts it;
+    any other test alone (each worker starts its own local SparkSession when a Spark test
+    first needs one)."""
+    module, _, rest = nodeid.partition("::")
+    if module in CLUSTER_MODULES:
+        return "cluster"
+    params = rest.partition("[")[2].rstrip("]").split("-")
+    if module == CONNECT_MODULE or "connect" in params or "connect_spark" in params:
+        return "connect"
+    return nodeid
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: Any, log: Any) -> Any:
+    """``--dist loadgroup`` by :func:`xdist_scope`: pytest-xdist 3.8 names a test's group by
+    suffixing its node id, which pytest 9 no longer allows (``xdist_group`` marks are lost)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_scope(nodeid)
+
+    return GroupScheduling(config, log)
+
+
+def _cost_rank(item: Any) -> int:
+    """0 for the cluster tests, 1 for the Connect tests, 2 for another test that starts Spark
+    or other processes, 3 else."""
+    scope = xdist_scope(item.nodeid)
+    if scope in ("cluster", "connect"):
+        return 0 if scope == "cluster" else 1
+    expensive = ("spark", "cluster", "subprocess", "slow")
+    if {"spark", "connect_spark", "any_spark"} & set(getattr(item, "fixturenames", ())) or any(
+        item.get_closest_marker(m) is not None for m in expensive
+    ):
+        return 2
+    return 3
+
+
 def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
     for item in items:
         if SUBPROCESS_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.subprocess)
+    if hasattr(config, "workerinput"):
+        # on pytest-xdist workers (``make test`` runs ``--no-loadscope-reorder``, which deals
+        # the units out in this order): the longest work first, so that the workers finish
+        # together rather than one waiting on the cluster tests dealt out last; a stable sort
+        # keeps each module's own order
+        items.sort(key=_cost_rank)
 
 
 @pytest.fixture
