@@ -34,6 +34,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
+from streamstate.spark.task.host_client import log_tail
+
 __all__ = ["LocalCluster", "Node", "descendants", "live_processes", "pyspark_home"]
 
 
@@ -331,7 +333,7 @@ class LocalCluster:
                 if proc.poll() is not None:
                     raise RuntimeError(
                         f"a Spark process exited (code {proc.returncode}) while waiting for "
-                        f"{what}; log {log}:\n{_tail(log)}"
+                        f"{what}; log {log}:\n{log_tail(log)}"
                     )
             if time.monotonic() > deadline:
                 raise TimeoutError(
@@ -433,15 +435,6 @@ def wait_for_executors(spark: Any, n: int, timeout: float = 120.0) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"only {got} of {n} executors registered after {timeout:.0f} s")
         time.sleep(0.2)
-
-
-def _tail(path: str, limit: int = 3000) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(max(0, os.path.getsize(path) - limit))
-            return f.read().decode(errors="replace")
-    except OSError:
-        return ""
 
 
 __all__ += ["wait_for_executors"]

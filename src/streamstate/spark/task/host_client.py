@@ -57,6 +57,7 @@ __all__ = [
     "connect",
     "connect_tcp",
     "find_jvm_pid",
+    "log_tail",
     "ping",
     "run_batch",
     "shutdown",
@@ -92,7 +93,8 @@ def find_jvm_pid() -> int | None:
     return None
 
 
-def _log_tail(path: str, limit: int = 3000) -> str:
+def log_tail(path: str, limit: int = 3000) -> str:
+    """The last ``limit`` bytes of a log file as text (empty if it cannot be read)."""
     try:
         with open(path, "rb") as f:
             f.seek(max(0, os.path.getsize(path) - limit))
@@ -178,7 +180,7 @@ def spawn(
         raise StateHostError(
             f"the state host of {spec.operator!r} subtask {spec.subtask} (job {spec.job}) failed "
             f"to start: {line or 'it exited without a status'}\n--- {paths['log']} (tail) ---\n"
-            f"{_log_tail(paths['log'])}"
+            f"{log_tail(paths['log'])}"
         )
     return time.perf_counter() - t0
 
