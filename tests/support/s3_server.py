@@ -1,8 +1,9 @@
 """An S3-compatible server for the tests: moto's standalone server on 127.0.0.1.
 
-:func:`start` runs ``python -m moto.server`` as a child process on a free port and waits until
-it answers; :meth:`S3Server.stop` ends that process by its pid. :meth:`S3Server.bucket` creates
-a bucket and returns the ``storage_options`` fsspec/s3fs need to reach it.
+:func:`start` runs moto's server (``moto_s3_main.py``: its writes atomic, as S3's are) as a
+child process on a free port and waits until it answers; :meth:`S3Server.stop` ends that
+process by its pid. :meth:`S3Server.bucket` creates a bucket and returns the
+``storage_options`` fsspec/s3fs need to reach it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import sys
 import time
 import urllib.request
 import uuid
+from pathlib import Path
 from typing import Any
 
 __all__ = ["S3Server", "start"]
@@ -68,7 +70,12 @@ def start(log_path: str, timeout: float = 30.0) -> S3Server:
     env.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            [
+                sys.executable,
+                str(Path(__file__).with_name("moto_s3_main.py")),
+                "127.0.0.1",
+                str(port),
+            ],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,
