@@ -10,7 +10,7 @@ batches: the baseline's ``state_figures`` returns a constant and the resident me
 read. Figures: median CPU time (``time.process_time``) per micro-batch and the ratio.
 
 Question 2, ``spark``: the per-row cost of the ``streamstate`` observation in the JVM (a
-projection of null columns and a ``max`` per figure per row) and of setting its value from the
+``max`` over a null literal per figure per row) and of setting its value from the
 driver, on a classic ``local[2]`` session: a streaming query over ``--files`` Parquet files of
 ``--rows`` rows (one file per micro-batch, ``availableNow``) whose ``foreachBatch`` counts the
 rows, with and without ``observe_state`` plus ``ProgressPublisher.publish``; the two alternate

@@ -5,12 +5,15 @@ Spark fills a micro-batch's ``StreamingQueryProgress.observedMetrics`` from the
 keyed job of a micro-batch runs inside ``foreachBatch``, outside that plan, so the figures take
 this way instead:
 
-1. :func:`observe_state` adds ``observe("streamstate", max(c) for c in the figure columns)`` to
-   the streaming DataFrame over null ``long`` columns (``__streamstate_<figure>``) that it drops
-   again: the tasks aggregate nulls, at the cost of one projection in the JVM per row.
+1. :func:`observe_state` adds ``observe("streamstate", max(null) per figure)`` to the streaming
+   DataFrame: aggregates over a typed null literal, which read no input column (the tasks
+   still update one buffer slot per figure and row, the floor of any observation: the
+   ``CollectMetricsExec`` node stops whole-stage code generation there).
 2. After the micro-batch's steps committed (still inside the ``foreachBatch`` call, which a
    classic session runs on the driver), :class:`ProgressPublisher` finds that node in the
-   query's current execution and sets its accumulator to one row of figures from the driver.
+   query's current execution, resets its accumulator and merges one aggregation buffer of
+   figures into it (``mergeBuffer``: an interpreted projection; ``add`` would generate and
+   compile the accumulator's update code anew for every micro-batch's accumulator).
    Spark then reports them as ``observedMetrics["streamstate"]`` in the micro-batch's progress:
    ``query.last_progress``, ``recent_progress``, every ``StreamingQueryListener`` and the UI.
 
@@ -45,8 +48,6 @@ log = logging.getLogger(__name__)
 
 #: the name of the observation in ``observedMetrics``
 OBSERVATION = "streamstate"
-#: prefix of the null columns the observation aggregates
-_COLUMN_PREFIX = "__streamstate_"
 
 #: every figure of a micro-batch, in the order of the observed row (all ``long``; null when
 #: unknown). Levels (the state after the micro-batch) and totals (summed over its steps):
@@ -154,12 +155,8 @@ def observe_state(df: Any) -> Any:
     columns."""
     from pyspark.sql import functions
 
-    columns = {f"{_COLUMN_PREFIX}{name}": functions.lit(None).cast("long") for name in FIGURES}
-    return (
-        df.withColumns(columns)
-        .observe(OBSERVATION, *[functions.max(c).alias(c[len(_COLUMN_PREFIX) :]) for c in columns])
-        .drop(*columns)
-    )
+    unknown = functions.lit(None).cast("long")
+    return df.observe(OBSERVATION, *[functions.max(unknown).alias(name) for name in FIGURES])
 
 
 class ProgressPublisher:
@@ -174,11 +171,9 @@ class ProgressPublisher:
         #: the JVM classes used at every micro-batch (each lookup is a round trip)
         self._classes: tuple[Any, Any] | None = None
         #: the observation's pre-order number in the last plan (the same in every micro-batch
-        #: of a query), its input width and the figure each input column carries (None: an
-        #: input column of the query)
+        #: of a query)
         self._number: int | None = None
-        self._columns: tuple[int, list[str | None]] | None = None
-        #: an UnsafeRow of the observation's input width, for the query run
+        #: an UnsafeRow of the observation's aggregation buffer (one ``long`` per figure)
         self._row: Any = None
         self._warned = False
 
@@ -206,7 +201,7 @@ class ProgressPublisher:
             if query is None:
                 raise LookupError(f"no active query {query_id}")
             self._execution = (query_id, query.streamingQuery())
-            self._number = self._columns = self._row = None
+            self._number = None
         if self._classes is None:
             from py4j.java_gateway import JavaClass
 
@@ -223,16 +218,20 @@ class ProgressPublisher:
             raise LookupError("the query has no current execution")
         node = self._find(execution.executedPlan())
         accumulator = accumulators.get(node.accumulatorId()).get()
-        width, columns = self._input_columns(node)
-        data = unsafe_row_bytes([None if c is None else figures.get(c) for c in columns])
+        data = unsafe_row_bytes([figures.get(name) for name in FIGURES])
         if self._row is None:
-            self._row = unsafe_row(width)
+            self._row = unsafe_row(len(FIGURES))
         self._row.pointTo(bytearray(data), len(data))
-        # the reset clears what the tasks' attempts merged, so the value set from the driver is
-        # the one Spark reports. Not the node's resetMetrics(): it also resets every node below
-        # it, and Spark's numInputRows (read from the scan's metrics) would become 0
+        # the reset clears what the tasks' attempts merged. Not the node's resetMetrics(): it
+        # also resets every node below it, and Spark's numInputRows (read from the scan's
+        # metrics) would become 0. Each max(null)'s buffer is one long, so the row of figures
+        # is the whole buffer, and a max merged into an empty buffer is the value merged
+        # (mergeBuffer: protected in Scala, public in the class file). Then what add() does on
+        # the driver: Spark reports a value the driver set over what the tasks' last attempts
+        # gave (LastAttemptAggregatingAccumulator)
         accumulator.reset()
-        accumulator.add(self._row)
+        accumulator.mergeBuffer(self._row)
+        accumulator.setValueIfOnDriverSide(accumulator.value().copy())
 
     def _find(self, plan: Any) -> Any:
         """The ``CollectMetricsExec`` named ``streamstate``: at the last plan's number if it is
@@ -255,26 +254,11 @@ class ProgressPublisher:
                 return node
             number += 1
 
-    def _input_columns(self, node: Any) -> tuple[int, list[str | None]]:
-        """The observed node's input width and, per column, the figure it carries (read once
-        per query run: its micro-batches plan the same tree)."""
-        if self._columns is not None:
-            return self._columns
-        output = node.output()
-        width = output.size()
-        columns: list[str | None] = []
-        for i in range(width):
-            name = output.apply(i).name()
-            columns.append(name[len(_COLUMN_PREFIX) :] if name.startswith(_COLUMN_PREFIX) else None)
-        self._columns = (width, columns)
-        return self._columns
-
 
 def unsafe_row_bytes(values: Sequence[int | None]) -> bytes:
     """Spark's ``UnsafeRow`` of ``long`` fields (None: null): a null bit set of 64-bit words,
-    then one 8-byte slot per field (a null field of another type has the same layout, so the
-    row stands for the observation's whole input with its other columns null). One byte array
-    crosses to the JVM instead of a call per field.
+    then one 8-byte slot per field. One byte array crosses to the JVM instead of a call per
+    field.
 
     >>> unsafe_row_bytes([None, 5]).hex()
     '010000000000000000000000000000000500000000000000'
