@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -123,3 +124,22 @@ def test_the_processes_of_spark_import_only_what_they_may(
         "streaming",
         "upward import: streamstate.spark.task.tasks imports streamstate.spark.driver.streaming",
     ]
+
+
+@pytest.mark.subprocess
+def test_a_state_host_and_a_task_load_none_of_the_drivers_modules() -> None:
+    """``streamstate.spark``'s public names load on first use, so the processes that import
+    ``spark.host`` or ``spark.task`` start without the driver's modules (or pyspark)."""
+    code = (
+        "import sys\n"
+        "import streamstate.spark.host.state_host, streamstate.spark.task.tasks\n"
+        "print(sorted(m for m in sys.modules if m.startswith('streamstate.spark.driver')"
+        " or m.split('.')[0] == 'pyspark'))\n"
+        "import streamstate.spark\n"
+        "print(streamstate.spark.keyed_process.__module__)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    ).stdout.split("\n")
+    assert out[0] == "[]"
+    assert out[1] == "streamstate.spark.driver.keyed"

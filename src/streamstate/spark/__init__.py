@@ -20,23 +20,33 @@ Spark moves the data; streamstate keeps the state (SPEC §11, ``docs/spark.md``)
 * :func:`read_state`: a checkpoint's or savepoint's state as a DataFrame.
 * :func:`original_error`: the error a function raised in a task, from the exception Spark
   raised (a batch-mode DataFrame's ``collect()``; streaming queries raise it themselves).
+
+The names load on first use (PEP 562): a state host or a task imports ``streamstate.spark.host``
+or ``streamstate.spark.task`` without the driver's modules.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from streamstate.errors import OutputSchemaError, StateHostError
-from streamstate.spark.driver.environment import WorkerPythonError
-from streamstate.spark.driver.keyed import keyed_process
-from streamstate.spark.driver.reader import read_state
-from streamstate.spark.driver.sinks import (
-    ConsoleSink,
-    FileSink,
-    ForeachBatchSink,
-    MemorySink,
-    Sink,
-    StagedBatch,
-)
-from streamstate.spark.driver.streaming import KeyedStream, KeyedStreamingQuery
-from streamstate.spark.failures import original_error
-from streamstate.spark.records import Row
+
+if TYPE_CHECKING:
+    from streamstate.spark.driver.environment import WorkerPythonError
+    from streamstate.spark.driver.keyed import keyed_process
+    from streamstate.spark.driver.reader import read_state
+    from streamstate.spark.driver.sinks import (
+        ConsoleSink,
+        FileSink,
+        ForeachBatchSink,
+        MemorySink,
+        Sink,
+        StagedBatch,
+    )
+    from streamstate.spark.driver.streaming import KeyedStream, KeyedStreamingQuery
+    from streamstate.spark.failures import original_error
+    from streamstate.spark.records import Row
 
 __all__ = [
     "ConsoleSink",
@@ -55,3 +65,33 @@ __all__ = [
     "original_error",
     "read_state",
 ]
+
+#: where each public name lives
+_MODULES = {
+    "WorkerPythonError": "streamstate.spark.driver.environment",
+    "keyed_process": "streamstate.spark.driver.keyed",
+    "read_state": "streamstate.spark.driver.reader",
+    "ConsoleSink": "streamstate.spark.driver.sinks",
+    "FileSink": "streamstate.spark.driver.sinks",
+    "ForeachBatchSink": "streamstate.spark.driver.sinks",
+    "MemorySink": "streamstate.spark.driver.sinks",
+    "Sink": "streamstate.spark.driver.sinks",
+    "StagedBatch": "streamstate.spark.driver.sinks",
+    "KeyedStream": "streamstate.spark.driver.streaming",
+    "KeyedStreamingQuery": "streamstate.spark.driver.streaming",
+    "original_error": "streamstate.spark.failures",
+    "Row": "streamstate.spark.records",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULES.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
