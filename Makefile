@@ -10,6 +10,10 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py $(EXTENSIONS) | 
 
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
+# where the environment sets PYTHONDONTWRITEBYTECODE, every process compiles the source tree
+# again (a state host, a driver, a Spark Python worker: ~0.2 s each) and every pytest process
+# rewrites the tests' asserts again (~7 s of a fast-tier worker's collection)
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: demo test check lint bench docs install clean
 
