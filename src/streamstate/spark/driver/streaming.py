@@ -1020,13 +1020,17 @@ _SLOW_FOREACH_BATCH_START = (
 
 
 #: starts of a Connect query before a slow foreachBatch process start is raised
-_START_ATTEMPTS = 3
+_START_ATTEMPTS = 5
+#: seconds to wait before the second start, doubled before each later one (a busy server's
+#: load comes in bursts: a pause gives the next process its 10 s on a quieter machine)
+_START_PAUSE = 1.0
 
 
 def _start(writer: Any, connect: bool, where: str = "") -> Any:
     """``writer.start()``. Through Spark Connect, the server first starts the foreachBatch
     Python process and waits a fixed 10 s for it to connect back; on a busy server that can time
-    out before anything ran, so that failure is retried (``_START_ATTEMPTS`` starts in all). A
+    out before anything ran, so that failure is retried (``_START_ATTEMPTS`` starts in all,
+    pausing ``_START_PAUSE`` s before the second, twice that before the third, ...). A
     Spark checkpoint location (``where``) on a scheme the server's Hadoop has no filesystem for
     is reported as a ValueError, as a classic session reports it before starting
     (locations.py)."""
@@ -1045,6 +1049,7 @@ def _start(writer: Any, connect: bool, where: str = "") -> Any:
                 attempt,
                 _START_ATTEMPTS,
             )
+            time.sleep(_START_PAUSE * 2 ** (attempt - 1))
     raise AssertionError("unreachable")
 
 
