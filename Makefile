@@ -42,9 +42,9 @@ check: $(STAMP)
 # Everything: the fast tier, then the rest in pytest processes of their own (the fast tier's
 # garbage-collector tests count live and frozen objects: in a worker where Spark tests ran before
 # them, the heap's GC policy was left installed and other threads allocate), each on two pytest
-# workers: the tests of the standalone
-# clusters, and those of the Spark Connect server, each run in one worker (xdist_scope in
-# tests/conftest.py), dealt out in the workers' order, the longest first.
+# workers: the tests of the standalone clusters, and those of the Spark Connect server, each run
+# in one worker (xdist_scope in tests/conftest.py), dealt out in the workers' order, the longest
+# first.
 test: $(STAMP)
 	@$(PY) -m pytest -q -n 2 -m "$(CHECK_MARKERS)" --durations=5; $(PYTEST_RC)
 	@$(PY) -m pytest -q -n 2 -m "not ($(CHECK_MARKERS))" --dist loadgroup \
