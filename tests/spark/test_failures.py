@@ -66,9 +66,7 @@ def _tree(root: int, marker: str) -> set[int]:
     return {p for p in found if p in procs}
 
 
-def _start(
-    cfg: dict[str, Any], path: str, start_when: str, stderr: int = subprocess.DEVNULL
-) -> subprocess.Popen[str]:
+def _start(cfg: dict[str, Any], path: str, start_when: str) -> subprocess.Popen[str]:
     """Start ``stream_driver.py`` on ``cfg`` (written to ``path``: the checkpoint must not be
     on the driver's command line, or the driver would pass for one of the query's processes).
     Its JVM and SparkSession start at once; its query starts once ``start_when`` exists."""
@@ -77,7 +75,7 @@ def _start(
     return subprocess.Popen(
         [sys.executable, os.path.join(HERE, "stream_driver.py"), "@" + path],
         stdout=subprocess.PIPE,
-        stderr=stderr,
+        stderr=subprocess.DEVNULL,
         text=True,
         cwd=HERE,
         env=_env(),
