@@ -17,7 +17,7 @@ from functions import Count
 
 from streamstate.spark import FileSink, keyed_process, read_state
 from streamstate.spark.driver.session import default_parallelism, is_connect, master
-from streamstate.spark.driver.streaming import CONNECT_DIR, CONNECT_REPORTS_KEPT, _start
+from streamstate.spark.driver.streaming import CONNECT_DIR, CONNECT_REPORTS_KEPT
 from streamstate.spark.job import src_path
 
 pytestmark = pytest.mark.spark
@@ -82,39 +82,6 @@ def test_foreach_batch_gets_a_connect_dataframe(connect_spark: Any, tmp_path: An
     assert len(runs) == CONNECT_REPORTS_KEPT == 3
     assert runs[:2] == old_runs[-2:] and runs[2].endswith(query.hosts.run_id)
     assert len(os.listdir(tmp_path / "ck" / CONNECT_DIR / runs[2] / "batches")) == 2
-
-
-class _Writer:
-    """A DataStreamWriter whose start() fails with the given errors first."""
-
-    def __init__(self, *errors: Exception) -> None:
-        self.errors = list(errors)
-        self.starts = 0
-
-    def start(self) -> str:
-        self.starts += 1
-        if self.errors:
-            raise self.errors.pop(0)
-        return "query"
-
-
-def test_a_slow_foreach_batch_process_start_is_retried() -> None:
-    """The Connect server waits a fixed 10 s for the foreachBatch Python process to connect
-    back; that timeout (raised before any query exists) is retried twice, nothing else is."""
-    slow = RuntimeError("(org.apache.spark.SparkException) Python worker failed to connect back.")
-    writer = _Writer(slow, slow)
-    assert _start(writer, connect=True) == "query" and writer.starts == 3
-    writer = _Writer(slow, slow, slow, slow)
-    with pytest.raises(RuntimeError, match="failed to connect back"):
-        _start(writer, connect=True)
-    assert writer.starts == 3
-    writer = _Writer(slow)
-    with pytest.raises(RuntimeError):
-        _start(writer, connect=False)  # a classic session starts no such process
-    writer = _Writer(ValueError("something else"))
-    with pytest.raises(ValueError, match="something else"):
-        _start(writer, connect=True)
-    assert writer.starts == 1
 
 
 def test_a_spark_checkpoint_the_server_cannot_write_fails_clearly(
