@@ -16,8 +16,8 @@ from data import final_counts, make_batches, running_counts, write_batches
 from functions import Count
 
 from streamstate.spark import FileSink, keyed_process, read_state
+from streamstate.spark.driver.connect_reports import CONNECT_DIR, CONNECT_REPORTS_KEPT
 from streamstate.spark.driver.session import default_parallelism, is_connect, master
-from streamstate.spark.driver.streaming import CONNECT_DIR, CONNECT_REPORTS_KEPT
 from streamstate.spark.job import src_path
 
 pytestmark = pytest.mark.spark

@@ -1,8 +1,8 @@
 """Streaming mode: a keyed function over a Structured Streaming query, exactly-once.
 
 The query is driven by ``foreachBatch``. Micro-batch ``b`` on the driver
-(:meth:`KeyedStream._run_batch`) runs one *step* that ends with checkpoint ``c`` (``c == b``
-until the query's first no-data micro-batch):
+(:class:`~streamstate.spark.driver.micro_batches.MicroBatchRunner`) runs one *step* that ends
+with checkpoint ``c`` (``c == b`` until the query's first no-data micro-batch):
 
 1. :meth:`~streamstate.spark.driver.commit.CheckpointLog.plan`: the state version to start from
    (``chk-(c-1)``), its lineage, the watermark; if ``b``'s step is already committed (the
@@ -41,8 +41,6 @@ store).
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
 import os
 import threading
@@ -51,62 +49,34 @@ from typing import Any
 
 import msgspec
 
-from streamstate.spark.driver.commit import BatchPlan, CheckpointLog, spark_batch_of
+from streamstate.spark.driver.commit import CheckpointLog
+from streamstate.spark.driver.connect_reports import ConnectReports
 from streamstate.spark.driver.host_fleet import HostFleet
 from streamstate.spark.driver.locations import spark_checkpoint_location
-from streamstate.spark.driver.no_data import (
-    MAX_NO_DATA_BATCHES,
-    MIN_IDLE_INTERVAL,
-    IdleTicker,
-    trigger_interval,
-)
+from streamstate.spark.driver.micro_batches import MicroBatchRunner
+from streamstate.spark.driver.no_data import trigger_interval
 from streamstate.spark.driver.options import KeyedOptions
-from streamstate.spark.driver.progress import (
-    ProgressPublisher,
-    micro_batch_figures,
-    observe_state,
-    with_state_figures,
-)
+from streamstate.spark.driver.progress import observe_state, with_state_figures
 from streamstate.spark.driver.session import conf, is_connect, is_local
-from streamstate.spark.driver.sinks import MemorySink, Sink, StagedBatch, sink_from
+from streamstate.spark.driver.sinks import MemorySink, Sink, sink_from
 from streamstate.spark.driver.step_tasks import StepTasks
-from streamstate.spark.failures import (
-    error_from_report,
-    failure_report,
-    is_function_error,
-    original_error,
-    parse_remote_error,
-    quiet_query_failure_log,
-)
+from streamstate.spark.failures import is_function_error, parse_remote_error
 from streamstate.spark.job import (
     FUNCTIONS_DIR,
     JobSpec,
     arrow_schema_from_bytes,
     pickle_function,
 )
-from streamstate.spark.subtask import (
-    OUTPUTS_DIR,
-    StagedOutput,
-    job_storage,
-)
+from streamstate.spark.subtask import job_storage
 
 __all__ = ["KeyedStream", "KeyedStreamingQuery"]
 
 log = logging.getLogger(__name__)
 
 SPARK_CHECKPOINT_DIR = "spark"
-#: where the server side of a Spark Connect query reports to its client: one directory per
-#: query run, ``<start ms>-<run id>``
-CONNECT_DIR = "connect"
-#: the Connect query runs whose reports a checkpoint keeps: a Connect query deletes older ones
-#: when it starts (the reports are the client's only copy of the figures, memory-sink outputs
-#: and errors of a run; an earlier run's client may still be reading them)
-CONNECT_REPORTS_KEPT = 3
 #: Spark's switch for its own no-data micro-batches: ``write_stream(no_data_batches=None)``
 #: follows it
 NO_DATA_CONF = "spark.sql.streaming.noDataMicroBatches.enabled"
-#: the idle ticker looks at least this often (s) whether a no-data micro-batch is due
-_IDLE_LOOK_S = 1.0
 
 
 class KeyedStream:
@@ -214,7 +184,9 @@ def _side_sinks(
 
 
 class KeyedStreamingQuery:
-    """A running keyed query: the Spark ``StreamingQuery`` plus the state it drives."""
+    """A running keyed query: the Spark ``StreamingQuery`` plus the state it drives. Its
+    micro-batches run in a :class:`~streamstate.spark.driver.micro_batches.MicroBatchRunner`
+    (:attr:`runner`): Spark's ``foreachBatch`` function, here or on a Spark Connect server."""
 
     def __init__(
         self,
@@ -236,7 +208,6 @@ class KeyedStreamingQuery:
         #: the constructor's start to the first micro-batch's), then at stop
         #: ``stop_ms`` (Spark's ``stop()``) and ``shutdown_ms`` (the state hosts')
         self.timings: dict[str, float] = {}
-        self._t_created = t_init
         self.options = options
         self.sink = sink
         #: side-output tag id -> its sink
@@ -248,18 +219,17 @@ class KeyedStreamingQuery:
         self.job = self._ship_function(options)
         self.timings["ship_ms"] = (time.perf_counter() - t) * 1e3
         #: the job as every step's task carries it (encoded once)
-        self._job_bytes = msgspec.msgpack.encode(self.job)
+        job_bytes = msgspec.msgpack.encode(self.job)
         #: the run's state hosts: identity, secret, where each subtask's is
         self.hosts = HostFleet(
             self.job,
-            self._job_bytes,
+            job_bytes,
             run_dir=run_dir,
             bind=_bind_for(self.spark, host_bind),
             connect_timeout=host_connect_timeout,
             idle_timeout=options.host_idle_timeout,
         )
         self.storage = job_storage(self.job)
-        self.output_schema = arrow_schema_from_bytes(self.job.output_schema)
         self.spark_checkpoint = spark_checkpoint_location(
             self.spark, self.storage.url_of(SPARK_CHECKPOINT_DIR), spark_checkpoint, checkpoint
         )
@@ -280,73 +250,45 @@ class KeyedStreamingQuery:
         #: with a local master, the driver JVM's pid: the driver delivers pre-aggregated rows
         #: to the state hosts itself (SPEC §13.2; None: the tasks do)
         delivery_jvm = self._local_jvm() if options.pre_aggregation is not None else None
-        #: how each step's subtasks run: the Spark job of its tasks, or the driver's delivery
-        self.steps = StepTasks(
-            options, self.job, self._job_bytes, self._function, self.hosts, delivery_jvm
-        )
+        steps = StepTasks(options, self.job, job_bytes, self._function, self.hosts, delivery_jvm)
         #: starts this run's state hosts while Spark plans the first micro-batch (local master)
         self._prespawn = self._prespawn_hosts()
-        #: one dict of figures per step run by this query object: ``batch`` (Spark's
-        #: micro-batch), ``checkpoint``, ``no_data`` (with ``due`` and ``idle``), ``replayed``,
-        #: rows, outputs, watermark, restores, routes and timings (docs/spark.md)
-        self.batches: list[dict[str, Any]] = []
         self._hosts_stopped = False
-        #: what made a micro-batch fail, as raised (see streamstate.spark.failures)
-        self._failure: BaseException | None = None
-        #: restores Spark's query-failure loggers silenced while a function error stops the
-        #: query (failures.quiet_query_failure_log)
-        self._restore_logs: Any = None
-        #: a no-data micro-batch of the idle ticker failed: the query was stopped with it
-        self._idle_failure: BaseException | None = None
-        #: guards ``batches``
-        self._lock = threading.Lock()
-        #: one step at a time: Spark's foreachBatch calls and the idle ticker
-        self._step_lock = threading.Lock()
         if no_data_batches is None:
             no_data_batches = (conf(self.spark, NO_DATA_CONF, "true") or "true").lower() != "false"
-        #: run no-data micro-batches (streamstate.spark.driver.no_data)
-        self.no_data_batches = bool(no_data_batches)
-        #: seconds between micro-batches of a running query (None: the run ends by itself)
-        self._idle_interval = trigger_interval(trigger) if self.no_data_batches else None
-        self._ticker: IdleTicker | None = None
-        #: this run delivered again what a no-data micro-batch of an earlier run may not have
-        #: delivered (see _recover)
-        self._recovered = False
-        self._last_step_end = time.monotonic()
-        #: the session a Spark Connect server's idle ticker runs its jobs with
-        self._idle_spark: Any = None
-        #: the state figures of the steps the current foreachBatch call ran (None outside one)
-        self._call_steps: list[dict[str, Any]] | None = None
-        #: puts each micro-batch's state figures into Spark's progress (classic session)
-        self._publisher = ProgressPublisher()
-        #: Spark's id of the query (asked once: each ask is a py4j call)
-        self._query_id: str | None = None
-        #: set once Spark's query exists (a first micro-batch may end before start() returns)
-        self._started = threading.Event()
-        sink.open(query_name or options.operator_name)
-        self.side_schemas = options.side_output_schemas()
+        name = query_name or options.operator_name
+        sink.open(name)
         for tag, side_sink in self.side_sinks.items():
-            side_sink.open(f"{query_name or options.operator_name}.{tag}")
-        #: Spark Connect: runs the batches in a Python process on the server, which reports
-        #: each batch's figures (and memory sinks their outputs) under this directory of the
-        #: checkpoint for the client (:meth:`_sync_from_server`); None for a classic session
-        self._report_dir: str | None = None
-        #: the server's batch reports the client read so far, by file name
-        self._reports_read: dict[str, Any] = {}
+            side_sink.open(f"{name}.{tag}")
+        #: Spark Connect: the server's process reports each step's figures (and memory sinks
+        #: their outputs) to this client through the checkpoint; None for a classic session
+        self.reports: ConnectReports | None = None
         if is_connect(self.spark):
-            self._report_dir = (
-                f"{CONNECT_DIR}/{time.time_ns() // 1_000_000:013d}-{self.hosts.run_id}"
-            )
-            self._prune_reports()
-            for name, s in [("main", sink), *self.side_sinks.items()]:
-                if isinstance(s, MemorySink):
-                    s.mirror_to(self.storage, f"{self._report_dir}/memory/{name}")
-        run_batch: Any = self._run_batch
+            self.reports = ConnectReports.start(self.storage, self.hosts.run_id)
+            self.reports.mirror_memory_sinks({"main": sink, **self.side_sinks})
+        #: runs the micro-batches (Spark's foreachBatch function) and the idle ticker
+        self.runner = MicroBatchRunner(
+            options,
+            self.log,
+            steps,
+            sink,
+            self.side_sinks,
+            arrow_schema_from_bytes(self.job.output_schema),
+            options.side_output_schemas(),
+            self.hosts.run_id,
+            self.spark,
+            no_data_batches=bool(no_data_batches),
+            idle_interval=trigger_interval(trigger) if no_data_batches else None,
+            reports=self.reports,
+            timings=self.timings,
+            created=t_init,
+        )
+        run_batch: Any = self.runner
         df = options.df
-        if self._report_dir:
+        if self.reports is not None:
             # pickled now, by value for modules the server cannot import (a notebook's or a
             # test's functions, sinks and callbacks), like the function the tasks run
-            run_batch = _ServerBatches(pickle_function(self))
+            run_batch = _ServerBatches(pickle_function(self.runner))
         else:
             # each micro-batch's state figures go into Spark's progress (spark/driver/progress.py)
             df = observe_state(df)
@@ -358,70 +300,20 @@ class KeyedStreamingQuery:
         if query_name:
             writer = writer.queryName(query_name)
         t = time.perf_counter()
-        self.query = _start(
-            writer, connect=self._report_dir is not None, where=self.spark_checkpoint
-        )
+        self.query = _start(writer, connect=self.reports is not None, where=self.spark_checkpoint)
         self.timings["spark_start_ms"] = (time.perf_counter() - t) * 1e3
-        self._started.set()
-        if not self._report_dir:
-            self._start_idle_ticker()  # Spark Connect: the server's process starts its own
+        self.runner.query = self.query
+        self.runner.started.set()
+        if self.reports is None:
+            self.runner.start_idle_ticker()  # Spark Connect: the server's process starts its own
         self.timings["init_ms"] = (time.perf_counter() - t_init) * 1e3
 
-    # ---- Spark Connect -------------------------------------------------------------------------
-
-    def __getstate__(self) -> dict[str, Any]:
-        """A Spark Connect client pickles the foreachBatch function (this query's ``_run_batch``)
-        to a Python process on the server, which runs every micro-batch (plan, tasks, commit,
-        sinks) with the batch DataFrame's session there; the client's session, input DataFrame,
-        Spark query and lock stay behind."""
-        state = dict(self.__dict__)
-        state["options"] = dataclasses.replace(self.options, df=None)
-        for name in (
-            "spark",
-            "query",
-            "_lock",
-            "_step_lock",
-            "_prespawn",
-            "_restore_logs",
-            "_ticker",
-            "_started",
-        ):
-            state.pop(name, None)
-        state["_idle_spark"] = None
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self.spark = None
-        self._prespawn = None
-        self._restore_logs = None
-        self._ticker = None
-        self._idle_spark = None
-        self._lock = threading.Lock()
-        self._step_lock = threading.Lock()
-        self._started = threading.Event()
-
-    def _prune_reports(self) -> None:
-        """Delete the reports of all but the last ``CONNECT_REPORTS_KEPT - 1`` earlier Connect
-        query runs on this checkpoint (their directory names start with their start time)."""
-        runs = sorted(
-            n.rsplit("/", 1)[-1] for n, is_dir in self.storage.list_dir(CONNECT_DIR) if is_dir
-        )
-        for name in runs[: max(0, len(runs) - (CONNECT_REPORTS_KEPT - 1))]:
-            self.storage.delete(f"{CONNECT_DIR}/{name}")
-
-    def _server_failure(self, exc: BaseException) -> BaseException | None:
-        """Spark Connect client: the error the server's micro-batch reported (its
-        ``failure.json``), else the one Spark's message carries as a Python traceback."""
-        if not self._report_dir:
-            return None
-        path = f"{self._report_dir}/failure.json"
-        try:
-            if self.storage.size(path) is not None:
-                return error_from_report(self.storage.read_bytes(path))
-        except Exception as read_error:  # a torn or unreadable report: Spark's text instead
-            log.warning("could not read the server's failure report %s: %r", path, read_error)
-        return parse_remote_error(str(exc))
+    @property
+    def batches(self) -> list[dict[str, Any]]:
+        """One dict of figures per step this query run ran: ``batch`` (Spark's micro-batch),
+        ``checkpoint``, ``no_data`` (with ``due`` and ``idle``), ``replayed``, rows, outputs,
+        watermark, restores, routes and timings (docs/spark.md)."""
+        return self.runner.batches
 
     # ---- set-up --------------------------------------------------------------------------------
 
@@ -485,370 +377,33 @@ class KeyedStreamingQuery:
         self.hosts.spawn_local(jvm)
         self.timings["spawn_ms"] = (time.perf_counter() - t0) * 1e3
 
-    # ---- one micro-batch -----------------------------------------------------------------------
-
-    def _run_batch(self, df: Any, batch_id: int) -> None:
-        try:
-            with self._step_lock:
-                if self._idle_failure is not None:  # the query is being stopped with it
-                    raise self._idle_failure
-                self._call_steps = []
-                try:
-                    self._run_micro_batch(df, batch_id)
-                    steps = self._call_steps
-                finally:
-                    self._call_steps = None
-                self._publish(df.sparkSession, steps)
-        except BaseException as exc:
-            self._record_failure(exc, batch_id, df.sparkSession)
-            raise
-
-    def _publish(self, session: Any, steps: list[dict[str, Any]]) -> None:
-        """Put the micro-batch's state figures into Spark's progress (a classic session; the
-        client of a Spark Connect query adds them to the progress it reads)."""
-        figures = micro_batch_figures(steps)
-        if figures is None or self._report_dir:
-            return
-        self._started.wait(timeout=30.0)
-        query = self._spark_query()
-        if query is not None:
-            if self._query_id is None:
-                self._query_id = str(query.id)
-            # the session that started the query: the micro-batch's own is a clone, whose
-            # query manager does not list it
-            self._publisher.publish(self.spark or session, self._query_id, figures)
-
-    def _record_failure(self, exc: BaseException, batch_id: int | None, session: Any) -> None:
-        """Spark turns what a micro-batch raised into a StreamingQueryException with Java
-        traces; keep what was raised, for await_termination() and process_all_available() to
-        raise instead."""
-        self._failure = original_error(exc)
-        if is_function_error(self._failure) and self._restore_logs is None:
-            # raised once, by this driver: Spark need not log it with its Java frames
-            self._restore_logs = quiet_query_failure_log(session)
-        if self._report_dir:  # Spark Connect: the client reads it (_server_failure)
-            try:
-                self.storage.put_atomic(
-                    f"{self._report_dir}/failure.json",
-                    failure_report(self._failure, batch_id, self.options.operator_name),  # type: ignore[arg-type]
-                )
-            except Exception as report_error:
-                log.warning("could not report the failure to the client: %r", report_error)
-
-    def _run_micro_batch(self, df: Any, batch_id: int) -> None:
-        t0 = time.perf_counter()
-        if not self.batches:
-            self.timings.setdefault("first_batch_at_ms", (t0 - self._t_created) * 1e3)
-        session = df.sparkSession
-        if self._report_dir:
-            self._idle_spark = session
-        plan = self.log.plan(batch_id)
-        plan_ms = (time.perf_counter() - t0) * 1e3
-        if plan.replay:
-            # the driver died after committing this micro-batch's step (and perhaps no-data
-            # micro-batches after it): Spark hands the micro-batch over again, and so do we
-            # with each of its checkpoints (the sinks keep one copy)
-            self._recovered = True
-            for delivery in self.log.deliveries(batch_id):
-                self._deliver_again(session, delivery, t0, plan_ms)
-                t0, plan_ms = time.perf_counter(), 0.0
-        else:
-            self._recover(session)
-            if self.no_data_batches and self.log.due(processing_time=False):
-                # the state owes an event-time no-data micro-batch from before this input (a
-                # rollback to the checkpoint before it, or the bound stopped an earlier call):
-                # run it first, so that each checkpoint id holds the step it held before
-                self._run_no_data_batches(session, batch_id, processing_time=False)
-                t0 = time.perf_counter()
-                plan = self.log.plan(batch_id)
-                plan_ms = (time.perf_counter() - t0) * 1e3
-            self._run_step(session, df, plan, t0, plan_ms)
-        if self.no_data_batches:
-            # processing time too when no idle ticker fires due timers between micro-batches
-            # (availableNow, once): the run ends only when nothing more is due
-            self._run_no_data_batches(
-                session, batch_id, processing_time=self._idle_interval is None
-            )
-        if self._report_dir and self._idle_interval is not None and self._ticker is None:
-            self._start_idle_ticker()
-
-    def _run_no_data_batches(
-        self, session: Any, during_batch: int | None, *, processing_time: bool
-    ) -> int:
-        """Run no-data micro-batches while one is due (at most ``MAX_NO_DATA_BATCHES``);
-        returns how many ran."""
-        for n in range(MAX_NO_DATA_BATCHES):
-            reason = self.log.due(processing_time=processing_time)
-            if reason is None:
-                return n
-            t0 = time.perf_counter()
-            plan = self.log.plan_no_data(during_batch)
-            self._run_step(session, None, plan, t0, (time.perf_counter() - t0) * 1e3, reason)
-        if self.log.due(processing_time=processing_time):
-            log.warning(
-                "%d no-data micro-batches in a row and another is due (a timer that fires "
-                "again at once?): the next micro-batch goes on",
-                MAX_NO_DATA_BATCHES,
-            )
-        return MAX_NO_DATA_BATCHES
-
-    def _recover(self, session: Any) -> None:
-        """Once per query run, before its first step: a no-data micro-batch that ran outside
-        the foreachBatch call of the Spark micro-batch it follows (by the idle ticker, or before
-        a micro-batch's input) is not covered by Spark's commit of that micro-batch; if it is the
-        latest checkpoint, its delivery may not have happened: deliver it again (the
-        ``parquet`` and ``memory`` sinks keep one copy)."""
-        if self._recovered:
-            return
-        self._recovered = True
-        latest = self.log.latest()
-        if latest is None:
-            return
-        props = latest.metadata.properties
-        if props.get("no_data") and props.get("during_batch") != spark_batch_of(latest):
-            t0 = time.perf_counter()
-            plan = self.log.delivery_of(latest)
-            self._deliver_again(session, plan, t0, (time.perf_counter() - t0) * 1e3)
-
-    def _deliver_again(self, session: Any, plan: BatchPlan, t0: float, plan_ms: float) -> None:
-        figures = self._figures(plan, plan_ms)
-        self._deliver(session, plan, plan.outputs, plan.side_outputs, figures)
-        self._finish(figures, t0)
-
-    def _figures(self, plan: BatchPlan, plan_ms: float, due: str | None = None) -> dict[str, Any]:
-        figures: dict[str, Any] = {
-            "batch": plan.spark_batch,
-            "checkpoint": plan.batch,
-            "no_data": plan.no_data,
-            "replayed": plan.replay,
-            "plan_ms": plan_ms,
-        }
-        if plan.no_data and not plan.replay:
-            figures["due"] = due
-            figures["idle"] = plan.during_batch is None
-        return figures
-
-    def _run_step(
-        self,
-        session: Any,
-        df: Any,
-        plan: BatchPlan,
-        t0: float,
-        plan_ms: float,
-        due: str | None = None,
-    ) -> None:
-        """Run, commit and deliver one step: ``df``'s records, or none (``plan.no_data``)."""
-        figures = self._figures(plan, plan_ms, due)
-        results = self.steps.run(session, df, plan, figures)
-        t_commit = time.perf_counter()
-        completed = self.log.commit(plan, results)
-        figures["commit_ms"] = (time.perf_counter() - t_commit) * 1e3
-        figures["state"]["checkpointDurationMs"] += int(figures["commit_ms"])
-        files: list[Any] = [r.outputs for r in results if r.outputs is not None]
-        side_files: dict[str, list[Any]] = {}
-        for r in sorted(results, key=lambda r: r.subtask):
-            for tag, staged in r.side_outputs.items():
-                side_files.setdefault(tag, []).append(staged)
-        if completed.metadata.properties.get("lineage") != plan.new_lineage:
-            # an older run committed this step just before this query took over: its
-            # outputs are the step's (commit.CheckpointLog._adopt)
-            props = completed.metadata.properties
-            files = [msgspec.convert(o, StagedOutput) for o in props.get("outputs", [])]
-            side_files = {
-                tag: [msgspec.convert(o, StagedOutput) for o in staged]
-                for tag, staged in props.get("side_outputs", {}).items()
-            }
-        self._deliver(session, plan, files, side_files, figures)
-        self._finish(figures, t0)
-
-    def _deliver(
-        self,
-        session: Any,
-        plan: BatchPlan,
-        files: list[Any],
-        side_files: dict[str, list[Any]],
-        figures: dict[str, Any],
-    ) -> None:
-        """Hand a committed step's staged outputs to the sink and each side sink."""
-        t_sink = time.perf_counter()
-        checkpoint_id = plan.batch
-        self.sink.write(
-            StagedBatch(
-                checkpoint_id,
-                files,
-                self.storage,
-                self.output_schema,
-                self.options.output_struct,
-                session,
-                plan.spark_batch,
-                plan.no_data,
-            )
-        )
-        for tag, side_sink in self.side_sinks.items():
-            side_sink.write(
-                StagedBatch(
-                    checkpoint_id,
-                    side_files.get(tag, []),
-                    self.storage,
-                    self.side_schemas[tag],
-                    self.options.side_output_structs[tag],
-                    session,
-                    plan.spark_batch,
-                    plan.no_data,
-                )
-            )
-        figures["side_output_rows"] = {
-            tag: sum(f.rows for f in side_files.get(tag, [])) for tag in self.side_sinks
-        }
-        figures["sink_ms"] = (time.perf_counter() - t_sink) * 1e3
-        self._delete_old_outputs(checkpoint_id)
-
-    def _finish(self, figures: dict[str, Any], t0: float) -> None:
-        figures["batch_ms"] = (time.perf_counter() - t0) * 1e3
-        if self._call_steps is not None and figures.get("state") is not None:
-            self._call_steps.append(figures["state"])
-        with self._lock:
-            self.batches.append(figures)
-            count = len(self.batches)
-        if self._report_dir:
-            self.storage.put_atomic(
-                f"{self._report_dir}/batches/{figures['checkpoint']:012d}-{count:06d}.json",
-                json.dumps(figures, default=str).encode(),
-            )
-        self._last_step_end = time.monotonic()
-        if self._ticker is not None:
-            self._ticker.wake()  # a new checkpoint may bring a nearer processing-time timer
-
-    # ---- the idle ticker -----------------------------------------------------------------------
-
-    def _start_idle_ticker(self) -> None:
-        """A running query (``processingTime`` or the default trigger) gets a ticker that runs
-        the no-data micro-batches due while no input comes; ``availableNow`` and ``once`` runs
-        end by themselves and run theirs inside their last micro-batch."""
-        if self._idle_interval is None or self._ticker is not None:
-            return
-        self._ticker = IdleTicker(self._idle_tick, f"streamstate-idle-{self.hosts.run_id[:8]}")
-        self._ticker.start()
-
-    def _stop_idle_ticker(self) -> None:
-        if self._ticker is not None:
-            self._ticker.stop()
-
-    def _idle_tick(self) -> float | None:
-        """One look of the idle ticker: if a no-data micro-batch is due, the last step ended at
-        least one trigger interval ago and Spark is not running a micro-batch with input, run
-        one. Returns the seconds until the next look (None: the ticker ends)."""
-        interval = max(self._idle_interval or 0.0, MIN_IDLE_INTERVAL)
-        failed: BaseException | None = None
-        with self._step_lock:
-            ticker = self._ticker
-            if ticker is None or ticker.stopped or self._failure is not None:
-                return None
-            session = self.spark if self.spark is not None else self._idle_spark
-            if session is None:
-                return _IDLE_LOOK_S
-            now = time.time_ns() // 1_000_000
-            reason = self.log.due(now)
-            if reason is None and self._recovered:
-                timer = self.log.next_processing_timer()
-                if timer is None:
-                    return _IDLE_LOOK_S
-                return min(_IDLE_LOOK_S, max(0.0, (timer - now) / 1e3))
-            if reason is not None:
-                wait = self._last_step_end + interval - time.monotonic()
-                if wait > 0:
-                    return min(wait, _IDLE_LOOK_S)
-            if not self._still_running():
-                return None
-            if reason is not None and self._input_batch_starting():
-                log.debug("idle ticker: %s due, but Spark runs a micro-batch with input", reason)
-                return interval  # its step fires what is due, before its records
-            try:
-                # the run's first look: the delivery of an earlier run's last no-data
-                # micro-batch may not have happened, and no input may come to do it
-                self._recover(session)
-                if reason is not None:
-                    t0 = time.perf_counter()
-                    plan = self.log.plan_no_data(None)
-                    plan_ms = (time.perf_counter() - t0) * 1e3
-                    self._run_step(session, None, plan, t0, plan_ms, reason)
-            except BaseException as exc:
-                self._record_failure(exc, None, session)
-                self._idle_failure = failed = self._failure or exc
-        if failed is None:
-            return 0.0
-        log.error("a no-data micro-batch of the idle ticker failed; stopping the query: %r", failed)
-        # outside the step lock: Spark's streaming thread may be waiting for it
-        query = self._spark_query()
-        for attempt in (1, 2):
-            if query is None:
-                break
-            try:
-                query.stop()
-                break
-            except Exception as stop_error:
-                log.warning(
-                    "could not stop the query after the failure (attempt %d): %s",
-                    attempt,
-                    str(stop_error)[:2000],
-                )
-                time.sleep(1.0)
-        return None
-
-    def _spark_query(self) -> Any:
-        """The Spark query of this run; None in a Spark Connect server's foreachBatch process
-        (its session is a clone of the client's, which does not see the client's queries)."""
-        return getattr(self, "query", None)
-
-    def _still_running(self) -> bool:
-        """The query is active (in a Spark Connect server's process: the client did not stop
-        it; Spark ends the process with the query)."""
-        if self._report_dir and self.storage.size(f"{self._report_dir}/stopped") is not None:
-            return False
-        query = self._spark_query()
-        return query is None or bool(query.isActive)
-
-    def _input_batch_starting(self) -> bool:
-        """Spark is running a trigger that found new input (unknown in a Spark Connect
-        server's process: no)."""
-        query = self._spark_query()
-        if query is None:
-            return False
-        try:
-            status = query.status
-        except Exception:
-            return False
-        return bool(status.get("isTriggerActive") and status.get("isDataAvailable"))
+    # ---- Spark Connect -------------------------------------------------------------------------
 
     def _sync_from_server(self, sinks: bool = True) -> None:
-        """Spark Connect client: load what the server's batches reported (figures into
-        :attr:`batches`; with ``sinks``, memory sinks' outputs). A report is written once:
-        only new ones are read."""
-        if not self._report_dir or self.spark is None:
+        """Spark Connect client: load what the server's steps reported (figures into
+        :attr:`batches`; with ``sinks``, memory sinks' outputs)."""
+        if self.reports is None:
             return
-        prefix = f"{self._report_dir}/batches"
-        names = sorted(
-            n.rsplit("/", 1)[-1] for n, is_dir in self.storage.list_dir(prefix) if not is_dir
-        )
-        read = self._reports_read
-        for n in names:
-            if n not in read:
-                read[n] = json.loads(self.storage.read_bytes(f"{prefix}/{n}"))
-        with self._lock:
-            self.batches[:] = [read[n] for n in names]
+        reported = self.reports.batches()
+        with self.runner.lock:
+            self.runner.batches[:] = reported
         if not sinks:
             return
         for s in [self.sink, *self.side_sinks.values()]:
             if isinstance(s, MemorySink):
                 s.sync()
 
-    def _delete_old_outputs(self, batch_id: int) -> None:
-        """Staged outputs are needed until their step is delivered and no replay can ask for
-        them (a replay delivers the latest checkpoint only: steps are delivered in order, one
-        after the other): keep the last few."""
-        old = batch_id - max(2, self.options.retained_checkpoints)
-        if old >= 0:
-            self.storage.delete(f"{OUTPUTS_DIR}/batch-{old}")
+    def _server_failure(self, exc: BaseException) -> BaseException | None:
+        """Spark Connect client: the error the server's micro-batch reported, else the one
+        Spark's message carries as a Python traceback."""
+        assert self.reports is not None
+        try:
+            reported = self.reports.failure()
+            if reported is not None:
+                return reported
+        except Exception as read_error:  # a torn or unreadable report: Spark's text instead
+            log.warning("could not read the server's failure report: %r", read_error)
+        return parse_remote_error(str(exc))
 
     # ---- control -------------------------------------------------------------------------------
 
@@ -879,7 +434,7 @@ class KeyedStreamingQuery:
         ``observedMetrics["streamstate"]`` holds the micro-batch's state figures
         (:mod:`streamstate.spark.driver.progress`, docs/spark.md "Monitoring")."""
         progress = self.query.lastProgress
-        if self._report_dir and progress is not None:
+        if self.reports is not None and progress is not None:
             self._sync_from_server(sinks=False)
             return with_state_figures(progress, self.batches)
         return progress
@@ -889,7 +444,7 @@ class KeyedStreamingQuery:
         """Spark's recent ``StreamingQueryProgress`` es, each with its micro-batch's state
         figures (see :attr:`last_progress`)."""
         progress = self.query.recentProgress
-        if self._report_dir and progress:
+        if self.reports is not None and progress:
             self._sync_from_server(sinks=False)
             return [with_state_figures(p, self.batches) for p in progress]
         return progress
@@ -928,11 +483,10 @@ class KeyedStreamingQuery:
         """Spark raised nothing: if a no-data micro-batch of the idle ticker failed, stop the
         query (the ticker of a classic session did already; a Spark Connect server's ticker
         cannot: it reported the error) and raise that error."""
-        failure = self._idle_failure
-        if failure is None and self._report_dir:
-            path = f"{self._report_dir}/failure.json"
-            if self.storage.size(path) is not None:
-                failure = self._idle_failure = error_from_report(self.storage.read_bytes(path))
+        runner = self.runner
+        failure = runner.idle_failure
+        if failure is None and self.reports is not None:
+            failure = runner.idle_failure = self.reports.failure()
         if failure is None:
             return
         if self.query.isActive:
@@ -941,9 +495,10 @@ class KeyedStreamingQuery:
 
     def _raise_failure(self, exc: BaseException) -> None:
         self._loud_again()
-        if self._failure is None and self._report_dir:
-            self._failure = self._server_failure(exc)
-        failure = self._failure
+        runner = self.runner
+        if runner.failure is None and self.reports is not None:
+            runner.failure = self._server_failure(exc)
+        failure = runner.failure
         if failure is None or failure is exc:
             raise exc
         if is_function_error(failure):
@@ -954,23 +509,19 @@ class KeyedStreamingQuery:
 
     def _loud_again(self) -> None:
         """Give Spark's query-failure loggers their levels back (once the query stopped)."""
-        restore, self._restore_logs = self._restore_logs, None
+        runner = self.runner
+        restore, runner.restore_logs = runner.restore_logs, None
         if restore is not None and not self.query.isActive:
             restore()
         elif restore is not None:
-            self._restore_logs = restore
+            runner.restore_logs = restore
 
     def stop(self) -> None:
         """Stop the query and shut this job's state hosts down."""
         t = time.perf_counter()
-        if self._ticker is not None:
-            self._ticker.stop(timeout=0)  # no new no-data micro-batch; one running finishes
-        if self._report_dir:
-            # the server's idle ticker runs no no-data micro-batch after this
-            try:
-                self.storage.put_atomic(f"{self._report_dir}/stopped", b"")
-            except Exception as exc:
-                log.warning("could not tell the server's idle ticker to stop: %r", exc)
+        self.runner.stop_idle_ticker(timeout=0)  # no new no-data micro-batch; one running ends
+        if self.reports is not None:
+            self.reports.mark_stopped()  # nor on the server
         try:
             self.query.stop()
         finally:
@@ -988,7 +539,7 @@ class KeyedStreamingQuery:
             return 0
         self._hosts_stopped = True
         t = time.perf_counter()
-        self._stop_idle_ticker()  # its no-data micro-batches would start hosts again
+        self.runner.stop_idle_ticker()  # its no-data micro-batches would start hosts again
         if self._prespawn is not None:
             self._prespawn.join()  # a host it is starting must be found and stopped too
         self.log.close()
@@ -1072,26 +623,26 @@ def _start_once(writer: Any, where: str) -> Any:
 class _ServerBatches:
     """The foreachBatch function of a query started from a Spark Connect client: it runs in a
     Python process of the server, which keeps it for the life of the query; the first batch
-    unpickles the :class:`KeyedStreamingQuery` (its :meth:`~KeyedStreamingQuery.__getstate__`)
-    and every batch runs through it."""
+    unpickles the query's :class:`~streamstate.spark.driver.micro_batches.MicroBatchRunner` and
+    every batch runs through it."""
 
     def __init__(self, blob: bytes) -> None:
         self.blob = blob
-        self.query: KeyedStreamingQuery | None = None
+        self.runner: MicroBatchRunner | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {"blob": self.blob}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.blob = state["blob"]
-        self.query = None
+        self.runner = None
 
     def __call__(self, df: Any, batch_id: int) -> None:
-        if self.query is None:
+        if self.runner is None:
             import cloudpickle
 
-            self.query = cloudpickle.loads(self.blob)
-        self.query._run_batch(df, batch_id)
+            self.runner = cloudpickle.loads(self.blob)
+        self.runner(df, batch_id)
 
 
 def _bind_for(spark: Any, option: str | None) -> str | None:
