@@ -3,6 +3,7 @@ and how `make test` deals the tests out to its two pytest-xdist workers."""
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -31,6 +32,22 @@ class ManualClock(Clock):
 
     def advance(self, ms: int) -> None:
         self.time += ms
+
+
+@pytest.fixture(autouse=True)
+def _no_gc_policy_left_behind() -> Iterator[None]:
+    """A test that runs a Spark subtask in this process installs the heap's GC policy
+    (``gc_freeze``, ``streamstate.spark.subtask``); left installed, it freezes the objects of
+    later tests, and those counting live objects (``gc.get_objects`` omits frozen ones) fail
+    depending on which tests their worker ran before. Uninstalled and unfrozen after the test
+    that installed it."""
+    from streamstate.backends.heap import copy_on_write
+
+    installed = copy_on_write._gc_policy_callback in gc.callbacks
+    yield
+    if not installed and copy_on_write._gc_policy_callback in gc.callbacks:
+        copy_on_write.uninstall_gc_policy()
+        gc.unfreeze()
 
 
 #: fixtures that start another process (tests using them are marked ``subprocess``)

@@ -11,6 +11,9 @@ import pytest
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "api"
 
 
+# a whole Sphinx build (~10 s of CPU, autodoc imports every documented module, pyspark
+# included): make test and CI run it, make check not
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore")  # Sphinx's own deprecation warnings
 def test_the_api_reference_builds_without_warnings(tmp_path: Path) -> None:
     sphinx_build = pytest.importorskip("sphinx.cmd.build")

@@ -7,7 +7,6 @@ import doctest
 import gc
 import random
 import threading
-import time
 import weakref
 from typing import Any
 
@@ -889,31 +888,59 @@ def test_model_based() -> None:
 # -- concurrency -----------------------------------------------------------------------------------
 
 
+class Handover:
+    """Two threads taking turns: the writer thread pauses in the middle of a snapshot's
+    iteration and the processing thread changes the maps until it hands the turn back."""
+
+    def __init__(self) -> None:
+        self.processing_turn = threading.Event()
+        self.writer_turn = threading.Event()
+        self.writer_done = False
+
+    def pause_writer(self) -> None:
+        self.writer_turn.clear()
+        self.processing_turn.set()
+        if not self.writer_turn.wait(60):
+            raise TimeoutError("the processing thread did not hand the turn back")
+
+    def finish_writer(self) -> None:
+        self.writer_done = True
+        self.processing_turn.set()
+
+    def wait_for_processing_turn(self) -> None:
+        if not self.processing_turn.wait(60):
+            raise TimeoutError("the writer thread did not hand over the turn")
+        self.processing_turn.clear()
+
+
 def write_snapshots(
-    snapshots: list[CopyOnWriteStateMapSnapshot], out: list[bytes], errors: list[BaseException]
+    snapshots: list[CopyOnWriteStateMapSnapshot],
+    out: list[bytes],
+    errors: list[BaseException],
+    handover: Handover,
 ) -> None:
-    """The asynchronous phase: encode key group by key group, chunked, yielding the GIL."""
+    """The asynchronous phase: encode key group by key group, chunked; after every chunk the
+    iteration pauses (in the middle of a bucket's chain, the chunks being of a prime size) and
+    the processing thread changes the maps."""
     try:
         encode = msgspec.msgpack.Encoder().encode
         for snap in snapshots:
-            for chunk in snap.chunks(4096):
+            for chunk in snap.chunks(61):
                 out.append(encode(chunk))
-                time.sleep(0.0002)  # hand the GIL to the processing thread
+                handover.pause_writer()
             snap.release()
     except BaseException as exc:  # surfaced by the main thread
         errors.append(exc)
+    finally:
+        handover.finish_writer()
 
 
 def test_snapshot_written_by_another_thread_while_the_map_changes() -> None:
-    gc.disable()  # 2M long-lived objects: spare the test full collections (the maps make no cycles)
-    try:
-        check_concurrent_snapshot_write()
-    finally:
-        gc.enable()
-
-
-def check_concurrent_snapshot_write() -> None:
-    groups, per_group = 128, 8192  # 1M entries over 128 key-group maps
+    """The snapshot's iteration is paused deterministically about 500 times, and every time
+    the maps change under it (reads that mutate the state objects, overwrites, removals,
+    transforms, inserts driving incremental rehashes on); what is written is the content as
+    of the snapshot."""
+    groups, per_group = 16, 2048  # 32k entries over 16 key-group maps
     rng = random.Random(7)
     maps = [CopyOnWriteStateMap(capacity=128) for _ in range(groups)]
     for g, m in enumerate(maps):
@@ -921,24 +948,30 @@ def check_concurrent_snapshot_write() -> None:
             m.put(i * groups + g, i % 3, [i])
     assert sum(len(m) for m in maps) == groups * per_group
     expected = {(k, ns): list(s) for m in maps for k, ns, s in m}
-    # every 16th map is mid-rehash when the snapshot is taken
-    growing = list(range(0, groups, 16))
+    # every 4th map is mid-rehash when the snapshot is taken
+    growing = list(range(0, groups, 4))
     for g in growing:
-        for i in range(per_group, per_group + 4200):
+        i = per_group
+        while not maps[g].is_rehashing:
             maps[g].put(i * groups + g, 0, [i])
             expected[(i * groups + g, 0)] = [i]
-        assert maps[g].is_rehashing
+            i += 1
     rehash_index_at_snapshot = {g: maps[g].rehash_index for g in growing}
 
     snapshots = [m.snapshot() for m in maps]
     out: list[bytes] = []
     errors: list[BaseException] = []
-    writer = threading.Thread(target=write_snapshots, args=(snapshots, out, errors))
+    handover = Handover()
+    writer = threading.Thread(target=write_snapshots, args=(snapshots, out, errors, handover))
     writer.start()
-    ops = 0
+    ops = turns = 0
     next_key = 10**9
-    while writer.is_alive():
-        for _ in range(500):
+    while True:
+        handover.wait_for_processing_turn()
+        if handover.writer_done:
+            break
+        turns += 1
+        for _ in range(50):
             g = rng.choice(growing) if rng.random() < 0.3 else rng.randrange(groups)
             m = maps[g]
             key = rng.randrange(per_group) * groups + g
@@ -959,9 +992,10 @@ def check_concurrent_snapshot_write() -> None:
                 next_key += 1
                 m.put(next_key, 0, [next_key])  # inserts: the rehash goes on as the writer reads
             ops += 1
+        handover.writer_turn.set()
     writer.join()
     assert not errors, errors
-    assert ops > 20_000
+    assert turns >= 500 and ops >= 25_000
     for g in growing:  # the rehash went on while the writer was reading
         m = maps[g]
         assert not m.is_rehashing or m.rehash_index > rehash_index_at_snapshot[g] + 100

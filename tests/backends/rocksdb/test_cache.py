@@ -194,7 +194,10 @@ class CacheMachine(RuleBasedStateMachine):
 
 
 TestCacheAgainstOracle = CacheMachine.TestCase
-TestCacheAgainstOracle.settings = settings(max_examples=120, stateful_step_count=50, deadline=None)
+# 60 examples: the space is small (4 keys, 2 namespaces, values of a few kinds) and the
+# targeted tests below pin the edges (read-your-writes, eviction, flush points, atomic flush,
+# copies in and out)
+TestCacheAgainstOracle.settings = settings(max_examples=60, stateful_step_count=50, deadline=None)
 
 
 # ---- targeted tests --------------------------------------------------------------------------
