@@ -69,11 +69,16 @@ def test_streaming_query_equals_a_pandas_oracle(
         assert storage.problems(chk1, deep=True) == []
 
 
-@pytest.mark.parametrize("state_backend", ["heap", "rocksdb"])
+# each backend rescales its own state (heap entries, RocksDB's files): both, on the classic
+# session; a Spark Connect client restarts the query the same way on either backend: once
+@pytest.mark.parametrize(
+    ("session", "state_backend"),
+    [("spark", "heap"), ("spark", "rocksdb"), ("connect_spark", "heap")],
+)
 def test_restart_with_another_parallelism_rescales_state(
-    any_spark: Any, tmp_path: Any, state_backend: str
+    request: Any, tmp_path: Any, session: str, state_backend: str
 ) -> None:
-    spark = any_spark
+    spark = request.getfixturevalue(session)  # a classic session or a Spark Connect client
     batches = make_batches(6, 300, users=40, seed=7)
     sink = str(tmp_path / "out")
     for phase, parallelism in enumerate((2, 3, 1)):

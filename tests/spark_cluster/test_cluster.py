@@ -1,5 +1,10 @@
 """Streaming keyed queries on a standalone cluster of separate nodes (``conftest.py``):
-results exact against a pandas oracle, a node lost mid-batch, a node that joins later."""
+results exact against a pandas oracle, a node lost mid-batch, a node that joins later.
+
+The first test runs its own driver process to the end (no state host outlives its
+application); the others send their queries to one serving driver (``server``): a driver's
+start, its JVM and an executor JVM on each node, is the slow part of a test.
+"""
 
 from __future__ import annotations
 
@@ -11,11 +16,13 @@ import socket
 import statistics
 import time
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from streamstate.devtools.local_cluster import LocalCluster, live_processes
 from streamstate.spark import FileSink
@@ -107,6 +114,26 @@ def host_ports(cluster: LocalCluster, checkpoint: str) -> list[str]:
     return found
 
 
+@pytest.fixture(scope="module")
+def server(cluster: LocalCluster, harness: Any, tmp_path_factory: Any) -> Iterator[Any]:
+    """A driver serving one query per request (``cluster_driver.py``'s ``serve``), with an
+    executor on each node of the cluster when it starts. Its application asks for no core
+    limit: a node that joins gets an executor of it."""
+    d = harness.Driver(
+        cluster, {"serve": True}, str(tmp_path_factory.mktemp("cluster-driver") / "unused.json")
+    )
+    try:
+        d.wait_until(lambda: "SERVING" in d.lines, "the driver to start", timeout=900)
+        yield d
+    finally:
+        d.close()
+
+
+def _touch(path: str) -> None:
+    with open(path, "w"):
+        pass
+
+
 def _capture() -> Any:
     """A passive capture of the loopback, started (None without root)."""
     if os.geteuid() != 0:
@@ -157,10 +184,10 @@ def test_streaming_count_on_two_nodes_equals_a_pandas_oracle(
 
 
 def test_a_node_lost_mid_batch_costs_a_reload_and_nothing_else(
-    cluster: LocalCluster, start_driver: Any, tmp_path: Any
+    cluster: LocalCluster, server: Any, tmp_path: Any
 ) -> None:
-    # a third node, for this test to lose; it registers while the driver starts (the driver
-    # waits for an executor on each of the three nodes before its first query)
+    # a third node, for this test to lose (the driver waits for an executor on each of the
+    # three nodes before it starts the query)
     lost = cluster.add_worker(wait=False)
     batches = make_batches(5, 2_000, users=500, seed=3)
     write_batches(str(tmp_path / "in"), batches)
@@ -175,11 +202,11 @@ def test_a_node_lost_mid_batch_costs_a_reload_and_nothing_else(
         "pause": {"trigger": batches[2][1_000][1], "marker": marker, "seconds": 10},
     }
     try:
-        driver = start_driver(runs=[run])
-        driver.wait_until(lambda: os.path.exists(marker), "micro-batch 2 to be in flight")
+        server.request(run, str(tmp_path / "r.json"), executors=3)
+        server.wait_until(lambda: os.path.exists(marker), "micro-batch 2 to be in flight", 900)
         assert lost.finished_tasks() > 0  # the node ran subtasks before it was lost
         killed = cluster.kill_node(lost)
-        (result,) = driver.result()
+        result = server.answer(str(tmp_path / "r.json"))
     finally:
         if lost.alive:
             cluster.kill_node(lost)
@@ -204,7 +231,7 @@ def test_a_node_lost_mid_batch_costs_a_reload_and_nothing_else(
 
 
 def test_a_node_that_joins_later_gets_tasks(
-    cluster: LocalCluster, start_driver: Any, tmp_path: Any
+    cluster: LocalCluster, server: Any, tmp_path: Any
 ) -> None:
     batches = make_batches(5, 2_000, users=500, seed=4)
     write_batches(str(tmp_path / "in"), batches)
@@ -217,18 +244,20 @@ def test_a_node_that_joins_later_gets_tasks(
         "backend": "heap",
         "wait_after": {"batch": 1, "go": go},
     }
-    driver = start_driver(runs=[run])
-    driver.wait_until(lambda: "WAITING 1" in driver.lines, "micro-batch 1 to be delivered")
-    joined = cluster.add_worker()
+    joined = None
     try:
+        since = server.request(run, str(tmp_path / "r.json"), executors=2)
+        server.wait_for_line("WAITING 1", since, "micro-batch 1 to be delivered")
+        joined = cluster.add_worker()
         # the running application gets an executor on the new node (it asked for no core limit)
-        driver.wait_until(
+        server.wait_until(
             lambda: "Successfully registered with driver" in _executor_logs(joined),
             "an executor on the new node",
         )
-        with open(go, "w"):
-            pass
-        (result,) = driver.result()
+    finally:
+        _touch(go)  # a failure above must not leave the driver waiting
+    try:
+        result = server.answer(str(tmp_path / "r.json"))
         assert joined.finished_tasks() > 0
     finally:
         cluster.kill_node(joined)
@@ -248,7 +277,7 @@ def _executor_logs(node: Any) -> str:
 
 
 def test_host_traffic_is_sealed_and_hostile_peers_cost_no_batch_time(
-    cluster: LocalCluster, start_driver: Any, tmp_path: Any
+    cluster: LocalCluster, server: Any, tmp_path: Any
 ) -> None:
     """From micro-batch 5 on, 30 silent and 5 trickling connections are kept open on every
     state host's port, from 127.0.0.1 (the address the tasks use too): the median batch time
@@ -275,18 +304,19 @@ def test_host_traffic_is_sealed_and_hostile_peers_cost_no_batch_time(
     capture = _capture()
     peers = None
     try:
-        driver = start_driver(runs=[run])
-        # (generous waits: on a machine shared with other jobs a driver's start took minutes)
-        driver.wait_until(lambda: "WAITING 5" in driver.lines, "micro-batch 5", timeout=900)
-        addresses = host_ports(cluster, run["checkpoint"])
-        assert len(addresses) == 4, addresses
-        peers = Peers(addresses, silent=30, trickling=5)
-        deadline = time.monotonic() + 30
-        while peers.open_now() < 4 * 16 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        with open(go, "w"):
-            pass
-        (result,) = driver.result(timeout=900)
+        try:
+            since = server.request(run, str(tmp_path / "r.json"), executors=2)
+            # (generous waits: on a machine shared with other jobs a batch took minutes)
+            server.wait_for_line("WAITING 5", since, "micro-batch 5")
+            addresses = host_ports(cluster, run["checkpoint"])
+            assert len(addresses) == 4, addresses
+            peers = Peers(addresses, silent=30, trickling=5)
+            deadline = time.monotonic() + 30
+            while peers.open_now() < 4 * 16 and time.monotonic() < deadline:
+                time.sleep(0.1)
+        finally:
+            _touch(go)  # a failure above must not leave the driver waiting
+        result = server.answer(str(tmp_path / "r.json"))
         reconnects = peers.reconnects
         if capture is not None:
             probe = socket.create_server(("127.0.0.1", 0))

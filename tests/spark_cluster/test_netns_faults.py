@@ -2,11 +2,12 @@
 
 A standalone master and three workers, each in its own Linux network namespace with its own
 address on a bridge (``streamstate.devtools.local_netns``); state hosts listen on their node's
-address; the driver runs in the root namespace. One driver process serves the queries of the
-first tests (its start is the slow part). Each test injects one fault, and ends with the sink
-equal to a pandas oracle (every record counted once) and ``read_state`` equal to the final
-counts; each fault's cost in batch time is printed, and written to ``$STREAMSTATE_FAULT_REPORT``
-(JSON) when that is set. The loopback cluster tests (``test_cluster.py``) stay the fast variant.
+address; the driver runs in the root namespace. One driver process serves the queries of every
+test (its start is the slow part); the last test kills it. Each test injects one fault, and ends
+with the sink equal to a pandas oracle (every record counted once) and ``read_state`` equal to
+the final counts; each fault's cost in batch time is printed, and written to
+``$STREAMSTATE_FAULT_REPORT`` (JSON) when that is set. The loopback cluster tests
+(``test_cluster.py``) stay the fast variant.
 
 Skipped with the reason where namespaces cannot be made (not root, no ``ip``). Namespaces,
 links and processes are removed by the fixtures' finalizers, even when a test fails; what a
@@ -301,21 +302,23 @@ def test_the_driver_killed_while_a_node_is_partitioned(
 ) -> None:
     """After batch 1 a node is cut off and the driver is SIGKILLed; a new driver takes the
     query over on the other nodes and finishes it exactly once. When the link comes back, no
-    state host of the killed driver's run is left on any node."""
-    server.close()  # its application holds the workers' cores; this test starts its own
+    state host of the killed driver's run is left on any node.
+
+    The killed driver is the module's serving driver (the module's last test): its executors
+    already run on every node, so no other driver JVM starts and waits for them."""
     go = str(tmp_path / "go")
     run, batches = _case(tmp_path, seed=16, wait_after={"batch": 1, "go": go})
-    first = harness.Driver(net_cluster, {"runs": [run]}, str(tmp_path / "d1.json"), conf=NET_CONF)
     try:
-        first.wait_until(lambda: "WAITING 1" in first.lines, "micro-batch 1", 900)
+        since = server.request(run, str(tmp_path / "r.json"), executors=3)
+        server.wait_for_line("WAITING 1", since, "micro-batch 1")
         name, _ = host_nodes(net_cluster, run["checkpoint"]).most_common(1)[0]
         node = next(n for n in net_cluster.nodes if n.name == name)
         heal.append(node)  # its worker gave up on the master meanwhile: replaced after
         net.cut(node.place)
-        os.kill(first.proc.pid, signal.SIGKILL)
-        first.proc.wait()
+        os.kill(server.proc.pid, signal.SIGKILL)  # our own child, by its Popen handle
+        server.proc.wait()
     finally:
-        first.close()
+        server.close()  # its application's cores go back to the master
     t0 = time.monotonic()
     run.pop("wait_after")
     # the partitioned node's worker cannot take part: two executors, on the others
