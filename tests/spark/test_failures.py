@@ -19,6 +19,7 @@ from functions import CountWithFaults
 from streamstate.devtools.local_cluster import descendants, live_processes
 from streamstate.spark import FileSink, keyed_process, read_state
 from streamstate.spark.job import src_path
+from support.stream_query import start_stream_query
 
 pytestmark = pytest.mark.spark
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -142,17 +143,7 @@ def restart(spark: Any, cfg: dict[str, Any], function: Any, **options: Any) -> l
             super().write(batch)
             delivered.append(batch.batch_id)
 
-    query = keyed_process(
-        spark.readStream.schema("user string, v long")
-        .option("maxFilesPerTrigger", 1)
-        .parquet(cfg["input"]),
-        key="user",
-        function=function,
-        output_schema=options.pop("output_schema", "user string, n long"),
-        checkpoint=cfg["checkpoint"],
-        parallelism=cfg["parallelism"],
-        **options,
-    ).write_stream(RecordingSink(cfg["sink"]), trigger={"availableNow": True})
+    query = start_stream_query(spark, cfg, function, RecordingSink(cfg["sink"]), **options)
     query.await_termination()  # raises the error of a failed micro-batch; stops the hosts
     return delivered
 

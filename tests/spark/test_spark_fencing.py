@@ -19,8 +19,9 @@ from typer.testing import CliRunner
 
 from streamstate.checkpoint.storage import FileSystemCheckpointStorage
 from streamstate.cli import app
-from streamstate.spark import FileSink, keyed_process, read_state
+from streamstate.spark import FileSink, read_state
 from streamstate.spark.job import src_path
+from support.stream_query import start_stream_query
 
 pytestmark = pytest.mark.spark
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -87,17 +88,9 @@ def _take_over(spark: Any, cfg: dict[str, Any]) -> Any:
     a second driver on the checkpoint): it takes the job over (a new epoch) as it starts.
     Returns the running query."""
     function = SlowCount(cfg["delay"]) if cfg.get("delay") else Count()
-    return keyed_process(
-        spark.readStream.schema("user string, v long")
-        .option("maxFilesPerTrigger", 1)
-        .parquet(cfg["input"]),
-        key="user",
-        function=function,
-        output_schema="user string, n long",
-        checkpoint=cfg["checkpoint"],
-        parallelism=cfg["parallelism"],
-        state_backend=cfg["state_backend"],
-    ).write_stream(FileSink(cfg["sink"]), trigger={"availableNow": True})
+    return start_stream_query(
+        spark, cfg, function, FileSink(cfg["sink"]), state_backend=cfg["state_backend"]
+    )
 
 
 #: each case starts one driver JVM (A, ~40 s on a loaded machine); B, the driver that takes the

@@ -8,5 +8,6 @@ the path, as the directory of the root ``conftest.py``):
 * ``s3_server``: the moto S3 server of the ``s3_*`` fixtures;
 * ``state_host``: a stand-in for the Spark driver and one task, to drive a state host;
 * ``hostile_peers``: connections that never complete a host handshake (silent, trickling);
-* ``packet_capture``: a passive capture of an interface's TCP payloads (``AF_PACKET``, root).
+* ``packet_capture``: a passive capture of an interface's TCP payloads (``AF_PACKET``, root);
+* ``stream_query``: ``stream_driver.py``'s query started in a test's own Spark session.
 """

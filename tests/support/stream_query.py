@@ -1,0 +1,30 @@
+"""The query of ``tests/spark/stream_driver.py`` started in a test's own Spark session: what a
+driver started after another one (killed, or fenced off) runs on the same checkpoint."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from streamstate.spark import FileSink, keyed_process
+
+__all__ = ["start_stream_query"]
+
+
+def start_stream_query(
+    spark: Any, cfg: dict[str, Any], function: Any, sink: FileSink, **options: Any
+) -> Any:
+    """Start, in ``spark``, the ``availableNow`` query of a ``stream_driver.py`` config
+    (``input``, ``checkpoint``, ``parallelism``): ``function`` keyed by ``user`` over one input
+    file per micro-batch, into ``sink``. ``options`` go to ``keyed_process`` (the output schema
+    defaults to ``user string, n long``). Returns the running query."""
+    options.setdefault("output_schema", "user string, n long")
+    return keyed_process(
+        spark.readStream.schema("user string, v long")
+        .option("maxFilesPerTrigger", 1)
+        .parquet(cfg["input"]),
+        key="user",
+        function=function,
+        checkpoint=cfg["checkpoint"],
+        parallelism=cfg["parallelism"],
+        **options,
+    ).write_stream(sink, trigger={"availableNow": True})
