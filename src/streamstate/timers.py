@@ -174,11 +174,9 @@ class InternalTimerService:
         fired = 0
         start = self.backend.key_group_range.start
         while True:
-            ts = queue.peek_timestamp()
-            if ts is None or ts > until:
+            polled = queue.poll_until(until)
+            if polled is None:
                 return fired
-            polled = queue.poll()
-            assert polled is not None
             ts, key, ns, kgi = polled
             self.backend.set_current_key(key, kgi + start)
             target(ts, key, ns)

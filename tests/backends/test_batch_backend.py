@@ -326,6 +326,22 @@ def test_the_timers_of_one_key_fire_in_timestamp_then_registration_order() -> No
     assert len(q) == 0 and q.poll() is None and q.fire_all(fire) == 0
 
 
+def test_a_single_key_timer_queue_polls_only_what_is_due() -> None:
+    q = SingleKeyTimerQueue([0])
+    for ts, ns in [(30, "a"), (10, "b"), (20, "c"), (10, "d")]:
+        q.add(ts, "k", ns, 5)
+    q.remove(10, "k", "b")  # its heap entry is skipped
+    assert q.poll_until(5) is None and len(q) == 3
+    assert q.poll_until(10) == (10, "k", "d", 0)
+    assert q.poll_until(15) is None
+    assert [q.poll_until(30), q.poll_until(30), q.poll_until(30)] == [
+        (20, "k", "c", 0),
+        (30, "k", "a", 0),
+        None,
+    ]
+    assert len(q) == 0
+
+
 def test_latency_tracking_wraps_batch_states() -> None:
     from streamstate.metrics import MetricGroup
 

@@ -117,7 +117,7 @@ def test_queue_compacts_after_many_removals():
 @given(
     st.lists(
         st.tuples(
-            st.sampled_from(["add", "remove", "poll"]),
+            st.sampled_from(["add", "remove", "poll", "poll_until"]),
             st.integers(0, 20),
             st.sampled_from(["a", "b", "c"]),
             st.integers(0, 2),
@@ -140,7 +140,7 @@ def test_queue_matches_a_sorted_set_model(ops):
         elif op == "remove":
             assert q.remove(ts, key, ns, kg) is (ident in model)
             model.pop(ident, None)
-        else:
+        elif op == "poll":
             got = q.poll()
             if not model:
                 assert got is None
@@ -148,7 +148,17 @@ def test_queue_matches_a_sorted_set_model(ops):
                 first = min(model, key=lambda t: (t[0], model[t]))
                 assert got[:3] == first
                 del model[first]
+        else:  # the earliest timer only if it is due by ``ts``
+            got = q.poll_until(ts)
+            due = [t for t in model if t[0] <= ts]
+            if not due:
+                assert got is None
+            else:
+                first = min(due, key=lambda t: (t[0], model[t]))
+                assert got == (*first, first[2])
+                del model[first]
         assert len(q) == len(model)
+        assert q.peek_timestamp() == (min(t[0] for t in model) if model else None)
 
 
 # ---- service ----------------------------------------------------------------------------------

@@ -129,6 +129,21 @@ class SingleKeyTimerQueue(KeyGroupedTimerQueue):
                 return ts, key, ns, 0
         return None
 
+    def poll_until(self, until: int) -> tuple[int, Any, Any, int] | None:
+        """:meth:`poll` if the earliest timer's timestamp is at most ``until``, else None."""
+        heap = self._heap
+        live = self._live
+        while heap:
+            ts, seq, key, ns = heap[0]  # type: ignore[misc]
+            if ts > until:
+                return None
+            _heappop(heap)
+            ident = (ts, ns)
+            if live.get(ident) == seq:
+                del live[ident]
+                return ts, key, ns, 0
+        return None
+
     def clear(self) -> None:
         """Drop every timer (the key changed)."""
         if self._live:
