@@ -83,11 +83,19 @@ class InternalWindowFunction:
     elements.
     """
 
-    __slots__ = ("function", "single")
+    __slots__ = ("_clears", "_process", "function", "single")
 
     def __init__(self, function: Any, single: bool) -> None:
         self.function = function
         self.single = single
+        # decided once: both are called for every window that fires (a million per hour at a
+        # million keys), and an isinstance check against an ABC is a Python-level call
+        self._process = isinstance(function, ProcessWindowFunction)
+        #: whether the function's clear() does anything (the base class's does nothing)
+        self._clears = self._process and (
+            type(function).clear is not ProcessWindowFunction.clear
+            or "clear" in getattr(function, "__dict__", {})
+        )
 
     def open(self, runtime_context: RuntimeContext) -> None:
         if isinstance(self.function, Function):
@@ -102,12 +110,12 @@ class InternalWindowFunction:
         elements = [contents] if self.single else contents
         if fn is None:
             return elements
-        if isinstance(fn, ProcessWindowFunction):
+        if self._process:
             return fn.process(key, context, elements)
         return fn.apply(key, window, elements)
 
     def clear(self, window: Any, context: Any) -> None:
-        if isinstance(self.function, ProcessWindowFunction):
+        if self._clears:
             self.function.clear(context)
 
 
