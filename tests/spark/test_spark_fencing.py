@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 from streamstate.checkpoint.storage import FileSystemCheckpointStorage
 from streamstate.cli import app
 from streamstate.spark import FileSink, read_state
+from support.jvm import JAVA_OPTIONS
 from support.killed_driver import STREAM_DRIVER, driver_env
 from support.stream_query import start_stream_query
 
@@ -31,7 +32,7 @@ class Driver:
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, STREAM_DRIVER, json.dumps(cfg)],
+            [sys.executable, STREAM_DRIVER, json.dumps({"java_options": JAVA_OPTIONS, **cfg})],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

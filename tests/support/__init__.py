@@ -11,5 +11,6 @@ the path, as the directory of the root ``conftest.py``):
 * ``packet_capture``: a passive capture of an interface's TCP payloads (``AF_PACKET``, root);
 * ``stream_query``: ``stream_driver.py``'s query started (or restarted) in a test's own Spark
   session;
-* ``killed_driver``: ``stream_driver.py`` as a child driver process SIGKILLed at a chosen point.
+* ``killed_driver``: ``stream_driver.py`` as a child driver process SIGKILLed at a chosen point;
+* ``jvm``: the JVM options of the Spark processes the tests start.
 """

@@ -16,6 +16,7 @@ from typing import Any
 
 from streamstate.devtools.local_cluster import descendants, live_processes
 from streamstate.spark.job import src_path
+from support.jvm import JAVA_OPTIONS
 
 __all__ = ["STREAM_DRIVER", "driver_env", "processes_naming", "run_until_killed", "start_driver"]
 
@@ -39,7 +40,7 @@ def start_driver(cfg: dict[str, Any], path: str, start_when: str) -> subprocess.
     Its JVM and SparkSession start at once; its query starts once the file ``start_when``
     exists (:func:`run_until_killed` creates it)."""
     with open(path, "w") as f:
-        json.dump({**cfg, "start_when": start_when}, f)
+        json.dump({"java_options": JAVA_OPTIONS, **cfg, "start_when": start_when}, f)
     return subprocess.Popen(
         [sys.executable, STREAM_DRIVER, "@" + path],
         stdout=subprocess.PIPE,
