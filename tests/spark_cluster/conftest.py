@@ -161,17 +161,3 @@ class Driver:
             self.proc.wait()
         for t in self._readers:
             t.join()
-
-
-@pytest.fixture
-def start_driver(cluster: LocalCluster, tmp_path: Any) -> Iterator[Callable[..., Driver]]:
-    started: list[Driver] = []
-
-    def start(**cfg: Any) -> Driver:
-        d = Driver(cluster, cfg, str(tmp_path / f"driver-{len(started)}.json"))
-        started.append(d)
-        return d
-
-    yield start
-    for d in started:
-        d.close()
