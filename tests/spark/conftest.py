@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from support.jvm import spark_java_conf
+
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
@@ -32,8 +34,11 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     pyspark_sql = pytest.importorskip("pyspark.sql")
+    builder = pyspark_sql.SparkSession.builder
+    for key, value in spark_java_conf().items():
+        builder = builder.config(key, value)
     session = (
-        pyspark_sql.SparkSession.builder.master("local[2,3]")
+        builder.master("local[2,3]")
         .appName("streamstate-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
@@ -62,6 +67,7 @@ def connect_server(tmp_path_factory: Any) -> Iterator[Any]:
             "spark.default.parallelism": "2",
             "spark.sql.streaming.minBatchesToRetain": "3",
             "spark.driver.memory": "1g",
+            **spark_java_conf(),
         },
         log=log,
     )

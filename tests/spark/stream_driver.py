@@ -11,7 +11,8 @@ start_when (a file: the driver starts its SparkSession at once, prints ``READY``
 the query only once that file exists - a test overlaps the JVM's start with an earlier
 driver's run without changing when the query starts), window (event-time windows of this
 size over ``v`` with watermark delay 0: outputs user, start, n) with sleep_at_window (a host
-sleeps, once, when it fires the window starting there; marker file ``fault_marker``). Prints
+sleeps, once, when it fires the window starting there; marker file ``fault_marker``),
+java_options (the local driver JVM's options: ``tests/support/jvm.py``). Prints
 ``BATCH <id>`` after each delivered batch (its checkpoint id), ``SLEEPING`` before a sleep,
 ``DONE [...]`` at the end, or ``FENCED <message>`` (exit status 3) if another driver took the
 job over.
@@ -67,8 +68,11 @@ def main() -> None:
     if cfg.get("remote"):
         spark = SparkSession.builder.remote(cfg["remote"]).getOrCreate()
     else:
+        builder = SparkSession.builder
+        if cfg.get("java_options"):
+            builder = builder.config("spark.driver.extraJavaOptions", cfg["java_options"])
         spark = (
-            SparkSession.builder.master("local[2]")
+            builder.master("local[2]")
             .config("spark.ui.enabled", "false")
             .config("spark.ui.showConsoleProgress", "false")
             .config("spark.sql.shuffle.partitions", "2")

@@ -20,17 +20,11 @@ from typer.testing import CliRunner
 from streamstate.checkpoint.storage import FileSystemCheckpointStorage
 from streamstate.cli import app
 from streamstate.spark import FileSink, read_state
-from streamstate.spark.job import src_path
+from support.jvm import JAVA_OPTIONS
+from support.killed_driver import STREAM_DRIVER, driver_env
 from support.stream_query import start_stream_query
 
 pytestmark = pytest.mark.spark
-HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (src_path(), env.get("PYTHONPATH")) if p)
-    return env
 
 
 class Driver:
@@ -38,12 +32,12 @@ class Driver:
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, os.path.join(HERE, "stream_driver.py"), json.dumps(cfg)],
+            [sys.executable, STREAM_DRIVER, json.dumps({"java_options": JAVA_OPTIONS, **cfg})],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            cwd=HERE,
-            env=_env(),
+            cwd=os.path.dirname(STREAM_DRIVER),
+            env=driver_env(),
         )
         self.lines: list[str] = []
         self.err: list[str] = []

@@ -14,13 +14,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from functions import Boom, FailingReminder, RemindLater, WindowSize, WindowSizeWithSleep
-from test_failures import _run_until, _start, processes_naming, restart
 from typer.testing import CliRunner
 
 from streamstate.checkpoint.storage import FileSystemCheckpointStorage
 from streamstate.cli import app
 from streamstate.spark import FileSink, keyed_process
 from streamstate.windows import TumblingEventTimeWindows, window
+from support.killed_driver import processes_naming, run_until_killed, start_driver
+from support.stream_query import restart
 
 pytestmark = pytest.mark.spark
 
@@ -241,10 +242,10 @@ def test_a_driver_killed_inside_a_no_data_micro_batch_loses_and_duplicates_nothi
         "sleep_at_window": W,  # window 1: fired by checkpoint 3, micro-batch 1's no-data one
     }
     start = str(tmp_path / "start-0")
-    first = _start(cfg, str(tmp_path / "cfg-0.json"), start)
+    first = start_driver(cfg, str(tmp_path / "cfg-0.json"), start)
     try:
         # killed while a host fires window 1 inside the no-data micro-batch (checkpoint 3)
-        lines = _run_until(first, start, lambda ls: os.path.exists(marker), checkpoint)
+        lines = run_until_killed(first, start, lambda ls: os.path.exists(marker), checkpoint)
         assert "BATCH 2" in lines and "BATCH 3" not in lines
     finally:
         if first.poll() is None:

@@ -26,6 +26,7 @@ import pytest
 
 from streamstate.devtools.local_cluster import LocalCluster
 from streamstate.spark.job import src_path
+from support.jvm import JAVA_OPTIONS, spark_java_conf
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -56,7 +57,11 @@ def harness() -> Any:
 def cluster(tmp_path_factory: Any) -> Iterator[LocalCluster]:
     pytest.importorskip("pyspark")
     directory = str(tmp_path_factory.mktemp("cluster"))
-    c = LocalCluster(workers=2, directory=directory, env={"PYTHONPATH": _env()["PYTHONPATH"]})
+    c = LocalCluster(
+        workers=2,
+        directory=directory,
+        env={"PYTHONPATH": _env()["PYTHONPATH"], "SPARK_DAEMON_JAVA_OPTS": JAVA_OPTIONS},
+    )
     # the workers register while the first test's driver starts: it waits for an executor
     # on each of them before its first query
     c.start(wait=False)
@@ -83,6 +88,7 @@ class Driver:
             "spark.sql.shuffle.partitions": "4",
             "spark.default.parallelism": "4",
             "spark.sql.streaming.minBatchesToRetain": "3",
+            **spark_java_conf(),
             **(conf or {}),
         }
         self.cfg = {"conf": conf, "executors": len(cluster.alive_nodes), "out": out, **cfg}
@@ -155,17 +161,3 @@ class Driver:
             self.proc.wait()
         for t in self._readers:
             t.join()
-
-
-@pytest.fixture
-def start_driver(cluster: LocalCluster, tmp_path: Any) -> Iterator[Callable[..., Driver]]:
-    started: list[Driver] = []
-
-    def start(**cfg: Any) -> Driver:
-        d = Driver(cluster, cfg, str(tmp_path / f"driver-{len(started)}.json"))
-        started.append(d)
-        return d
-
-    yield start
-    for d in started:
-        d.close()

@@ -1,9 +1,9 @@
 """Streaming keyed queries on a standalone cluster of separate nodes (``conftest.py``):
 results exact against a pandas oracle, a node lost mid-batch, a node that joins later.
 
-The first test runs its own driver process to the end (no state host outlives its
-application); the others send their queries to one serving driver (``server``): a driver's
-start, its JVM and an executor JVM on each node, is the slow part of a test.
+Every test sends its queries to one serving driver (``server``): a driver's start, its JVM and
+an executor JVM on each node, is the slow part of a test. The last test ends the driver's
+application and checks that no state host outlives it.
 """
 
 from __future__ import annotations
@@ -141,46 +141,6 @@ def _capture() -> Any:
     from support.packet_capture import Capture
 
     return Capture("lo").__enter__()
-
-
-def test_streaming_count_on_two_nodes_equals_a_pandas_oracle(
-    cluster: LocalCluster, start_driver: Any, tmp_path: Any
-) -> None:
-    batches = make_batches(6, 2_000, users=500, seed=1)
-    more = make_batches(2, 2_000, users=500, seed=2)
-    write_batches(str(tmp_path / "in"), batches)
-    write_batches(str(tmp_path / "more"), more, start=len(batches))
-    runs = [
-        {
-            "input": str(tmp_path / "in"),
-            "checkpoint": str(tmp_path / f"ck-{backend}"),
-            "sink": str(tmp_path / f"out-{backend}"),
-            "parallelism": 4,
-            "backend": backend,
-        }
-        for backend in ("heap", "rocksdb")
-    ]
-    # the RocksDB job restarts with parallelism 3 and two more files: rescaled on the cluster
-    runs.append({**runs[1], "add_files": str(tmp_path / "more"), "parallelism": 3})
-    heap, rocks, rescaled = start_driver(runs=runs).result()
-    expected = oracle(batches)
-    final = dict(Counter(u for rows in batches for u, _ in rows))
-    for run, result in zip(runs[:2], (heap, rocks), strict=True):
-        assert [b["batch"] for b in result["batches"]] == list(range(6))
-        assert restores(result)[0] == ["empty"] * 4
-        # (the RocksDB job's sink also holds the rescaled run's batches 6 and 7)
-        assert [r for r in sink_rows(run["sink"]) if r[2] < 6] == expected, run["backend"]
-        assert result["state"] == final, run["backend"]
-        # after the first batch, each subtask's task reaches the host that holds its state,
-        # from whichever node Spark runs it on (a stable run: nothing reloads)
-        assert hot_fraction(result) >= 0.95, (run["backend"], routes(result))
-    assert [b["batch"] for b in rescaled["batches"]] == [6, 7]
-    assert restores(rescaled)[0] == ["reload"] * 3
-    assert sink_rows(runs[1]["sink"]) == oracle(batches + more)
-    assert rescaled["state"] == dict(Counter(u for rows in batches + more for u, _ in rows))
-    # both nodes ran tasks; no state host outlives the application
-    assert all(node.finished_tasks() > 0 for node in cluster.alive_nodes)
-    assert not leftover_hosts(cluster)
 
 
 def test_a_node_lost_mid_batch_costs_a_reload_and_nothing_else(
@@ -350,3 +310,57 @@ def test_host_traffic_is_sealed_and_hostile_peers_cost_no_batch_time(
         keys = {u.encode() for rows in batches for u, _ in rows}
         assert prefix.encode() not in host_bytes
         assert not [k for k in keys if k in host_bytes]
+
+
+def test_streaming_count_on_two_nodes_equals_a_pandas_oracle(
+    cluster: LocalCluster, server: Any, tmp_path: Any
+) -> None:
+    """The module's last test: it ends the serving driver's application after its queries,
+    and no state host outlives it."""
+    batches = make_batches(6, 2_000, users=500, seed=1)
+    more = make_batches(2, 2_000, users=500, seed=2)
+    write_batches(str(tmp_path / "in"), batches)
+    write_batches(str(tmp_path / "more"), more, start=len(batches))
+    runs = [
+        {
+            "input": str(tmp_path / "in"),
+            "checkpoint": str(tmp_path / f"ck-{backend}"),
+            "sink": str(tmp_path / f"out-{backend}"),
+            "parallelism": 4,
+            "backend": backend,
+        }
+        for backend in ("heap", "rocksdb")
+    ]
+    # the RocksDB job restarts with parallelism 3 and two more files: rescaled on the cluster
+    runs.append({**runs[1], "add_files": str(tmp_path / "more"), "parallelism": 3})
+    nodes = cluster.alive_nodes
+    assert len(nodes) == 2
+    tasks_before = [node.finished_tasks() for node in nodes]
+    results = []
+    for i, run in enumerate(runs):
+        server.request(run, str(tmp_path / f"r{i}.json"), executors=2)
+        results.append(server.answer(str(tmp_path / f"r{i}.json")))
+    heap, rocks, rescaled = results
+    # the driver's application ends (stdin closed: it stops its SparkContext and exits)
+    assert server.proc.stdin is not None
+    server.proc.stdin.close()
+    assert server.proc.wait(300) == 0, server.tail()
+    expected = oracle(batches)
+    final = dict(Counter(u for rows in batches for u, _ in rows))
+    for run, result in zip(runs[:2], (heap, rocks), strict=True):
+        assert [b["batch"] for b in result["batches"]] == list(range(6))
+        assert restores(result)[0] == ["empty"] * 4
+        # (the RocksDB job's sink also holds the rescaled run's batches 6 and 7)
+        assert [r for r in sink_rows(run["sink"]) if r[2] < 6] == expected, run["backend"]
+        assert result["state"] == final, run["backend"]
+        # after the first batch, each subtask's task reaches the host that holds its state,
+        # from whichever node Spark runs it on (a stable run: nothing reloads)
+        assert hot_fraction(result) >= 0.95, (run["backend"], routes(result))
+    assert [b["batch"] for b in rescaled["batches"]] == [6, 7]
+    assert restores(rescaled)[0] == ["reload"] * 3
+    assert sink_rows(runs[1]["sink"]) == oracle(batches + more)
+    assert rescaled["state"] == dict(Counter(u for rows in batches + more for u, _ in rows))
+    # both nodes ran tasks of these queries; no state host outlives the application
+    tasks_after = [node.finished_tasks() for node in nodes]
+    assert all(a > b for a, b in zip(tasks_after, tasks_before, strict=True)), tasks_after
+    assert not leftover_hosts(cluster)

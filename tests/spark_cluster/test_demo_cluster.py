@@ -9,10 +9,13 @@ from typing import Any
 
 from streamstate.devtools.local_cluster import live_processes
 from streamstate.spark.job import src_path
+from support.jvm import JAVA_OPTIONS
 
 
 def test_demo_runs_on_a_two_node_cluster_and_leaves_nothing_behind(tmp_path: Any) -> None:
-    env = dict(os.environ, COLUMNS="160", PYTHONPATH=src_path())
+    # every JVM of the demo (driver, master, workers, executors) with the tests' JVM options;
+    # the java launcher notes them on its stderr, which this test does not read
+    env = dict(os.environ, COLUMNS="160", PYTHONPATH=src_path(), JDK_JAVA_OPTIONS=JAVA_OPTIONS)
     env.pop("STREAMSTATE_RUN_DIR", None)
     done = subprocess.run(
         [

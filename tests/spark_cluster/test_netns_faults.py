@@ -32,6 +32,7 @@ from test_cluster import make_batches, oracle, restores, routes, sink_rows, writ
 
 from streamstate.devtools.local_cluster import LocalCluster, Node, live_processes
 from streamstate.devtools.local_netns import NetnsNetwork, unavailable
+from support.jvm import JAVA_OPTIONS
 
 pytestmark = pytest.mark.netns
 
@@ -77,7 +78,7 @@ def net_cluster(net: NetnsNetwork, harness: Any, tmp_path_factory: Any) -> Itera
             "PYTHONPATH": harness.env()["PYTHONPATH"],
             # the master declares a silent worker lost in 15 s (default 60 s); the workers
             # beat every quarter of it
-            "SPARK_DAEMON_JAVA_OPTS": "-Dspark.worker.timeout=15",
+            "SPARK_DAEMON_JAVA_OPTS": f"-Dspark.worker.timeout=15 {JAVA_OPTIONS}",
         },
         network=net,
     )

@@ -9,5 +9,8 @@ the path, as the directory of the root ``conftest.py``):
 * ``state_host``: a stand-in for the Spark driver and one task, to drive a state host;
 * ``hostile_peers``: connections that never complete a host handshake (silent, trickling);
 * ``packet_capture``: a passive capture of an interface's TCP payloads (``AF_PACKET``, root);
-* ``stream_query``: ``stream_driver.py``'s query started in a test's own Spark session.
+* ``stream_query``: ``stream_driver.py``'s query started (or restarted) in a test's own Spark
+  session;
+* ``killed_driver``: ``stream_driver.py`` as a child driver process SIGKILLed at a chosen point;
+* ``jvm``: the JVM options of the Spark processes the tests start.
 """

@@ -7,7 +7,7 @@ from typing import Any
 
 from streamstate.spark import FileSink, keyed_process
 
-__all__ = ["start_stream_query"]
+__all__ = ["restart", "start_stream_query"]
 
 
 def start_stream_query(
@@ -28,3 +28,19 @@ def start_stream_query(
         parallelism=cfg["parallelism"],
         **options,
     ).write_stream(sink, trigger={"availableNow": True})
+
+
+def restart(spark: Any, cfg: dict[str, Any], function: Any, **options: Any) -> list[int]:
+    """Run the query of ``stream_driver.py``'s ``cfg`` (input, checkpoint, sink, parallelism)
+    to the end in ``spark``, as a driver restarted after a kill does; the ids of the batches
+    it delivered to the sink, in order. ``options`` go to ``keyed_process``."""
+    delivered: list[int] = []
+
+    class RecordingSink(FileSink):
+        def write(self, batch: Any) -> None:
+            super().write(batch)
+            delivered.append(batch.batch_id)
+
+    query = start_stream_query(spark, cfg, function, RecordingSink(cfg["sink"]), **options)
+    query.await_termination()  # raises the error of a failed micro-batch; stops the hosts
+    return delivered

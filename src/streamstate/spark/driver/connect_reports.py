@@ -103,8 +103,11 @@ class ConnectReports:
         """The figures of every step the server reported so far, in order (only reports not
         read before are read)."""
         prefix = f"{self.directory}/batches"
+        # (a report being written is a ``.json.tmp-*`` file beside them: not read)
         names = sorted(
-            n.rsplit("/", 1)[-1] for n, is_dir in self.storage.list_dir(prefix) if not is_dir
+            name
+            for n, is_dir in self.storage.list_dir(prefix)
+            if not is_dir and (name := n.rsplit("/", 1)[-1]).endswith(".json")
         )
         read = self._read
         for n in names:
