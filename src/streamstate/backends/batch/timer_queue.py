@@ -24,6 +24,7 @@ Complexity: ``add`` O(log n), ``remove`` O(1) (the heap entry is skipped when it
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -119,17 +120,9 @@ class SingleKeyTimerQueue(KeyGroupedTimerQueue):
 
     def poll(self) -> tuple[int, Any, Any, int] | None:
         """Remove and return ``(timestamp, key, namespace, 0)`` of the earliest timer."""
-        heap = self._heap
-        live = self._live
-        while heap:
-            ts, seq, key, ns = _heappop(heap)  # type: ignore[misc]
-            ident = (ts, ns)
-            if live.get(ident) == seq:
-                del live[ident]
-                return ts, key, ns, 0
-        return None
+        return self.poll_until(math.inf)
 
-    def poll_until(self, until: int) -> tuple[int, Any, Any, int] | None:
+    def poll_until(self, until: float) -> tuple[int, Any, Any, int] | None:
         """:meth:`poll` if the earliest timer's timestamp is at most ``until``, else None."""
         heap = self._heap
         live = self._live

@@ -45,10 +45,9 @@ class KeyedOptions:
     execution_mode: str = "streaming"
     #: how micro-batches are folded before the shuffle (SPEC §13.2), or None: per record
     pre_aggregation: PreAggregationPlan | None = None
-    #: the last :meth:`partial_schema`, with what it was computed from
-    _partial_schema: tuple[tuple[Any, ...], Any] | None = dataclasses.field(
-        default=None, init=False, repr=False, compare=False
-    )
+    #: :meth:`partial_schema`, once asked (the options are not changed once resolved;
+    #: ``dataclasses.replace`` makes new ones, without it)
+    _partial_schema: Any = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
     @property
     def spark(self) -> Any:
@@ -74,21 +73,18 @@ class KeyedOptions:
         assert self.pre_aggregation is not None
         # asked by the checks before the first job and by the job's spec: one analysis of the
         # fold's plan is 0.1-0.4 s of the query's start
-        inputs = (id(self.df), id(self.pre_aggregation), self.parallelism, self.max_parallelism)
-        if self._partial_schema is not None and self._partial_schema[0] == inputs:
-            return self._partial_schema[1]
-        # the plan of a micro-batch without its watermark: only its schema is used (analysis,
-        # nothing runs)
-        schema = pre_aggregated(
-            self.df,
-            self.pre_aggregation,
-            parallelism=self.parallelism,
-            max_parallelism=self.max_parallelism,
-            watermark=None,
-            fold_task=_no_fold,
-        ).schema
-        self._partial_schema = (inputs, schema)
-        return schema
+        if self._partial_schema is None:
+            # the plan of a micro-batch without its watermark: only its schema is used
+            # (analysis, nothing runs)
+            self._partial_schema = pre_aggregated(
+                self.df,
+                self.pre_aggregation,
+                parallelism=self.parallelism,
+                max_parallelism=self.max_parallelism,
+                watermark=None,
+                fold_task=_no_fold,
+            ).schema
+        return self._partial_schema
 
     def side_output_schemas(self) -> dict[str, Any]:
         """Side-output tag id -> Arrow schema."""

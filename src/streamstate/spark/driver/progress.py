@@ -158,18 +158,15 @@ def observe_state(df: Any) -> Any:
     from streamstate.spark.driver.session import is_connect
 
     exprs = [f"max(CAST(NULL AS BIGINT)) AS `{name}`" for name in FIGURES]
-    if not is_connect(df):
-        # a classic session builds each Column in the JVM: one round trip per figure through
-        # the functions object looked up once, where PySpark's Column API makes four (0.1-0.3 s
-        # of a query's start)
-        try:
-            from pyspark.sql.classic.column import Column
+    if is_connect(df):  # Columns are built in the client
+        return df.observe(OBSERVATION, *[functions.expr(e) for e in exprs])
+    # a classic session builds each Column in the JVM: one round trip per figure through the
+    # functions object looked up once, where PySpark's Column API makes four (0.1-0.3 s of a
+    # query's start)
+    from pyspark.sql.classic.column import Column
 
-            jfunctions = getattr(df.sparkSession._jvm, "org.apache.spark.sql.functions")
-            return df.observe(OBSERVATION, *[Column(jfunctions.expr(e)) for e in exprs])
-        except ImportError:  # another PySpark layout: the Column API below
-            pass
-    return df.observe(OBSERVATION, *[functions.expr(e) for e in exprs])
+    jfunctions = getattr(df.sparkSession._jvm, "org.apache.spark.sql.functions")
+    return df.observe(OBSERVATION, *[Column(jfunctions.expr(e)) for e in exprs])
 
 
 class ProgressPublisher:

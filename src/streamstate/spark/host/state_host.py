@@ -578,9 +578,9 @@ _FIRST_BATCH_MODULES = (
     "streamstate.checkpoint.restore",
 )
 
-#: imported after the others when installed: pyarrow imports pandas (0.3-0.7 s) the first time
-#: it converts Python values (``pa.array``, any type), which is the first step that emits
-#: outputs, often the first window firing: a latency spike in the middle of a run
+#: imported after the others when pandas is installed: pyarrow imports pandas (0.3-0.7 s) the
+#: first time it converts Python values (``pa.array``, any type), which is the first step that
+#: emits outputs, often the first window firing: a latency spike in the middle of a run
 _FIRST_OUTPUT_MODULES = ("pandas", "pyarrow.pandas_compat")
 
 
@@ -603,17 +603,13 @@ def _warm_imports() -> None:
     import importlib
     import importlib.util
 
-    for name in _FIRST_BATCH_MODULES:
+    names = list(_FIRST_BATCH_MODULES)
+    if importlib.util.find_spec("pandas") is not None:  # pyarrow goes without it too
+        names += _FIRST_OUTPUT_MODULES
+    for name in names:
         try:
             importlib.import_module(name)
         except Exception as exc:  # the batch imports it again and reports why
-            _log(f"warming {name} failed: {exc!r}")
-    for name in _FIRST_OUTPUT_MODULES:
-        if importlib.util.find_spec(name.partition(".")[0]) is None:
-            return  # pyarrow goes without pandas too
-        try:
-            importlib.import_module(name)
-        except Exception as exc:
             _log(f"warming {name} failed: {exc!r}")
 
 
