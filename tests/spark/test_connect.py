@@ -18,7 +18,7 @@ from functions import Count
 from streamstate.spark import FileSink, keyed_process, read_state
 from streamstate.spark.driver.connect_reports import CONNECT_DIR, CONNECT_REPORTS_KEPT
 from streamstate.spark.driver.session import default_parallelism, is_connect, master
-from streamstate.spark.job import src_path
+from support.killed_driver import driver_env
 
 pytestmark = pytest.mark.spark
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -124,8 +124,7 @@ def test_a_connect_client_killed_mid_batch(
         "marker_at": batches[1][100][1],
         "go": go,
     }
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (src_path(), env.get("PYTHONPATH")) if p)
+    env = driver_env()
     env.pop("SPARK_REMOTE", None)
     proc = subprocess.Popen(
         [sys.executable, os.path.join(HERE, "stream_driver.py"), json.dumps(cfg)],

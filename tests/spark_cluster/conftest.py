@@ -25,8 +25,8 @@ from typing import Any
 import pytest
 
 from streamstate.devtools.local_cluster import LocalCluster
-from streamstate.spark.job import src_path
 from support.jvm import JAVA_OPTIONS, spark_java_conf
+from support.killed_driver import driver_env
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -39,8 +39,7 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
 
 def _env() -> dict[str, str]:
     """Drivers, executors and state hosts import this checkout's streamstate."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (src_path(), env.get("PYTHONPATH")) if p)
+    env = driver_env()
     env["PYSPARK_PYTHON"] = sys.executable
     env["PYSPARK_DRIVER_PYTHON"] = sys.executable
     return env

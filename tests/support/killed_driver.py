@@ -27,8 +27,8 @@ STREAM_DRIVER = os.path.join(
 
 
 def driver_env() -> dict[str, str]:
-    """This process's environment for a child driver: it imports the same streamstate (a
-    source checkout is not installed)."""
+    """This process's environment for a child process (a driver, a cluster's daemons): it
+    imports the same streamstate (a source checkout is not installed)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src_path(), env.get("PYTHONPATH")) if p)
     return env
