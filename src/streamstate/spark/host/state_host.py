@@ -71,6 +71,7 @@ __all__ = [
     "StateHost",
     "clean_stale_host_files",
     "serve",
+    "warm_imports",
 ]
 
 
@@ -423,7 +424,7 @@ def serve(
         f"{spec.run or '-'} node {host.location['node']} tcp {host.location['tcp'] or 'off'}"
     )
     _report(status, "READY")
-    threading.Thread(target=_warm_imports, name="streamstate-warm-imports", daemon=True).start()
+    threading.Thread(target=warm_imports, name="streamstate-warm-imports", daemon=True).start()
     threading.Thread(
         target=_clean_run_dir, args=(spec.run_dir,), name="streamstate-clean", daemon=True
     ).start()
@@ -596,10 +597,11 @@ def _clean_run_dir(directory: str) -> None:
         _log(f"removed {len(removed)} files of hosts that exited in {directory}")
 
 
-def _warm_imports() -> None:
-    """Import the first micro-batch's modules after READY, while the task connects and
-    streams: the host answers at once, and a batch that needs a module still loading waits
-    for it (the import lock) instead of loading it itself."""
+def warm_imports() -> None:
+    """Import the first micro-batch's modules: a host does it after READY, while the task
+    connects and streams (it answers at once, and a batch that needs a module still loading
+    waits for it, on the import lock, instead of loading it itself); the host zygote before it
+    forks hosts (:mod:`streamstate.spark.host.zygote`)."""
     import importlib
     import importlib.util
 

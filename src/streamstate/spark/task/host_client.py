@@ -28,7 +28,9 @@ from __future__ import annotations
 import fcntl
 import itertools
 import json
+import logging
 import os
+import resource
 import selectors
 import socket
 import subprocess
@@ -40,7 +42,14 @@ from typing import Any
 import msgspec
 
 from streamstate.errors import StateHostError
-from streamstate.spark.wire.hosts import HostSpec, JobPin, host_paths
+from streamstate.spark.wire.hosts import (
+    ZYGOTE_SWITCH,
+    ForkRequest,
+    HostSpec,
+    JobPin,
+    host_paths,
+    zygote_id,
+)
 from streamstate.spark.wire.network import split_address, tcp_tune
 from streamstate.spark.wire.protocol import PROTOCOL_VERSION, Connection, ProtocolError
 from streamstate.spark.wire.security import (
@@ -64,6 +73,8 @@ __all__ = [
     "shutdown_remote",
     "spawn",
 ]
+
+log = logging.getLogger(__name__)
 
 #: seconds a handshake may take in all: a host runs handshakes concurrently with its batches,
 #: so a live host answers within a round trip or two, busy or not
@@ -124,9 +135,36 @@ def spawn(
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (pythonpath or src_path(), env.get("PYTHONPATH", "")) if p
     )
+    secret = secret or node_secret(spec.run_dir)
+    pin = b""
+    if job is not None:
+        pin = msgspec.json.encode(JobPin.of(msgspec.msgpack.decode(job, type=JobSpec)))
     read_fd, write_fd = os.pipe()
     t0 = time.perf_counter()
-    with open(paths["log"], "ab") as log:
+    try:
+        if not _fork_from_zygote(spec, env, write_fd, secret, pin, timeout):
+            _launch(spec, env, write_fd, secret, pin)
+    finally:
+        os.close(write_fd)
+    line = _read_status(read_fd, timeout)
+    if line is None:
+        raise StateHostError(
+            f"the state host of {spec.operator!r} subtask {spec.subtask} did not start "
+            f"within {timeout:.0f} s; see {paths['log']}"
+        )
+    if line != "READY":
+        raise StateHostError(
+            f"the state host of {spec.operator!r} subtask {spec.subtask} (job {spec.job}) failed "
+            f"to start: {line or 'it exited without a status'}\n--- {paths['log']} (tail) ---\n"
+            f"{log_tail(paths['log'])}"
+        )
+    return time.perf_counter() - t0
+
+
+def _launch(spec: HostSpec, env: dict[str, str], status_fd: int, secret: bytes, pin: bytes) -> None:
+    """Start the host as a new interpreter (it double-forks; its status comes on
+    ``status_fd``)."""
+    with open(host_paths(spec.id, spec.run_dir)["log"], "ab") as log_file:
         launcher = subprocess.Popen(
             [
                 sys.executable,
@@ -134,29 +172,30 @@ def spawn(
                 "streamstate.spark.host.state_host",
                 "serve",
                 json.dumps(msgspec.to_builtins(spec)),
-                str(write_fd),
+                str(status_fd),
             ],
             stdin=subprocess.PIPE,
-            stdout=log,
-            stderr=log,
-            pass_fds=(write_fd,),
+            stdout=log_file,
+            stderr=log_file,
+            pass_fds=(status_fd,),
             close_fds=True,
             start_new_session=True,
             cwd="/",
             env=env,
         )
-    os.close(write_fd)
     assert launcher.stdin is not None
-    pin = b""
-    if job is not None:
-        pin = msgspec.json.encode(JobPin.of(msgspec.msgpack.decode(job, type=JobSpec)))
     try:
-        launcher.stdin.write((secret or node_secret(spec.run_dir)).hex().encode() + b"\n")
+        launcher.stdin.write(secret.hex().encode() + b"\n")
         launcher.stdin.write(pin + b"\n")
         launcher.stdin.close()
     except BrokenPipeError:
         pass  # it died at once: the status pipe says why
     launcher.wait()  # it exits right after forking the host
+
+
+def _read_status(read_fd: int, timeout: float) -> str | None:
+    """The status line a starting process writes on the pipe ``read_fd`` (closed here): READY,
+    ERROR <reason>, or empty if it exited without one; None if none came within ``timeout``."""
     selector = selectors.DefaultSelector()
     selector.register(read_fd, selectors.EVENT_READ)
     msg = b""
@@ -165,24 +204,135 @@ def spawn(
         while not msg.endswith(b"\n"):
             left = deadline - time.monotonic()
             if left <= 0 or not selector.select(left):
-                raise StateHostError(
-                    f"the state host of {spec.operator!r} subtask {spec.subtask} did not start "
-                    f"within {timeout:.0f} s; see {paths['log']}"
-                )
+                return None
             chunk = os.read(read_fd, 4096)
             if not chunk:
                 break
             msg += chunk
     finally:
+        selector.close()
         os.close(read_fd)
-    line = msg.decode(errors="replace").strip()
-    if line != "READY":
-        raise StateHostError(
-            f"the state host of {spec.operator!r} subtask {spec.subtask} (job {spec.job}) failed "
-            f"to start: {line or 'it exited without a status'}\n--- {paths['log']} (tail) ---\n"
-            f"{log_tail(paths['log'])}"
+    return msg.decode(errors="replace").strip()
+
+
+# ---- the host zygote (streamstate.spark.host.zygote) -------------------------------------------
+
+
+def _fork_from_zygote(
+    spec: HostSpec, env: dict[str, str], status_fd: int, secret: bytes, pin: bytes, timeout: float
+) -> bool:
+    """Have the host zygote of this node, JVM and interpreter fork the host of ``spec``
+    (starting the zygote if there is none); False if it cannot, or the spec does not ask for it,
+    and the host is started as a new interpreter. Only hosts that watch a JVM: the zygote lives
+    no longer than that JVM."""
+    if (
+        not spec.zygote
+        or spec.watch_pid is None
+        or spec.watch_start is None
+        or os.environ.get(ZYGOTE_SWITCH) == "0"
+    ):
+        return False
+    zid = zygote_id(env, spec.watch_pid, spec.watch_start)
+    request = msgspec.msgpack.encode(
+        ForkRequest(
+            spec=spec,
+            secret=secret,
+            pin=pin,
+            env=env,
+            rlimit_as=resource.getrlimit(resource.RLIMIT_AS),
         )
-    return time.perf_counter() - t0
+    )
+    log = host_paths(spec.id, spec.run_dir)["log"]
+    if _request_fork(spec.run_dir, zid, request, status_fd, log):
+        return True
+    return _start_zygote(spec, env, zid, min(timeout, 60.0)) and _request_fork(
+        spec.run_dir, zid, request, status_fd, log
+    )
+
+
+def _request_fork(run_dir: str, zid: str, request: bytes, status_fd: int, log: str) -> bool:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(10.0)
+    try:
+        sock.connect(host_paths(zid, run_dir)["sock"])
+        if peer_uid(sock) != os.getuid():
+            return False
+        with open(log, "ab") as log_file:
+            socket.send_fds(sock, [len(request).to_bytes(4, "big")], [status_fd, log_file.fileno()])
+        sock.sendall(request)
+        reply = b""
+        while not reply.endswith(b"\n"):
+            chunk = sock.recv(64)
+            if not chunk:
+                break
+            reply += chunk
+        return reply.startswith(b"FORKED ")
+    except OSError:
+        return False
+    finally:
+        sock.close()
+
+
+def _start_zygote(spec: HostSpec, env: dict[str, str], zid: str, timeout: float) -> bool:
+    """Start the zygote ``zid`` unless one runs (or another spawner started it meanwhile);
+    True once it is READY."""
+    paths = host_paths(zid, spec.run_dir)
+    with open(paths["spawn"], "a") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)  # a spawner starting it holds this
+        if _lock_held(paths["lock"]):
+            return True  # a zygote runs
+        read_fd, write_fd = os.pipe()
+        try:
+            with open(paths["log"], "ab") as log_file:
+                launcher = subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "streamstate.spark.host.zygote",
+                        spec.run_dir,
+                        zid,
+                        str(spec.watch_pid),
+                        str(spec.watch_start),
+                        str(spec.idle_timeout),
+                        str(write_fd),
+                    ],
+                    stdin=subprocess.DEVNULL,
+                    stdout=log_file,
+                    stderr=log_file,
+                    pass_fds=(write_fd,),
+                    close_fds=True,
+                    start_new_session=True,
+                    cwd="/",
+                    env=env,
+                )
+        finally:
+            os.close(write_fd)
+        launcher.wait()  # it exits right after forking the zygote
+        status = _read_status(read_fd, timeout)
+        if status != "READY":
+            log.warning(
+                "the state-host zygote %s did not start (%s; see %s): hosts start as new "
+                "interpreters",
+                zid,
+                f"no answer within {timeout:.0f} s" if status is None else status or "no status",
+                paths["log"],
+            )
+        return status == "READY"
+
+
+def _lock_held(path: str) -> bool:
+    """True if a live process holds the ``flock`` of ``path``."""
+    try:
+        f = open(path, "a")  # noqa: SIM115 - closed below
+    except OSError:
+        return False
+    with f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(f, fcntl.LOCK_UN)
+        return False
 
 
 def _try_connect(path: str, io_timeout: float) -> socket.socket | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 from typing import Any
 
 import msgspec
@@ -16,7 +17,21 @@ from streamstate.spark.wire.network import default_bind
 from streamstate.spark.wire.protocol import MAX_BODY_BYTES
 from streamstate.spark.wire.security import run_dir
 
-__all__ = ["HostSettings", "HostSpec", "JobPin", "host_id", "host_paths", "proc_start_time"]
+__all__ = [
+    "ZYGOTE_SWITCH",
+    "ForkRequest",
+    "HostSettings",
+    "HostSpec",
+    "JobPin",
+    "host_id",
+    "host_paths",
+    "proc_start_time",
+    "zygote_id",
+]
+
+#: the environment variable that turns the host zygote off ("0"; see
+#: :mod:`streamstate.spark.host.zygote`)
+ZYGOTE_SWITCH = "STREAMSTATE_HOST_ZYGOTE"
 
 
 class HostSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -49,6 +64,10 @@ class HostSpec(msgspec.Struct, frozen=True, kw_only=True):
     max_frame: int = MAX_BODY_BYTES
     #: the query run (for humans; the run is also part of ``id``)
     run: str = ""
+    #: forked by the host zygote of its node and JVM, which it starts if needed
+    #: (:mod:`streamstate.spark.host.zygote`; the hosts of query runs); False: started as a new
+    #: interpreter
+    zygote: bool = False
 
 
 class HostSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -89,6 +108,7 @@ class HostSettings(msgspec.Struct, frozen=True, kw_only=True):
             watch_pid=watch_pid,
             watch_start=proc_start_time(watch_pid) if watch_pid else None,
             idle_timeout=self.idle_timeout,
+            zygote=True,
         )
 
 
@@ -136,6 +156,33 @@ def host_paths(hid: str, directory: str) -> dict[str, str]:
         "log": base + ".log",
         "local": base + ".d",
     }
+
+
+def zygote_id(env: dict[str, str], watch_pid: int, watch_start: int | None) -> str:
+    """The host zygote that may fork the hosts of a spawner with environment ``env`` watching
+    the JVM ``watch_pid`` (:mod:`streamstate.spark.host.zygote`): one per interpreter, import
+    path, ``STREAMSTATE_*`` settings (some are read when a module is imported) and JVM. Its
+    files are :func:`host_paths` of this id."""
+    parts = [os.path.realpath(sys.executable), env.get("PYTHONPATH", ""), str(watch_pid)]
+    parts.append(str(watch_start))
+    parts += sorted(f"{k}={v}" for k, v in env.items() if k.startswith("STREAMSTATE_"))
+    # as long as a host's id: a run directory short enough for hosts' sockets fits it too
+    return "z" + hashlib.sha1("\0".join(parts).encode()).hexdigest()[:19]
+
+
+class ForkRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """What a spawner sends the host zygote to get a host forked (with its status pipe and the
+    host's log file as file descriptors)."""
+
+    spec: HostSpec
+    #: the query run's secret (None: the node's)
+    secret: bytes | None
+    #: the job pin, JSON (empty: none)
+    pin: bytes
+    #: the environment the host would get from the spawner
+    env: dict[str, str]
+    #: the spawner's address-space limit (soft, hard), which a host it starts inherits
+    rlimit_as: tuple[int, int]
 
 
 def proc_start_time(pid: int) -> int | None:
