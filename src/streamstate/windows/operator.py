@@ -527,6 +527,15 @@ class WindowOperator(KeyedProcessFunction[Any, Any]):
         tctx.key = key
         tctx.window = window
         state = self._contents_state()
+        if event_time and self._one_timer_per_window and not self._merging:
+            # the window's one timer is its end and its cleanup time (what the steps below do
+            # then: the trigger fires, the window's state goes, and the trigger's clear deletes
+            # the timer that just fired): a million windows firing in a no-data step
+            state.set_current_namespace(window)
+            self._fire(key, window, state)
+            state.clear()
+            self.window_function.clear(window, self._fn_ctx)
+            return
         merging = None
         if self._merging:
             merging = self._merging_window_set()
