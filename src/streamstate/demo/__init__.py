@@ -10,6 +10,8 @@ Run it with ``streamstate demo`` (``make demo``; ``--fresh`` starts over, ``--ru
 runs without Spark).
 """
 
+from typing import Any
+
 from streamstate.demo.job import (
     HOUR_MS,
     CountViews,
@@ -18,8 +20,16 @@ from streamstate.demo.job import (
     page_view_batch,
     page_views_per_hour,
 )
-from streamstate.demo.local import run_local
-from streamstate.demo.streaming import DEFAULT_DIRECTORY, DemoRun, run_streaming
+
+#: what the demo's runners export, imported when first asked for: a state host unpickling the
+#: demo's function (``streamstate.demo.job``) imports this package, and must not import the
+#: Spark driver with it
+_LAZY = {
+    "DEFAULT_DIRECTORY": "streamstate.demo.streaming",
+    "DemoRun": "streamstate.demo.streaming",
+    "run_streaming": "streamstate.demo.streaming",
+    "run_local": "streamstate.demo.local",
+}
 
 __all__ = [
     "DEFAULT_DIRECTORY",
@@ -33,3 +43,14 @@ __all__ = [
     "run_local",
     "run_streaming",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
