@@ -20,7 +20,7 @@ checked, one request per connection): a 4-byte length sent with two file descrip
 spawner's status pipe and the host's log file, ``SCM_RIGHTS``), then a
 :class:`~streamstate.spark.wire.hosts.ForkRequest` (msgpack). The zygote forks; the child
 becomes the host as ``state_host.main`` does after its double fork (a new session, the log as
-stdout and stderr, the spawner's environment and address-space limit) and reports ``READY`` or
+stdout and stderr, the spawner's environment) and reports ``READY`` or
 ``ERROR <reason>`` on the status pipe itself; the zygote answers ``FORKED <pid>``. Hosts are
 the zygote's children (it reaps them), each in its own session.
 
@@ -41,7 +41,6 @@ import contextlib
 import fcntl
 import json
 import os
-import resource
 import select
 import signal
 import socket
@@ -231,7 +230,6 @@ def _become_host(
         )
         os.environ.clear()
         os.environ.update(request.env)
-        resource.setrlimit(resource.RLIMIT_AS, request.rlimit_as)
         pin = msgspec.json.decode(request.pin, type=JobPin) if request.pin else None
         from streamstate.spark.host.state_host import serve
 

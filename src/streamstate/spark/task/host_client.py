@@ -30,7 +30,6 @@ import itertools
 import json
 import logging
 import os
-import resource
 import selectors
 import socket
 import subprocess
@@ -239,7 +238,6 @@ def _fork_from_zygote(
             secret=secret,
             pin=pin,
             env=env,
-            rlimit_as=resource.getrlimit(resource.RLIMIT_AS),
         )
     )
     log = host_paths(spec.id, spec.run_dir)["log"]

@@ -158,14 +158,32 @@ def host_paths(hid: str, directory: str) -> dict[str, str]:
     }
 
 
+#: environment variables read when an interpreter or a library starts (a forked host keeps the
+#: zygote's) or when a streamstate module is imported: spawners that differ in one of them get
+#: zygotes of their own (the others reach the host with the request)
+_ZYGOTE_ENV_PREFIXES = (
+    "STREAMSTATE_",
+    "PYTHON",
+    "LD_",
+    "MALLOC_",
+    "ARROW_",
+    "OMP_",
+    "OPENBLAS_",
+    "MKL_",
+)
+
+
 def zygote_id(env: dict[str, str], watch_pid: int, watch_start: int | None) -> str:
     """The host zygote that may fork the hosts of a spawner with environment ``env`` watching
-    the JVM ``watch_pid`` (:mod:`streamstate.spark.host.zygote`): one per interpreter, import
-    path, ``STREAMSTATE_*`` settings (some are read when a module is imported) and JVM. Its
-    files are :func:`host_paths` of this id."""
-    parts = [os.path.realpath(sys.executable), env.get("PYTHONPATH", ""), str(watch_pid)]
-    parts.append(str(watch_start))
-    parts += sorted(f"{k}={v}" for k, v in env.items() if k.startswith("STREAMSTATE_"))
+    the JVM ``watch_pid`` (:mod:`streamstate.spark.host.zygote`): one per interpreter, JVM,
+    address-space limit (a forked host keeps the zygote's) and the environment variables read
+    at start or import (``PYTHONPATH``, ``STREAMSTATE_*``, ...). Its files are
+    :func:`host_paths` of this id."""
+    import resource
+
+    parts = [os.path.realpath(sys.executable), str(watch_pid), str(watch_start)]
+    parts.append(repr(resource.getrlimit(resource.RLIMIT_AS)))
+    parts += sorted(f"{k}={v}" for k, v in env.items() if k.startswith(_ZYGOTE_ENV_PREFIXES))
     # as long as a host's id: a run directory short enough for hosts' sockets fits it too
     return "z" + hashlib.sha1("\0".join(parts).encode()).hexdigest()[:19]
 
@@ -181,8 +199,6 @@ class ForkRequest(msgspec.Struct, frozen=True, kw_only=True):
     pin: bytes
     #: the environment the host would get from the spawner
     env: dict[str, str]
-    #: the spawner's address-space limit (soft, hard), which a host it starts inherits
-    rlimit_as: tuple[int, int]
 
 
 def proc_start_time(pid: int) -> int | None:
