@@ -97,17 +97,27 @@ def pytest_xdist_make_scheduler(config: Any, log: Any) -> Any:
 
 
 def _cost_rank(item: Any) -> int:
-    """0 for the cluster tests, 1 for the Connect tests, 2 for another test that starts Spark
-    or other processes, 3 else."""
+    """Where a test is dealt out under ``make test``, the likely longest first: 0 the cluster
+    tests, 1 the Connect tests, then among the other tests that start Spark or other
+    processes: 2 a test starting a standalone cluster of its own (the cluster demo: about a
+    minute), 3 the ``slow`` ones (a model-based test, a whole Sphinx build, a driver of their
+    own), 4 the other Spark tests, 5 the other ``subprocess`` tests (a state host, an S3
+    server, a child killed on purpose: seconds each, they fill the workers' last minutes);
+    6 else."""
     scope = xdist_scope(item.nodeid)
     if scope in ("cluster", "connect"):
         return 0 if scope == "cluster" else 1
-    expensive = ("spark", "cluster", "subprocess", "slow")
-    if {"spark", "connect_spark", "any_spark"} & set(getattr(item, "fixturenames", ())) or any(
-        item.get_closest_marker(m) is not None for m in expensive
-    ):
+    if item.get_closest_marker("cluster") is not None:
         return 2
-    return 3
+    if item.get_closest_marker("slow") is not None:
+        return 3
+    if {"spark", "connect_spark", "any_spark"} & set(getattr(item, "fixturenames", ())) or (
+        item.get_closest_marker("spark") is not None
+    ):
+        return 4
+    if item.get_closest_marker("subprocess") is not None:
+        return 5
+    return 6
 
 
 def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:

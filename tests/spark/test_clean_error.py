@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from support.jvm import JAVA_OPTIONS
+
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.subprocess]
 
 DRIVER = textwrap.dedent(
@@ -37,6 +39,7 @@ DRIVER = textwrap.dedent(
     os.makedirs(f"{d}/in", exist_ok=True)
     pq.write_table(pa.table({"user": ["ann", "bob", "cy"], "v": [1, 2, 3]}), f"{d}/in/p.parquet")
     spark = (SparkSession.builder.master("local[2,3]").config("spark.ui.enabled", "false")
+             .config("spark.driver.extraJavaOptions", sys.argv[2])
              .config("spark.ui.showConsoleProgress", "false")
              .config("spark.sql.shuffle.partitions", "2").getOrCreate())
     stream = spark.readStream.schema("user string, v long").parquet(f"{d}/in")
@@ -53,7 +56,8 @@ def test_a_failing_function_prints_its_error_once_in_a_short_clean_output(tmp_pa
     script.write_text(DRIVER)
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
     done = subprocess.run(
-        [sys.executable, str(script), str(tmp_path / "job")],
+        # the driver's JVM with the tests' options (tests/support/jvm.py)
+        [sys.executable, str(script), str(tmp_path / "job"), JAVA_OPTIONS],
         env=env,
         capture_output=True,
         text=True,

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from support.jvm import JAVA_OPTIONS, spark_java_conf
+
 pytestmark = pytest.mark.spark
 
 DRIVER = textwrap.dedent(
@@ -25,7 +27,7 @@ DRIVER = textwrap.dedent(
             yield value.user, value.v
 
     spark = (SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
-             .getOrCreate())
+             .config("spark.driver.extraJavaOptions", sys.argv[1]).getOrCreate())
     df = spark.createDataFrame([("ann", 1)], "user string, v long")
     try:
         keyed_process(df, key="user", function=Echo(), output_schema="user string, v long")
@@ -56,7 +58,11 @@ def test_workers_without_pyarrow_are_reported_naming_pyspark_python(tmp_path: Pa
     }
     env["PATH"] = f"{shims}{os.pathsep}{env.get('PATH', '')}"
     done = subprocess.run(
-        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, str(script), JAVA_OPTIONS],  # the tests' JVM options (support.jvm)
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 3, done.stdout + done.stderr[-3000:]
     message = done.stdout.split("ERROR ", 1)[1]
@@ -88,7 +94,10 @@ def test_a_connect_server_whose_python_lacks_the_dependencies_is_reported(tmp_pa
             yield value.user, value.v
 
     with LocalConnectServer(
-        master="local[1]", python=str(shim), log=str(tmp_path / "server.log")
+        master="local[1]",
+        python=str(shim),
+        conf=spark_java_conf(),
+        log=str(tmp_path / "server.log"),
     ) as server:
         spark = server.session()
         try:

@@ -34,9 +34,12 @@ def _query(spark: Any, tmp_path: Any, state_backend: str) -> Any:
     ).write_stream("parquet", path=str(tmp_path / "out"), trigger={"availableNow": True})
 
 
+# each setting once: the classic session on RocksDB without rolling the sink back (the parquet
+# sink skips a batch whose marker exists), the Spark Connect client on the heap with the sink
+# rolled back too (the rollback is the CLI's: it works on the files, whichever session wrote them)
 @pytest.mark.parametrize(
     ("session", "state_backend", "with_sink"),
-    [("spark", "heap", True), ("spark", "rocksdb", False), ("connect_spark", "heap", True)],
+    [("spark", "rocksdb", False), ("connect_spark", "heap", True)],
 )
 def test_rollback_after_a_corrupt_latest_metadata_reruns_later_batches_once(
     request: Any, tmp_path: Any, session: str, state_backend: str, with_sink: bool
