@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 from collections.abc import Iterator
 from typing import Any
@@ -86,6 +87,12 @@ def test_hosts_forked_by_one_zygote_serve_and_go_with_its_jvm(
         assert d.spec.id in cmd and "secret" not in cmd
     sock = _zygote_of(a)
     assert os.path.exists(sock) and os.stat(sock).st_mode & 0o777 == 0o600
+    # a request without the two descriptors is refused, and the zygote serves on
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as bogus:
+        bogus.settimeout(10)
+        bogus.connect(sock)
+        bogus.sendall(b"\0\0\0\x10")
+        assert bogus.recv(256).startswith(b"REFUSED 4 header bytes and 0 descriptors")
     # a killed host is started again (forked again) and reloads its checkpoint
     os.kill(host_a, signal.SIGKILL)
     wait_gone(host_a)

@@ -21,14 +21,17 @@ spawner's status pipe and the host's log file, ``SCM_RIGHTS``), then a
 :class:`~streamstate.spark.wire.hosts.ForkRequest` (msgpack). The zygote forks; the child
 becomes the host as ``state_host.main`` does after its double fork (a new session, the log as
 stdout and stderr, the spawner's environment) and reports ``READY`` or
-``ERROR <reason>`` on the status pipe itself; the zygote answers ``FORKED <pid>``. Hosts are
+``ERROR <reason>`` on the status pipe itself; the zygote answers ``FORKED <pid>``, or
+``REFUSED <why>`` to a request it cannot take (the spawner then starts the host itself). Hosts are
 the zygote's children (it reaps them), each in its own session.
 
 Lifetime: it exits when the JVM it watches exits, after ``idle_timeout`` seconds without a
 request, or on SIGTERM. Its id (:func:`~streamstate.spark.wire.hosts.zygote_id`) covers the
-interpreter, the import path, the ``STREAMSTATE_*`` settings and the JVM: a new Spark
-application, whose code may have changed, gets a new zygote. It holds ``<id>.lock`` for
-its life (a second one exits at once) and logs to ``<id>.log``.
+interpreter, the JVM, the address-space limit and the environment variables read when an
+interpreter starts or a module is imported (``PYTHON*``, ``STREAMSTATE_*``, ``LD_*``, ...): a
+new Spark application, whose code may have changed, gets a new zygote, and so does a spawner
+whose hosts must start differently. It holds ``<id>.lock`` for its life (a second one exits at
+once) and logs to ``<id>.log``.
 
 ``python -m streamstate.spark.host.zygote <run dir> <id> <jvm pid> <jvm start> <idle timeout>
 <status fd>``. The hosts it forks show the command line of a host started as a new interpreter
@@ -165,15 +168,15 @@ def _fork_host(conn: socket.socket, inherited: tuple[object, ...]) -> int | None
     fds: list[int] = []
     try:
         if peer_uid(conn) != os.getuid():
-            _log("refused a request from another user")
+            _refuse(conn, "a request from another user")
             return None
         header, fds, _, _ = socket.recv_fds(conn, 4, 2)
         if len(header) != 4 or len(fds) != 2:
-            _log(f"refused a request with {len(header)} header bytes and {len(fds)} descriptors")
+            _refuse(conn, f"{len(header)} header bytes and {len(fds)} descriptors")
             return None
         size = int.from_bytes(header, "big")
         if size > MAX_REQUEST:
-            _log(f"refused a request of {size} bytes")
+            _refuse(conn, f"a request of {size} bytes (at most {MAX_REQUEST})")
             return None
         body = bytearray()
         while len(body) < size:
@@ -190,13 +193,23 @@ def _fork_host(conn: socket.socket, inherited: tuple[object, ...]) -> int | None
             _become_host(request, fds[0], fds[1], conn, inherited)
         conn.sendall(f"FORKED {pid}\n".encode())
         return pid
-    except (OSError, msgspec.ValidationError, msgspec.DecodeError) as exc:
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        _refuse(conn, f"an undecodable request: {exc}")
+        return None
+    except OSError as exc:
         _log(f"a request failed: {exc!r}")
         return None
     finally:
         for fd in fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+
+def _refuse(conn: socket.socket, why: str) -> None:
+    """Tell the spawner its request was refused (it starts the host itself)."""
+    _log(f"refused {why}")
+    with contextlib.suppress(OSError):
+        conn.sendall(f"REFUSED {why}\n".encode())
 
 
 def _become_host(

@@ -25,6 +25,7 @@ it).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import itertools
 import json
@@ -240,31 +241,39 @@ def _fork_from_zygote(
             env=env,
         )
     )
-    log = host_paths(spec.id, spec.run_dir)["log"]
-    if _request_fork(spec.run_dir, zid, request, status_fd, log):
+    log_path = host_paths(spec.id, spec.run_dir)["log"]
+    if _request_fork(spec.run_dir, zid, request, status_fd, log_path):
         return True
     return _start_zygote(spec, env, zid, min(timeout, 60.0)) and _request_fork(
-        spec.run_dir, zid, request, status_fd, log
+        spec.run_dir, zid, request, status_fd, log_path
     )
 
 
-def _request_fork(run_dir: str, zid: str, request: bytes, status_fd: int, log: str) -> bool:
+def _request_fork(run_dir: str, zid: str, request: bytes, status_fd: int, log_path: str) -> bool:
+    """Send the zygote ``zid`` the request; False if it could not be sent (no zygote) or the
+    zygote refused it, and the spawner starts the host itself. Once the zygote took it, the
+    status pipe decides, never a second host (a zygote that died before forking closed its copy
+    of the pipe, and the spawner reads that the host exited without a status)."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(10.0)
     try:
         sock.connect(host_paths(zid, run_dir)["sock"])
         if peer_uid(sock) != os.getuid():
             return False
-        with open(log, "ab") as log_file:
+        with open(log_path, "ab") as log_file:
             socket.send_fds(sock, [len(request).to_bytes(4, "big")], [status_fd, log_file.fileno()])
         sock.sendall(request)
         reply = b""
-        while not reply.endswith(b"\n"):
-            chunk = sock.recv(64)
-            if not chunk:
-                break
-            reply += chunk
-        return reply.startswith(b"FORKED ")
+        with contextlib.suppress(OSError):
+            while not reply.endswith(b"\n"):
+                chunk = sock.recv(256)
+                if not chunk:
+                    break
+                reply += chunk
+        if reply.startswith(b"REFUSED"):
+            log.warning("the state-host zygote %s refused a host: %s", zid, reply.decode().strip())
+            return False
+        return True
     except OSError:
         return False
     finally:
