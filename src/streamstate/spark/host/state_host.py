@@ -70,6 +70,8 @@ from streamstate.spark.wire.step import Begin
 __all__ = [
     "StateHost",
     "clean_stale_host_files",
+    "hold_lock",
+    "listen_unix",
     "serve",
     "warm_imports",
 ]
@@ -302,6 +304,43 @@ class StateHost:
             self.runtime = None
 
 
+def hold_lock(path: str) -> tuple[Any, str]:
+    """Take the ``flock`` of ``path`` for the life of the process and write this pid into it:
+    (the open file, ""), or (None, what the holder wrote: its pid) if another process holds it."""
+    lock = open(path, "a+")  # noqa: SIM115 - held for the life of the process
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip()
+        lock.close()
+        return None, holder
+    lock.seek(0)
+    lock.truncate()
+    lock.write(str(os.getpid()))
+    lock.flush()
+    return lock, ""
+
+
+def listen_unix(path: str, backlog: int) -> socket.socket:
+    """A listening Unix socket at ``path``, the file the owner's only (0600); a socket file left
+    there by a dead process is replaced (the caller holds the lock that says so). Raises
+    OSError if it cannot bind."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old_umask = os.umask(0o177)
+    try:
+        listener.bind(path)
+    except OSError:
+        listener.close()
+        raise
+    finally:
+        os.umask(old_umask)
+    listener.listen(backlog)
+    return listener
+
+
 def _report(status_fd: list[int | None], msg: str) -> None:
     fd = status_fd[0]
     if fd is None:
@@ -341,21 +380,14 @@ def serve(
     ones first. Only those count as use for ``idle_timeout``."""
     status: list[int | None] = [status_fd]
     paths = host_paths(spec.id, spec.run_dir)
-    lock = open(paths["lock"], "a+")  # noqa: SIM115 - held for the life of the process
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        lock.seek(0)
+    lock, holder = hold_lock(paths["lock"])
+    if lock is None:
         _report(
             status,
-            f"ERROR another host (pid {lock.read().strip() or '?'}) holds {paths['lock']} but "
-            "its socket does not accept connections",
+            f"ERROR another host (pid {holder or '?'}) holds {paths['lock']} but its socket "
+            "does not accept connections",
         )
         return 3
-    lock.seek(0)
-    lock.truncate()
-    lock.write(str(os.getpid()))
-    lock.flush()
     if spec.watch_pid:
         if proc_start_time(spec.watch_pid) != spec.watch_start:
             _report(status, f"ERROR the executor process {spec.watch_pid} is already gone")
@@ -363,18 +395,11 @@ def serve(
         _watch_executor(spec.watch_pid, paths["sock"])
     if secret is None:
         secret = node_secret(spec.run_dir)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(paths["sock"])  # a dead host's socket (we hold the lock: it is not alive)
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old_umask = os.umask(0o177)  # the socket file itself is the owner's only (0600)
     try:
-        listener.bind(paths["sock"])
+        listener = listen_unix(paths["sock"], 128)
     except OSError as exc:
         _report(status, f"ERROR cannot bind {paths['sock']}: {exc}")
         return 5
-    finally:
-        os.umask(old_umask)
-    listener.listen(128)
     sock_inode = os.stat(paths["sock"]).st_ino
     host = StateHost(spec, pin)
     host.location.update(node=node_id(spec.run_dir), unix=paths["sock"])

@@ -41,7 +41,6 @@ once) and logs to ``<id>.log``.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import select
@@ -55,6 +54,7 @@ from typing import Any
 import msgspec
 import setproctitle
 
+from streamstate.spark.host import state_host
 from streamstate.spark.wire.hosts import ForkRequest, JobPin, host_paths, proc_start_time
 from streamstate.spark.wire.security import peer_uid
 
@@ -85,40 +85,25 @@ def serve_zygote(
     fork a host for each request until the JVM ``watch_pid`` exits or ``idle_timeout`` seconds
     pass without one."""
     paths = host_paths(zid, run_dir)
-    lock = open(paths["lock"], "a+")  # noqa: SIM115 - held for the life of the process
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        _report(status_fd, "ERROR another zygote holds " + paths["lock"])
+    lock, holder = state_host.hold_lock(paths["lock"])
+    if lock is None:
+        _report(status_fd, f"ERROR another zygote (pid {holder or '?'}) holds {paths['lock']}")
         return 3
-    lock.seek(0)
-    lock.truncate()
-    lock.write(str(os.getpid()))
-    lock.flush()
     if proc_start_time(watch_pid) != watch_start:
         _report(status_fd, f"ERROR the JVM {watch_pid} is already gone")
         return 4
     watch = os.pidfd_open(watch_pid)
-    from streamstate.spark.host import state_host
-
     state_host.warm_imports()
     import cloudpickle  # noqa: F401 - what serve() imports before READY
     import pyarrow  # noqa: F401
 
     import streamstate.spark.subtask  # noqa: F401
 
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(paths["sock"])  # a dead zygote's socket (we hold the lock)
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old_umask = os.umask(0o177)
     try:
-        listener.bind(paths["sock"])
+        listener = state_host.listen_unix(paths["sock"], 64)
     except OSError as exc:
         _report(status_fd, f"ERROR cannot bind {paths['sock']}: {exc}")
         return 5
-    finally:
-        os.umask(old_umask)
-    listener.listen(64)
     inode = os.stat(paths["sock"]).st_ino
     stop: list[str] = []
     signal.signal(signal.SIGTERM, lambda signum, frame: stop.append(f"signal {signum}"))
@@ -244,9 +229,7 @@ def _become_host(
         os.environ.clear()
         os.environ.update(request.env)
         pin = msgspec.json.decode(request.pin, type=JobPin) if request.pin else None
-        from streamstate.spark.host.state_host import serve
-
-        rc = serve(request.spec, status_fd, request.secret, pin)
+        rc = state_host.serve(request.spec, status_fd, request.secret, pin)
     except BaseException:
         traceback.print_exc()
         _report(status_fd, "ERROR the host forked by the zygote failed; see its log")

@@ -163,18 +163,33 @@ def spawn(
 
 def _launch(spec: HostSpec, env: dict[str, str], status_fd: int, secret: bytes, pin: bytes) -> None:
     """Start the host as a new interpreter (it double-forks; its status comes on
-    ``status_fd``)."""
-    with open(host_paths(spec.id, spec.run_dir)["log"], "ab") as log_file:
-        launcher = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "streamstate.spark.host.state_host",
-                "serve",
-                json.dumps(msgspec.to_builtins(spec)),
-                str(status_fd),
-            ],
-            stdin=subprocess.PIPE,
+    ``status_fd``); the secret and the pin go on its stdin."""
+    launcher = _start_detached(
+        "streamstate.spark.host.state_host",
+        ["serve", json.dumps(msgspec.to_builtins(spec)), str(status_fd)],
+        host_paths(spec.id, spec.run_dir)["log"],
+        status_fd,
+        env,
+        stdin=secret.hex().encode() + b"\n" + pin + b"\n",
+    )
+    launcher.wait()  # it exits right after forking the host
+
+
+def _start_detached(
+    module: str,
+    args: list[str],
+    log_path: str,
+    status_fd: int,
+    env: dict[str, str],
+    stdin: bytes | None = None,
+) -> subprocess.Popen[bytes]:
+    """``python -m module args...`` in a session of its own, in ``/``, its output appended to
+    ``log_path``, the pipe ``status_fd`` its only inherited descriptor, ``stdin`` written to it
+    (None: no stdin)."""
+    with open(log_path, "ab") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", module, *args],
+            stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
             stdout=log_file,
             stderr=log_file,
             pass_fds=(status_fd,),
@@ -183,14 +198,13 @@ def _launch(spec: HostSpec, env: dict[str, str], status_fd: int, secret: bytes, 
             cwd="/",
             env=env,
         )
-    assert launcher.stdin is not None
-    try:
-        launcher.stdin.write(secret.hex().encode() + b"\n")
-        launcher.stdin.write(pin + b"\n")
-        launcher.stdin.close()
-    except BrokenPipeError:
-        pass  # it died at once: the status pipe says why
-    launcher.wait()  # it exits right after forking the host
+    if proc.stdin is not None:
+        try:
+            proc.stdin.write(stdin or b"")
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass  # it died at once: the status pipe says why
+    return proc
 
 
 def _read_status(read_fd: int, timeout: float) -> str | None:
@@ -290,28 +304,20 @@ def _start_zygote(spec: HostSpec, env: dict[str, str], zid: str, timeout: float)
             return True  # a zygote runs
         read_fd, write_fd = os.pipe()
         try:
-            with open(paths["log"], "ab") as log_file:
-                launcher = subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "streamstate.spark.host.zygote",
-                        spec.run_dir,
-                        zid,
-                        str(spec.watch_pid),
-                        str(spec.watch_start),
-                        str(spec.idle_timeout),
-                        str(write_fd),
-                    ],
-                    stdin=subprocess.DEVNULL,
-                    stdout=log_file,
-                    stderr=log_file,
-                    pass_fds=(write_fd,),
-                    close_fds=True,
-                    start_new_session=True,
-                    cwd="/",
-                    env=env,
-                )
+            launcher = _start_detached(
+                "streamstate.spark.host.zygote",
+                [
+                    spec.run_dir,
+                    zid,
+                    str(spec.watch_pid),
+                    str(spec.watch_start),
+                    str(spec.idle_timeout),
+                    str(write_fd),
+                ],
+                paths["log"],
+                write_fd,
+                env,
+            )
         finally:
             os.close(write_fd)
         launcher.wait()  # it exits right after forking the zygote
