@@ -112,8 +112,15 @@ def test_retention_keeps_exactly_the_shared_files_retained_checkpoints_list(
 ) -> None:
     storage = FileSystemCheckpointStorage(str(tmp_path))
     storage.retained_checkpoints = 2
-    runner = _runner(storage)
+    # compactions only where the test says: after the third checkpoint one full compaction
+    # replaces the files of checkpoints 1-3 (retention must then delete them once no retained
+    # checkpoint lists them), and the compacted files stay listed by checkpoints 5 and 6
+    no_background = RocksDBStateBackend(extra={"disable_auto_compactions": True})
+    runner = _runner(storage, backend=no_background)
     for round_ in range(6):
+        if round_ == 3:
+            for op in runner.subtasks:
+                op.keyed_backend.instance.compact()
         runner.run(all_kinds_records(200 + 40 * round_, per_key=1), final_watermark=False)
         runner.checkpoint()
         runner.checkpoint_coordinator.wait_for_retention()
@@ -124,7 +131,8 @@ def test_retention_keeps_exactly_the_shared_files_retained_checkpoints_list(
     listed = {cp.resolve(f.path) for cp in kept for f in _ssts(cp)}
     shared = {p for p in storage.walk_files("shared") if p.endswith(".sst")}
     assert shared == listed
-    assert any(f.checkpoint_id < 5 for f in _ssts(kept[1]))  # older files are still referenced
+    assert any(f.checkpoint_id == 4 for f in _ssts(kept[1]))  # the compacted files, uploaded by 4
+    assert not any(f.checkpoint_id < 4 for f in _ssts(kept[1]))  # compacted away, then deleted
     for cp in kept:
         assert storage.problems(cp, deep=True) == []
     fresh = _runner(storage, p=3)

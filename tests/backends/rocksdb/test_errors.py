@@ -121,6 +121,8 @@ def test_options_are_validated() -> None:
         RocksDBConfig.from_options(RocksDBStateBackend(extra={"blok_cache": 1}))
     with pytest.raises(ValueError, match="write_buffer_size must be at least"):
         RocksDBConfig.from_options(RocksDBStateBackend(write_buffer_size=10))
+    with pytest.raises(ValueError, match="disable_auto_compactions must be True or False"):
+        RocksDBConfig.from_options(RocksDBStateBackend(extra={"disable_auto_compactions": "y"}))
     config = RocksDBConfig.from_options(
         RocksDBStateBackend(
             block_cache_size=1 << 20, compression="zstd", extra={"cache_entries": 7}

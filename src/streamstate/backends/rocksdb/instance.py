@@ -76,6 +76,10 @@ class RocksDBConfig:
     compression: str = "lz4"
     bloom_bits_per_key: int = 10
     max_background_jobs: int = 2
+    #: RocksDB's ``disable_auto_compactions``: SST files change only by flushes and the
+    #: backend's own full compactions. For bulk loads that compact once at the end, and for
+    #: checks that follow which files each checkpoint references
+    disable_auto_compactions: bool = False
     #: the write-ahead log is useless when recovery always comes from a checkpoint
     disable_wal: bool = True
     #: entries of the write-back cache in front of RocksDB (0 disables caching)
@@ -125,6 +129,11 @@ class RocksDBConfig:
                 raise ValueError(f"RocksDB option {name} must be an integer, got {value!r}")
             if value < 0:
                 raise ValueError(f"RocksDB option {name} must be >= 0, got {value}")
+        for name in ("disable_auto_compactions", "disable_wal", "incremental"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(
+                    f"RocksDB option {name} must be True or False, got {getattr(self, name)!r}"
+                )
         if self.write_buffer_size < 64 * 1024:
             raise ValueError(
                 f"RocksDB write_buffer_size must be at least 64 KiB, got {self.write_buffer_size}"
@@ -160,8 +169,15 @@ class RocksDBConfig:
         if self.total_write_buffer_size:
             opts.set_db_write_buffer_size(self.total_write_buffer_size)
         opts.set_max_background_jobs(self.max_background_jobs)
+        opts.set_disable_auto_compactions(self.disable_auto_compactions)
         opts.set_keep_log_file_num(2)
         return opts
+
+
+def _compact_fully(cf: ColumnFamily) -> None:
+    options = CompactOptions()
+    options.set_bottommost_level_compaction(BottommostLevelCompaction.force())
+    cf._db().compact_range(None, None, options)
 
 
 class ColumnFamily:
@@ -423,9 +439,7 @@ class RocksDBInstance:
         for cf in self._column_families.values():
             if _range_deletions(cf) == 0:
                 continue
-            options = CompactOptions()
-            options.set_bottommost_level_compaction(BottommostLevelCompaction.force())
-            cf._db().compact_range(None, None, options)
+            _compact_fully(cf)
             left = _range_deletions(cf)
             if left:
                 raise StateBackendError(
@@ -433,6 +447,12 @@ class RocksDBInstance:
                     "deletion(s) after a full compaction, which RocksDB's row cache cannot "
                     "honour; restore with row_cache_size=0"
                 )
+
+    def compact(self) -> None:
+        """A full manual compaction of every column family: each one's files rewritten into
+        its bottom level (what RocksDB's background compactions do gradually)."""
+        for cf in self._column_families.values():
+            _compact_fully(cf)
 
     def create_checkpoint(self, target: str) -> None:
         """A native RocksDB checkpoint in ``target`` (memtables flushed, SST files hard-linked)."""
