@@ -117,7 +117,7 @@ def test_queue_compacts_after_many_removals():
 @given(
     st.lists(
         st.tuples(
-            st.sampled_from(["add", "remove", "poll", "poll_until"]),
+            st.sampled_from(["add", "remove", "poll", "poll_until", "compact"]),
             st.integers(0, 20),
             st.sampled_from(["a", "b", "c"]),
             st.integers(0, 2),
@@ -140,6 +140,9 @@ def test_queue_matches_a_sorted_set_model(ops):
         elif op == "remove":
             assert q.remove(ts, key, ns, kg) is (ident in model)
             model.pop(ident, None)
+        elif op == "compact":  # drops the entries of removed timers, keeps the order
+            q.compact()
+            assert q.heap_size() == len(model)
         elif op == "poll":
             got = q.poll()
             if not model:

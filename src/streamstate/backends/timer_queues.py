@@ -18,8 +18,9 @@ queue keep its restored namespaces encoded, as restored states do, until the pro
 >>> q.poll(), q.poll(), q.poll()
 ((10, 'a', None, 0), (20, 'b', None, 1), None)
 
-Complexity: ``add``/``remove`` O(log n) amortized (removal is lazy: the heap entry is skipped
-when it surfaces), ``peek``/``poll`` amortized O(log n).
+Complexity, with ``t`` distinct timestamps: ``add`` O(1) for a timestamp already held, O(log t)
+for a new one; ``remove`` O(1) amortized (lazy: the entry is skipped when it surfaces);
+``peek``/``poll`` amortized O(1), plus O(log t) when a timestamp's last timer goes.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any, Literal
 
@@ -69,18 +71,26 @@ EncodedForm = Literal["wire", "bytes"]
 class KeyGroupedTimerQueue:
     """A priority queue of timers with set semantics, partitioned by key group.
 
-    Timers with equal timestamps come out in the order they were added.
+    Timers with equal timestamps come out in the order they were added. They are kept in one
+    bucket per distinct timestamp, in a heap of those timestamps: window timers share few
+    timestamps (every key's hour ends at the same instant), so adding and polling cost a dict
+    lookup and a deque step instead of a sift through a heap of every timer.
     """
 
-    __slots__ = ("_by_kg", "_heap", "_seq", "_size", "changed")
+    __slots__ = ("_buckets", "_by_kg", "_entries", "_seq", "_size", "_times", "changed")
 
-    #: compact the heap once it holds this many more entries than twice the live timers
+    #: compact the buckets once they hold this many more entries than twice the live timers
     COMPACT_SLACK = 64
 
     def __init__(self, num_key_groups: int) -> None:
-        # per key group: (timestamp, key, namespace) -> sequence number of its live heap entry
+        # per key group: (timestamp, key, namespace) -> sequence number of its live entry
         self._by_kg: list[dict[tuple[int, Any, Any], int]] = [{} for _ in range(num_key_groups)]
-        self._heap: list[tuple[int, int, int, Any, Any]] = []
+        # timestamp -> entries (sequence number, key group, key, namespace) in the order added;
+        # the entry of a removed timer stays until it surfaces or a compaction
+        self._buckets: dict[int, deque[tuple[int, int, Any, Any]]] = {}
+        # the timestamps of the buckets, as a heap
+        self._times: list[int] = []
+        self._entries = 0
         self._seq = itertools.count()
         self._size = 0
         #: indices of key groups whose timers changed since the last take_changed()
@@ -95,21 +105,26 @@ class KeyGroupedTimerQueue:
         seq = next(self._seq)
         timers[ident] = seq
         self._size += 1
-        heapq.heappush(self._heap, (timestamp, seq, kg_index, key, namespace))
+        bucket = self._buckets.get(timestamp)
+        if bucket is None:
+            self._buckets[timestamp] = bucket = deque()
+            heapq.heappush(self._times, timestamp)
+        bucket.append((seq, kg_index, key, namespace))
+        self._entries += 1
         self.changed.add(kg_index)
         return True
 
     def remove(self, timestamp: int, key: Any, namespace: Any, kg_index: int) -> bool:
         """Remove a timer; False if it was not there.
 
-        The heap entry is dropped lazily (when it surfaces, or by a compaction once removed
+        Its entry is dropped lazily (when it surfaces, or by a compaction once removed
         entries outnumber live ones), so removal is O(1) amortized.
         """
         if self._by_kg[kg_index].pop((timestamp, key, namespace), None) is None:
             return False
         self._size -= 1
         self.changed.add(kg_index)
-        if len(self._heap) > 2 * self._size + self.COMPACT_SLACK:
+        if self._entries > 2 * self._size + self.COMPACT_SLACK:
             self.compact()
         return True
 
@@ -124,15 +139,22 @@ class KeyGroupedTimerQueue:
         return changed
 
     def peek_timestamp(self) -> int | None:
-        """The smallest timestamp of any timer, or None (entries of removed timers on top of
-        the heap are dropped)."""
-        heap = self._heap
+        """The smallest timestamp of any timer, or None (entries of removed timers at the
+        front are dropped)."""
+        times = self._times
+        buckets = self._buckets
         by_kg = self._by_kg
-        while heap:
-            ts, seq, kgi, key, ns = heap[0]
-            if by_kg[kgi].get((ts, key, ns)) == seq:
-                return ts
-            heapq.heappop(heap)
+        while times:
+            ts = times[0]
+            bucket = buckets[ts]
+            while bucket:
+                seq, kgi, key, ns = bucket[0]
+                if by_kg[kgi].get((ts, key, ns)) == seq:
+                    return ts
+                bucket.popleft()
+                self._entries -= 1
+            del buckets[ts]
+            heapq.heappop(times)
         return None
 
     def poll(self) -> tuple[int, Any, Any, int] | None:
@@ -144,20 +166,26 @@ class KeyGroupedTimerQueue:
         its timestamp is at most ``until``, else None: what :meth:`peek_timestamp` then
         :meth:`poll` would do, in one look (firing a million window timers looked each one up
         three times)."""
-        heap = self._heap
+        times = self._times
+        buckets = self._buckets
         by_kg = self._by_kg
-        while heap:
-            ts, seq, kgi, key, ns = heap[0]
+        while times:
+            ts = times[0]
             if ts > until:
-                return None  # removed or not, every entry below it is later still
-            heapq.heappop(heap)
-            timers = by_kg[kgi]
-            ident = (ts, key, ns)
-            if timers.get(ident) == seq:
-                del timers[ident]
-                self._size -= 1
-                self.changed.add(kgi)
-                return ts, key, ns, kgi
+                return None  # removed or not, every entry after it is later still
+            bucket = buckets[ts]
+            while bucket:
+                seq, kgi, key, ns = bucket.popleft()
+                self._entries -= 1
+                timers = by_kg[kgi]
+                ident = (ts, key, ns)
+                if timers.get(ident) == seq:
+                    del timers[ident]
+                    self._size -= 1
+                    self.changed.add(kgi)
+                    return ts, key, ns, kgi
+            del buckets[ts]
+            heapq.heappop(times)
         return None
 
     def __len__(self) -> int:
@@ -168,8 +196,8 @@ class KeyGroupedTimerQueue:
         return len(self._by_kg)
 
     def heap_size(self) -> int:
-        """Entries in the heap, removed timers not yet dropped included (for tests)."""
-        return len(self._heap)
+        """Entries held, removed timers not yet dropped included (for tests)."""
+        return self._entries
 
     def timers_of_key_group(self, kg_index: int) -> list[tuple[int, Any, Any]]:
         """``(timestamp, key, namespace)`` of one key group, in the order they were added."""
@@ -181,20 +209,30 @@ class KeyGroupedTimerQueue:
                 yield ts, key, ns, kgi
 
     def compact(self) -> None:
-        """Drop heap entries of removed timers (bounds memory after many deletions)."""
-        live = [
-            (ts, seq, kgi, k, ns)
+        """Drop the entries of removed timers (bounds memory after many deletions)."""
+        live = sorted(
+            (seq, ts, kgi, k, ns)
             for kgi, t in enumerate(self._by_kg)
             for (ts, k, ns), seq in t.items()
-        ]
-        heapq.heapify(live)
-        self._heap = live
+        )
+        buckets: dict[int, deque[tuple[int, int, Any, Any]]] = {}
+        for seq, ts, kgi, k, ns in live:
+            bucket = buckets.get(ts)
+            if bucket is None:
+                buckets[ts] = bucket = deque()
+            bucket.append((seq, kgi, k, ns))
+        self._buckets = buckets
+        self._times = list(buckets)
+        heapq.heapify(self._times)
+        self._entries = len(live)
 
     def clear(self) -> None:
         """Drop every timer (a queue being refilled with decoded namespaces)."""
         for timers in self._by_kg:
             timers.clear()
-        self._heap = []
+        self._buckets = {}
+        self._times = []
+        self._entries = 0
         self._size = 0
 
 

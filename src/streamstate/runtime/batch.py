@@ -49,6 +49,7 @@ from typing import Any
 from streamstate.api.functions import KeyedProcessFunction
 from streamstate.backends.base import Clock
 from streamstate.backends.batch import BatchExecutionKeyedStateBackend, BatchExecutionStateBackend
+from streamstate.backends.batch.timer_queue import SingleKeyTimerQueue
 from streamstate.metrics import MetricGroup
 from streamstate.namespace import VOID_NAMESPACE
 from streamstate.runtime.operator import KeyedProcessOperator
@@ -88,7 +89,9 @@ class BatchInternalTimerService(InternalTimerService):
         self._add_processing = self.processing_time_timers.add
         # the processing-time queue's heap (a single-key queue empties it in place): most keys
         # have no processing-time timer, and testing the list costs no call
-        self._processing_heap = self.processing_time_timers._heap
+        processing = self.processing_time_timers
+        assert isinstance(processing, SingleKeyTimerQueue)
+        self._processing_heap = processing.heap
 
     def register_event_time_timer(self, namespace: Any, timestamp: int) -> None:
         if self.current_watermark == MAX_WATERMARK:

@@ -39,7 +39,7 @@ _heappop = heapq.heappop
 class SingleKeyTimerQueue(KeyGroupedTimerQueue):
     """Timers of the current key: set semantics, timestamp order (see the module docstring)."""
 
-    __slots__ = ("_live", "_pending")
+    __slots__ = ("_live", "_pending", "heap")
 
     def __init__(self, pending: list[int] | None = None) -> None:
         # the key-grouped queue's structures are not used
@@ -48,7 +48,9 @@ class SingleKeyTimerQueue(KeyGroupedTimerQueue):
         self._size = 0
         #: (timestamp, namespace) -> sequence number of its live heap entry
         self._live: dict[tuple[int, Any], int] = {}
-        self._heap: list[tuple[int, int, Any, Any]] = []  # type: ignore[assignment]
+        #: entries ``(timestamp, sequence number, key, namespace)`` as a heap; emptied in place
+        #: when no timer is left, so an empty list means no timer
+        self.heap: list[tuple[int, int, Any, Any]] = []
         self._seq = 0  # type: ignore[assignment]
         #: a counter shared by the backend's queues: timers added since the key began (the
         #: backend skips firing a key without any)
@@ -63,7 +65,7 @@ class SingleKeyTimerQueue(KeyGroupedTimerQueue):
         seq: int = self._seq  # type: ignore[assignment]
         self._seq = seq + 1  # type: ignore[assignment]
         live[ident] = seq
-        _heappush(self._heap, (timestamp, seq, key, namespace))  # type: ignore[arg-type]
+        _heappush(self.heap, (timestamp, seq, key, namespace))
         self._pending[0] += 1
         return True
 
@@ -71,7 +73,7 @@ class SingleKeyTimerQueue(KeyGroupedTimerQueue):
         """Remove every timer in order, calling ``target(timestamp, key, namespace)`` for each;
         a timer removed meanwhile (by an earlier ``target``) is skipped, one added meanwhile is
         fired too. Returns how many fired."""
-        heap = self._heap
+        heap = self.heap
         if not heap:
             return 0
         live = self._live
@@ -79,12 +81,12 @@ class SingleKeyTimerQueue(KeyGroupedTimerQueue):
         if len(heap) == 1 and len(live) == 1:
             # the common case (one timer per key): that entry is the live one, nothing to
             # look up; a timer added while it fires is fired by the loop below
-            ts, _, key, ns = heap.pop()  # type: ignore[misc]
+            ts, _, key, ns = heap.pop()
             live.clear()
             target(ts, key, ns)
             fired = 1
         while heap:
-            ts, seq, key, ns = _heappop(heap)  # type: ignore[misc]
+            ts, seq, key, ns = _heappop(heap)
             ident = (ts, ns)
             if live.get(ident) == seq:
                 del live[ident]
@@ -98,7 +100,7 @@ class SingleKeyTimerQueue(KeyGroupedTimerQueue):
         if live.pop((timestamp, namespace), None) is None:
             return False
         if not live:
-            self._heap.clear()
+            self.heap.clear()
         return True
 
     def contains(self, timestamp: int, key: Any, namespace: Any, kg_index: int = 0) -> bool:
@@ -109,12 +111,12 @@ class SingleKeyTimerQueue(KeyGroupedTimerQueue):
 
     def peek_timestamp(self) -> int | None:
         """The smallest timestamp of any timer, or None."""
-        heap = self._heap
+        heap = self.heap
         live = self._live
         while heap:
-            ts, seq, _, ns = heap[0]  # type: ignore[misc]
+            ts, seq, _, ns = heap[0]
             if live.get((ts, ns)) == seq:
-                return ts  # type: ignore[no-any-return]
+                return ts
             _heappop(heap)
         return None
 
@@ -124,10 +126,10 @@ class SingleKeyTimerQueue(KeyGroupedTimerQueue):
 
     def poll_until(self, until: float) -> tuple[int, Any, Any, int] | None:
         """:meth:`poll` if the earliest timer's timestamp is at most ``until``, else None."""
-        heap = self._heap
+        heap = self.heap
         live = self._live
         while heap:
-            ts, seq, key, ns = heap[0]  # type: ignore[misc]
+            ts, seq, key, ns = heap[0]
             if ts > until:
                 return None
             _heappop(heap)
@@ -141,8 +143,8 @@ class SingleKeyTimerQueue(KeyGroupedTimerQueue):
         """Drop every timer (the key changed)."""
         if self._live:
             self._live.clear()
-        if self._heap:
-            self._heap.clear()
+        if self.heap:
+            self.heap.clear()
 
     def compact(self) -> None:
         """Nothing to compact: the queue empties at every key change."""
@@ -152,11 +154,11 @@ class SingleKeyTimerQueue(KeyGroupedTimerQueue):
         return 1
 
     def heap_size(self) -> int:
-        return len(self._heap)
+        return len(self.heap)
 
     def timers_of_key_group(self, kg_index: int) -> list[tuple[int, Any, Any]]:
         """``(timestamp, key, namespace)`` of the current key, in the order they were added."""
-        ordered = sorted((seq, ts, key, ns) for ts, seq, key, ns in self._heap)  # type: ignore[misc]
+        ordered = sorted((seq, ts, key, ns) for ts, seq, key, ns in self.heap)
         return [(ts, key, ns) for seq, ts, key, ns in ordered if self._live.get((ts, ns)) == seq]
 
     def __iter__(self) -> Iterator[tuple[int, Any, Any, int]]:
