@@ -30,6 +30,7 @@ import itertools
 import math
 from collections import deque
 from collections.abc import Iterable, Iterator
+from operator import itemgetter
 from typing import Any, Literal
 
 import msgspec
@@ -58,6 +59,8 @@ __all__ = [
     "TimerQueues",
     "TimerRestore",
 ]
+
+_first, _second, _third = itemgetter(0), itemgetter(1), itemgetter(2)
 
 #: namespace serializers a restore rebuilds from the checkpoint without running its code, so that
 #: the timers of a queue not created yet are decoded at once (window namespaces are the usual)
@@ -257,8 +260,10 @@ class _TimerSnapshotSource(SnapshotSource):
         if timers is None:
             return None
         if timers:
-            timestamps, keys, namespaces = zip(*timers, strict=True)
-            columns = EntryColumns(list(keys), list(namespaces), list(timestamps))
+            # column by column (zip(*timers) would make an iterator per timer)
+            columns = EntryColumns(
+                list(map(_second, timers)), list(map(_third, timers)), list(map(_first, timers))
+            )
         else:
             columns = EntryColumns([], [], [])
         # a delta's changed key group is written even when empty: it replaces the previous one
