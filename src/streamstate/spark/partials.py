@@ -512,12 +512,15 @@ class PartialReader:
                 if kind == LATE:
                     elements[i] = tuple.__new__(cls, [col[i] for col in columns])
         size = self.size
+        # one window object per distinct start: a batch's groups share a few windows, and
+        # equal objects that are the same object compare by identity in every state lookup
+        windows: dict[Any, Any] = {}  # none without a window size: the operator assigns them
+        if size is not None:
+            windows.update((s, TimeWindow(s, s + size)) for s in set(starts) if s is not None)
         partials = [
             Partial(
                 kind,
-                None
-                if start is None or size is None or kind != PARTIAL
-                else TimeWindow(start, start + size),
+                windows.get(start) if kind == PARTIAL else None,
                 acc,
                 low,
                 n,
