@@ -382,13 +382,16 @@ class SubtaskRuntime:
                 job.key_columns,
                 job.value_columns,
             )
-        keys, kgs, partials, records, top = reader.read(batch)
+        keys, kgs, items, folded, records, top = reader.read(batch)
         self._partials += batch.num_rows
         self._rows += records
         if top is not None and (self._max_event_time is None or top > self._max_event_time):
             self._max_event_time = top
         op = self.op
-        op.process_keyed(keys, kgs, partials, op.function.process_partial)
+        function = op.function
+        op.process_keyed(
+            keys, kgs, items, function.process_folded if folded else function.process_partial
+        )
         if len(op.output) >= _OUTPUT_CHUNK:
             self._collect()
 

@@ -422,27 +422,41 @@ class WindowOperator(KeyedProcessFunction[Any, Any]):
         if kind != PARTIAL:
             # elements in no window: late (counted) if behind the watermark, as per record
             if partial.timestamp is not None and self._is_element_late(partial.timestamp):
-                self._late_elements(partial)
+                self._late_elements(partial.records)
             return
         window = partial.window
         if window is not None:
-            self._merge_partial(window, partial.accumulator, partial)
+            self._merge_partial(window, partial.accumulator, partial.timestamp, partial.records)
             return
         windows = self.assigner.assign_windows(None, partial.timestamp, self._ctx)
         # one accumulator for several windows: merge may change its arguments
         copy = self._contents_state().descriptor.serializer.copy
         for w in windows:
             self._merge_partial(
-                w, partial.accumulator if len(windows) == 1 else copy(partial.accumulator), partial
+                w,
+                partial.accumulator if len(windows) == 1 else copy(partial.accumulator),
+                partial.timestamp,
+                partial.records,
             )
 
-    def _merge_partial(self, window: Any, accumulator: Any, partial: Partial) -> None:
+    def process_folded(self, item: tuple[Any, Any, int, int]) -> None:
+        """:meth:`process_partial` of a PARTIAL whose window is known, given as the tuple
+        ``(window, accumulator, earliest timestamp, records)`` (what
+        :class:`~streamstate.spark.partials.PartialReader` hands over when a batch holds only
+        such rows: no object per row)."""
+        window, accumulator, timestamp, records = item
+        self._merge_partial(window, accumulator, timestamp, records)
+
+    def _merge_partial(
+        self, window: Any, accumulator: Any, timestamp: int | None, records: int
+    ) -> None:
         """:meth:`process_partial` for one window (the per-element steps of
-        :meth:`process_element`, with ``merge`` instead of ``add``)."""
+        :meth:`process_element`, with ``merge`` instead of ``add``): ``records`` elements whose
+        latest window it is, the earliest at ``timestamp``."""
         if self._event_time and self._is_window_late(window):
             # the fold left lateness to the subtask: the window is late for all of the group's
             # elements, and those whose latest window it is are late
-            self._late_elements(partial)
+            self._late_elements(records)
             return
         state = self._window_state
         if state is None:
@@ -462,7 +476,7 @@ class WindowOperator(KeyedProcessFunction[Any, Any]):
         tctx = self._ctx
         tctx.key = key = self._backend.get_current_key()
         tctx.window = window
-        result = self.trigger.on_element(None, partial.timestamp, window, tctx)
+        result = self.trigger.on_element(None, timestamp, window, tctx)
         if result is not _CONTINUE:
             if result.is_fire():
                 self._fire(key, window, state)
@@ -470,16 +484,17 @@ class WindowOperator(KeyedProcessFunction[Any, Any]):
                 state.clear()
         self._register_cleanup_timer(window)
 
-    def _late_elements(self, partial: Partial) -> None:
-        """The late elements of a group whose lateness the fold left to the subtask: counted
-        (such a fold runs only without a late side output, which needs the elements)."""
+    def _late_elements(self, records: int) -> None:
+        """``records`` late elements of a group whose lateness the fold left to the subtask:
+        counted (such a fold runs only without a late side output, which needs the
+        elements)."""
         if self.late_data_output_tag is not None:
             raise StateAccessError(
-                f"{partial.records} late elements reached the window operator pre-aggregated, "
+                f"{records} late elements reached the window operator pre-aggregated, "
                 f"so they cannot go to the late side output {self.late_data_output_tag!r}: the "
                 "fold must decide lateness when there is a late side output"
             )
-        self._late_records_dropped.inc(partial.records)
+        self._late_records_dropped.inc(records)
 
     def _merge(
         self, merge_result: Any, merged_windows: list[Any], state_window: Any, merged: list[Any]
