@@ -173,12 +173,14 @@ class InternalTimerService:
     ) -> int:
         fired = 0
         start = self.backend.key_group_range.start
+        poll = queue.poll_until
+        set_key = self.backend.set_current_key
         while True:
-            polled = queue.poll_until(until)
+            polled = poll(until)
             if polled is None:
                 return fired
             ts, key, ns, kgi = polled
-            self.backend.set_current_key(key, kgi + start)
+            set_key(key, kgi + start)
             target(ts, key, ns)
             fired += 1
 
