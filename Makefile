@@ -52,8 +52,8 @@ check: $(STAMP)
 # them, the heap's GC policy was left installed and other threads allocate), each on two pytest
 # workers: the tests of the standalone clusters, and those of the Spark Connect server, each run
 # in one worker (xdist_scope in tests/conftest.py), dealt out in the workers' order, the longest
-# first. Before them, the JVMs' class-data archive is written once per virtualenv (about a
-# minute of CPU; every Spark JVM of the tests then starts on about half the CPU: tests/support/jvm.py).
+# first. Before them, the JVMs' class-data archive is written once per virtualenv (about 90 s
+# of CPU; every Spark JVM of the tests then starts on about half the CPU: tests/support/jvm.py).
 test: $(STAMP)
 	@$(CHECK_ENV) $(PY) -m pytest -q -n 2 -m "$(CHECK_MARKERS)" --durations=5; $(PYTEST_RC)
 	@$(PY) tests/support/jvm.py
