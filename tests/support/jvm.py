@@ -128,6 +128,9 @@ def create_cds_archive(timeout: float = 600) -> bool:
         if not os.path.exists(tmp):
             return False
         os.replace(tmp, CDS_ARCHIVE)
+        for name in os.listdir(os.path.dirname(CDS_ARCHIVE)):  # those of earlier jars or JDKs
+            if name.startswith("spark-") and name != os.path.basename(CDS_ARCHIVE):
+                os.unlink(os.path.join(os.path.dirname(CDS_ARCHIVE), name))
         return True
     except (subprocess.SubprocessError, OSError):
         return False
