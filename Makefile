@@ -49,13 +49,16 @@ check: $(STAMP)
 
 # Everything: the fast tier, then the rest in pytest processes of their own (the fast tier's
 # garbage-collector tests count live and frozen objects: in a worker where Spark tests ran before
-# them, the heap's GC policy was left installed and other threads allocate), each on two pytest
-# workers: the tests of the standalone clusters, and those of the Spark Connect server, each run
-# in one worker (xdist_scope in tests/conftest.py), dealt out in the workers' order, the longest
-# first.
+# them, the heap's GC policy was left installed and other threads allocate), the fast tier on two
+# pytest workers, the rest on three (its tests wait on JVMs, drivers, nodes and timeouts: on a
+# loaded 2-core machine three workers took 684 s where two took 1031 s): the tests of the
+# standalone clusters, and those of the Spark Connect server, each run in one worker (xdist_scope
+# in tests/conftest.py), dealt out in the workers' order, the longest first. Before them, the JVMs' class-data archive is written once per virtualenv (about 90 s
+# of CPU; every Spark JVM of the tests then starts on about half the CPU: tests/support/jvm.py).
 test: $(STAMP)
 	@$(CHECK_ENV) $(PY) -m pytest -q -n 2 -m "$(CHECK_MARKERS)" --durations=5; $(PYTEST_RC)
-	@$(PY) -m pytest -q -n 2 -m "not ($(CHECK_MARKERS))" --dist loadgroup \
+	@$(PY) tests/support/jvm.py
+	@$(PY) -m pytest -q -n 3 -m "not ($(CHECK_MARKERS))" --dist loadgroup \
 		--no-loadscope-reorder --durations=20; $(PYTEST_RC)
 
 lint: $(STAMP)

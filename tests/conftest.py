@@ -1,5 +1,5 @@
 """Shared fixtures: keyed state backends of every kind, so behaviour tests run on all of them;
-and how `make test` deals the tests out to its two pytest-xdist workers."""
+and how `make test` deals the tests out to its pytest-xdist workers."""
 
 from __future__ import annotations
 
