@@ -40,6 +40,7 @@ LAYERS: list[list[list[str]]] = [
         ["streamstate.errors"],
         ["streamstate.namespace"],
         ["streamstate.metrics"],
+        ["streamstate.lazy_exports"],
     ],
     [["streamstate.keygroups", "streamstate.serializers"]],
     [["streamstate.api"]],

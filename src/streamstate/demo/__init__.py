@@ -10,8 +10,6 @@ Run it with ``streamstate demo`` (``make demo``; ``--fresh`` starts over, ``--ru
 runs without Spark).
 """
 
-from typing import Any
-
 from streamstate.demo.job import (
     HOUR_MS,
     CountViews,
@@ -20,6 +18,7 @@ from streamstate.demo.job import (
     page_view_batch,
     page_views_per_hour,
 )
+from streamstate.lazy_exports import lazy_getattr
 
 #: what the demo's runners export, imported when first asked for: a state host unpickling the
 #: demo's function (``streamstate.demo.job``) imports this package, and must not import the
@@ -44,13 +43,4 @@ __all__ = [
     "run_streaming",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _LAZY, globals())

@@ -27,10 +27,10 @@ or ``streamstate.spark.task`` without the driver's modules.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from streamstate.errors import OutputSchemaError, StateHostError
+from streamstate.lazy_exports import lazy_getattr
 
 if TYPE_CHECKING:
     from streamstate.spark.driver.environment import WorkerPythonError
@@ -84,13 +84,7 @@ _MODULES = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _MODULES.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _MODULES, globals())
 
 
 def __dir__() -> list[str]:
