@@ -159,6 +159,8 @@ class MicroBatchRunner:
                     raise self.idle_failure
                 self._call_steps = []
                 try:
+                    if self.reports is None:  # a classic session: its input is observed
+                        df = self._publisher.unobserved(df)
                     self._run_micro_batch(df, batch_id)
                     steps = self._call_steps
                 finally:
