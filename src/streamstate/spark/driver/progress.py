@@ -6,9 +6,9 @@ keyed job of a micro-batch runs inside ``foreachBatch``, outside that plan, so t
 this way instead:
 
 1. :func:`observe_state` adds ``observe("streamstate", max(null) per figure)`` to the streaming
-   DataFrame: aggregates over a typed null literal, which read no input column (the tasks
-   still update one buffer slot per figure and row, the floor of any observation: the
-   ``CollectMetricsExec`` node stops whole-stage code generation there).
+   DataFrame: aggregates over a typed null literal, which read no input column (a task that
+   ran the ``CollectMetricsExec`` node would update one buffer slot per figure and row: step 3
+   spares them).
 2. After the micro-batch's steps committed (still inside the ``foreachBatch`` call, which a
    classic session runs on the driver), :class:`ProgressPublisher` finds that node in the
    query's current execution, resets its accumulator and merges one aggregation buffer of
