@@ -16,14 +16,15 @@ this way instead:
    compile the accumulator's update code anew for every micro-batch's accumulator).
    Spark then reports them as ``observedMetrics["streamstate"]`` in the micro-batch's progress:
    ``query.last_progress``, ``recent_progress``, every ``StreamingQueryListener`` and the UI.
-3. The micro-batch's own jobs read its input past that node (:meth:`ProgressPublisher.
-   unobserved`): Spark hands ``foreachBatch`` the micro-batch's executed plan as an RDD (a
-   ``LogicalRDD`` over ``SQLExecutionRDD``), whose top is the node's ``mapPartitions``; its
-   parent RDD is the same scan without the node. The node's buffer is set in step 2 anyway, so
-   no task needs to update it, and each task that did paid a fixed 15-30 ms (its accumulator,
-   the update code for every figure) besides the per-row updates: 10-20% of a pre-aggregated
-   window query's events/s (bench/spark_windows.py). Spark's own figures are unchanged: the
-   scan below is the micro-batch's own, whose metrics give ``numInputRows``.
+3. The micro-batch's own jobs read its input past that node
+   (:meth:`ProgressPublisher.unobserved`): Spark hands ``foreachBatch`` the micro-batch's
+   executed plan as an RDD (a ``LogicalRDD`` over ``SQLExecutionRDD``), whose top is the node's
+   ``mapPartitions``; its parent RDD is the same scan without the node. The node's buffer is
+   set in step 2 anyway, so no task needs to update it, and each task that did paid a fixed
+   15-30 ms (its accumulator, the update code for every figure) besides the per-row updates:
+   10-20% of a pre-aggregated window query's events/s (bench/spark_windows.py). Spark's own
+   figures are unchanged: the scan below is the micro-batch's own, whose metrics give
+   ``numInputRows``.
 
 Spark Connect runs ``foreachBatch`` in a Python process of the server that has no handle on the
 JVM: the client's :attr:`~streamstate.spark.driver.streaming.KeyedStreamingQuery.last_progress` and
