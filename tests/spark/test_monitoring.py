@@ -154,7 +154,7 @@ def test_the_micro_batch_jobs_read_the_same_rows_past_the_observation(
         .start()
     )
     query.awaitTermination()
-    assert not publisher._warned_unobserved
+    assert not publisher._read_through
     assert [b for b, *_ in seen] == [0, 1, 2]
     for (b, past, through, past_scopes, through_scopes), rows in zip(seen, batches, strict=True):
         assert [tuple(r) for r in past] == sorted(rows), b
@@ -167,9 +167,9 @@ def test_the_micro_batch_jobs_read_the_same_rows_past_the_observation(
 
 def test_an_unexpected_plan_is_read_as_it_is(spark: Any) -> None:
     """A DataFrame whose plan is not a micro-batch's observed input comes back unchanged, with
-    one warning."""
+    one warning; the publisher does not look again."""
     publisher = ProgressPublisher()
     df = spark.range(5)
     assert publisher.unobserved(df) is df
+    assert publisher._read_through
     assert publisher.unobserved(df) is df
-    assert publisher._warned_unobserved

@@ -194,7 +194,9 @@ class ProgressPublisher:
         self._number: int | None = None
         #: an UnsafeRow of the observation's aggregation buffer (one ``long`` per figure)
         self._row: Any = None
-        self._warned_unobserved = False
+        #: the micro-batch's plan was not as :meth:`unobserved` expects (Spark's structure does
+        #: not change within a query run): its jobs read through the node from then on
+        self._read_through = False
         self._warned = False
 
     def publish(self, spark: Any, query_id: str, figures: dict[str, int | None]) -> bool:
@@ -211,15 +213,17 @@ class ProgressPublisher:
                     "cannot put the state figures into Spark's progress of query %s (they stay "
                     "in query.batches): %s",
                     query_id,
-                    str(exc).splitlines()[0][:500] if str(exc) else repr(exc),
+                    _reason(exc),
                 )
             return False
 
     def unobserved(self, df: Any) -> Any:
         """The ``foreachBatch`` DataFrame ``df`` of a classic session read past the observation
         (the module docstring, step 3): the same rows from the same scan. ``df`` itself where
-        its plan is not as expected (logged once: the jobs then update the observation too).
-        About eight py4j calls."""
+        its plan is not as expected (logged, and not looked at again: the jobs then update the
+        observation too). About eight py4j calls."""
+        if self._read_through:
+            return df
         try:
             node = df._jdf.logicalPlan()
             if node.getClass().getSimpleName() != "LogicalRDD":
@@ -239,13 +243,12 @@ class ProgressPublisher:
                 dependencies.head().rdd(), df._jdf.schema(), False
             )
         except Exception as exc:
-            if not self._warned_unobserved:
-                self._warned_unobserved = True
-                log.warning(
-                    "the micro-batch's jobs read their input through the state figures' "
-                    "observation (it costs each task a little): %s",
-                    str(exc).splitlines()[0][:500] if str(exc) else repr(exc),
-                )
+            self._read_through = True
+            log.warning(
+                "the micro-batch's jobs read their input through the state figures' "
+                "observation (it costs each task a little): %s",
+                _reason(exc),
+            )
             return df
         from pyspark.sql.classic.dataframe import DataFrame
 
@@ -331,6 +334,12 @@ def unsafe_row_bytes(values: Sequence[int | None]) -> bytes:
             slots.append(int(v))
     # Spark's Platform writes in the machine's order (little-endian on every platform it runs)
     return struct.pack(f"<{len(words)}Q{len(slots)}q", *words, *slots)
+
+
+def _reason(exc: BaseException) -> str:
+    """The first line of what ``exc`` says (a py4j error carries a Java trace after it)."""
+    text = str(exc)
+    return text.splitlines()[0][:500] if text else repr(exc)
 
 
 def _is_observation(node: Any) -> bool:
