@@ -38,9 +38,10 @@ def test_the_api_reference_builds_without_warnings(tmp_path: Path) -> None:
     assert {"functions.html", "state.html", "windows.html", "spark.html"} <= pages
     spark = (tmp_path / "html" / "spark.html").read_text()
     for name in (
-        "driver.keyed.keyed_process",
-        "driver.reader.read_state",
-        "driver.streaming.KeyedStreamingQuery",
+        "driver.query.keyed.keyed_process",
+        "offline.reader.read_state",
+        "driver.query.streaming.KeyedStreamingQuery",
+        "driver.reports.QueryReports",
         "failures.original_error",
         "records.Row",
     ):

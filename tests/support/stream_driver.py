@@ -26,12 +26,18 @@ import sys
 import time
 from typing import Any
 
-from functions import Count, CountWithFaults, SlowCount, WindowSize, WindowSizeWithSleep
 from pyspark.sql import SparkSession
 
 from streamstate.errors import CheckpointFencedError
 from streamstate.spark import FileSink, keyed_process
 from streamstate.windows import TumblingEventTimeWindows, window
+from support.spark_functions import (
+    Count,
+    CountWithFaults,
+    SlowCount,
+    WindowSize,
+    WindowSizeWithSleep,
+)
 
 
 class ReportingSink(FileSink):

@@ -31,7 +31,7 @@ from collections import Counter
 from typing import Any
 
 from streamstate.demo.job import HOUR_MS, page_view_batch, page_views_per_hour
-from streamstate.spark.driver.keyed import checkpointed_backend
+from streamstate.spark.driver.plan.resolve import checkpointed_backend
 
 __all__ = [
     "DEFAULT_DIRECTORY",

@@ -29,21 +29,18 @@ from collections.abc import Iterator
 from itertools import repeat
 from typing import Any
 
-import msgspec
-
-from streamstate.backends.figures import StateFigures
+from streamstate.spark.columns import column_values, event_time_ms
 from streamstate.spark.job import (
     KEY_GROUP_COLUMN,
     JobSpec,
     arrow_schema_from_bytes,
     key_serializer_for,
 )
-from streamstate.spark.records import OutputConverter, column_values, event_time_ms, row_class
+from streamstate.spark.records import OutputConverter, row_class
+from streamstate.spark.wire.results import BatchResult, StagedOutput
 
 __all__ = [
     "OUTPUTS_DIR",
-    "BatchResult",
-    "StagedOutput",
     "SubtaskRuntime",
     "job_storage",
     "resident_bytes",
@@ -53,61 +50,6 @@ OUTPUTS_DIR = "outputs"
 #: outputs are converted to Arrow whenever this many are pending (bounds Python memory)
 _OUTPUT_CHUNK = 65536
 MIN_WATERMARK = -(1 << 63)
-
-
-class StagedOutput(msgspec.Struct, kw_only=True):
-    """One subtask's staged outputs of one batch (a Parquet file in checkpoint storage)."""
-
-    #: relative to the job's checkpoint directory
-    path: str
-    size: int
-    rows: int
-
-
-class BatchResult(msgspec.Struct, kw_only=True):
-    """What a subtask reports at the end of a batch (the acknowledgement the driver collects)."""
-
-    subtask: int
-    batch: int
-    #: the state version the subtask now holds (== batch)
-    version: int
-    attempt: int
-    #: encoded SubtaskStateHandle (msgpack) of chk-<batch> or of the savepoint
-    handle: bytes
-    outputs: StagedOutput | None = None
-    rows: int = 0
-    output_rows: int = 0
-    #: largest event time of the batch's records (ms), None without event time or records
-    max_event_time: int | None = None
-    restore: str = ""
-    stats: dict[str, float] = {}
-    #: side-output tag id -> its staged outputs (only the tags the job declares)
-    side_outputs: dict[str, StagedOutput] = {}
-    #: values emitted to side outputs the job does not declare (dropped)
-    side_outputs_dropped: int = 0
-    #: late elements the window operator dropped in this batch (no late-data side output)
-    late_records_dropped: int = 0
-    #: the subtask's earliest pending event-time and processing-time timers after the batch
-    #: (None: none): the driver runs a no-data micro-batch when one is due
-    #: (streamstate.spark.driver.no_data)
-    event_timer: int | None = None
-    processing_timer: int | None = None
-    #: pre-aggregated rows received (SPEC §13.2; ``rows`` counts the records they fold)
-    partials: int = 0
-    #: the keyed backend's figures after the checkpoint (rows, changes, bytes)
-    state: StateFigures | None = None
-    #: timers pending after the batch, and timers the batch fired
-    timers: int = 0
-    timers_fired: int = 0
-    #: bytes of the files this checkpoint wrote, and of every file it references (the
-    #: subtask's whole checkpointed state)
-    checkpoint_bytes: int = 0
-    checkpoint_full_bytes: int = 0
-    #: resident memory of the process that holds the state (the state host), None if unknown
-    memory_bytes: int | None = None
-    #: the latency and size histograms of the backend's metrics decorators (only with
-    #: ``latency_tracking`` / ``size_tracking`` on): ``streamstate.metrics.report_rows``
-    state_metrics: list[dict[str, Any]] = []
 
 
 def job_storage(job: JobSpec) -> Any:
@@ -455,7 +397,7 @@ class SubtaskRuntime:
             batch=batch_id,
             version=batch_id,
             attempt=attempt,
-            handle=msgspec.msgpack.encode(handle),
+            handle=handle,
             outputs=outputs,
             rows=self._rows,
             output_rows=self._output_rows,

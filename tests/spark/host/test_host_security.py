@@ -25,17 +25,18 @@ from typing import Any
 
 import msgspec
 import pytest
-from functions import Count
 
 from streamstate.spark.job import JobSpec
-from streamstate.spark.subtask import BatchResult, job_storage
+from streamstate.spark.subtask import job_storage
 from streamstate.spark.task.host_client import connect, run_batch
 from streamstate.spark.wire.channel import SecureChannel
 from streamstate.spark.wire.hosts import host_paths
-from streamstate.spark.wire.protocol import Connection
+from streamstate.spark.wire.protocol import CLIENT_RECEIVES, Connection
+from streamstate.spark.wire.results import BatchResult
 from streamstate.spark.wire.security import MAGIC, client_handshake, new_secret, run_dir
 from streamstate.spark.wire.step import Begin, StepTask
 from support.hostile_peers import Peers
+from support.spark_functions import Count
 from support.state_host import Driver
 
 pytestmark = pytest.mark.subprocess
@@ -85,9 +86,9 @@ class Host(Driver):
         got = connect(self.spec, secret=self.secret, job=msgspec.msgpack.encode(self.job))
         assert got is not None
         got[0].close()
-        self.pid = got[1]["pid"]
-        self.tcp = got[1]["tcp"]
-        self.location = {k: got[1][k] for k in ("id", "node", "tcp", "unix", "pid")}
+        self.location = got[1].location
+        self.pid = self.location.pid
+        self.tcp = self.location.tcp
         self.log_path = host_paths(self.spec.id, run)["log"]
         self.next_batch = 0
         #: the route each legit batch took
@@ -118,16 +119,17 @@ class Host(Driver):
         spec, location = self.spec, None
         if route == "tcp":
             spec = msgspec.structs.replace(spec, run_dir=self.other_node)
-            location = {**self.location, "tcp": via or self.tcp}
+            location = msgspec.structs.replace(self.location, tcp=via or self.tcp)
         t0 = time.perf_counter()
-        raw, timings = run_batch(
+        ack = run_batch(
             spec, step, self.attempt, [user_batch(users)], secret=self.secret, location=location
         )
-        result = msgspec.msgpack.decode(raw, type=BatchResult)
+        result = ack.result
+        assert result is not None
         result.stats.update(total_s=time.perf_counter() - t0)
         self.log.commit(plan, [result])
         self.next_batch += 1
-        self.routes.append(timings["route"])
+        self.routes.append(ack.timings.route)
         return result
 
     def log_lines(self) -> list[str]:
@@ -197,14 +199,16 @@ def _huge_body(h: Host, sock: socket.socket) -> None:
 def _truncated_frame(h: Host, sock: socket.socket) -> None:
     keys = client_handshake(sock, h.secret, h.spec.id)
     recorder = _Recorder()
-    Connection(recorder, keys).send(_begin(h.trap_job))  # type: ignore[arg-type]
+    Connection(recorder, keys, CLIENT_RECEIVES).send(_begin(h.trap_job))  # type: ignore[arg-type]
     sock.sendall(recorder.data[: len(recorder.data) // 2])
     sock.shutdown(socket.SHUT_WR)
 
 
 def _malformed_begin(h: Host, sock: socket.socket) -> None:
     keys = client_handshake(sock, h.secret, h.spec.id)
-    Connection(sock, keys).send({"t": "BEGIN", "job": b"\x93not a job", "batch": "zero"})
+    Connection(sock, keys, CLIENT_RECEIVES).send(
+        {"t": "BEGIN", "job": b"\x93not a job", "batch": "zero"}
+    )
 
 
 def _plaintext_after_auth(h: Host, sock: socket.socket) -> None:
@@ -216,19 +220,19 @@ def _plaintext_after_auth(h: Host, sock: socket.socket) -> None:
 def _another_function(h: Host, sock: socket.socket) -> None:
     """A client holding the secret asks the host to run another function on its job."""
     keys = client_handshake(sock, h.secret, h.spec.id)
-    Connection(sock, keys).send(_begin(h.trap_job))
+    Connection(sock, keys, CLIENT_RECEIVES).send(_begin(h.trap_job))
 
 
 def _another_checkpoint(h: Host, sock: socket.socket) -> None:
     keys = client_handshake(sock, h.secret, h.spec.id)
     job = msgspec.structs.replace(h.job, checkpoint_url=h.job.checkpoint_url + "-theirs")
-    Connection(sock, keys).send(_begin(job))
+    Connection(sock, keys, CLIENT_RECEIVES).send(_begin(job))
 
 
 def _other_storage_options(h: Host, sock: socket.socket) -> None:
     keys = client_handshake(sock, h.secret, h.spec.id)
     job = msgspec.structs.replace(h.job, storage_options={"key": "theirs"})
-    Connection(sock, keys).send(_begin(job))
+    Connection(sock, keys, CLIENT_RECEIVES).send(_begin(job))
 
 
 class _Recorder:

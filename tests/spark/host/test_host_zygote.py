@@ -12,9 +12,9 @@ from typing import Any
 
 import msgspec
 import pytest
-from functions import Count
 
 from streamstate.spark.wire.hosts import ZYGOTE_SWITCH, host_paths, proc_start_time, zygote_id
+from support.spark_functions import Count
 from support.state_host import Driver, wait_gone
 
 pytestmark = pytest.mark.subprocess

@@ -7,7 +7,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from streamstate.spark.host.state_host import clean_stale_host_files
+from streamstate.spark.host.run_dir import clean_stale_host_files
 from streamstate.spark.wire.hosts import host_paths
 
 NOW = 1_800_000_000.0

@@ -9,11 +9,11 @@ from typing import Any
 
 import msgspec
 import pytest
-from functions import Count, CountWithFaults
 
 from streamstate.errors import StateHostError
 from streamstate.spark.job import pickle_function
 from streamstate.spark.task.host_client import connect, ping, shutdown
+from support.spark_functions import Count, CountWithFaults
 from support.state_host import Driver, wait_gone
 
 pytestmark = pytest.mark.subprocess
@@ -72,7 +72,7 @@ def test_hosts_start_once_under_concurrent_clients_and_shut_down(driver: Driver)
         got = connect(driver.spec, pythonpath=None)
         assert got is not None
         conn, hello, _ = got
-        pids.append(hello["pid"])
+        pids.append(hello.location.pid)
         conn.close()
 
     threads = [threading.Thread(target=client) for _ in range(6)]

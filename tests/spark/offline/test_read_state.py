@@ -24,7 +24,7 @@ from streamstate import (
 )
 from streamstate.backends.base import Clock
 from streamstate.errors import CheckpointError
-from streamstate.spark.driver.reader import _plan, _read_subtask
+from streamstate.spark.offline.reader import _plan, _read_subtask
 
 TTL_MS = 10_000
 
@@ -207,7 +207,7 @@ def test_read_state_returns_typed_ttl_values_and_timers(
 def test_ttl_values_of_types_that_are_not_built_in_become_json_without_their_timestamp() -> None:
     """A record type is decoded generically: the stored pair is a msgpack array."""
     from streamstate.namespace import VOID_NAMESPACE
-    from streamstate.spark.driver.state_rows import StateLayout
+    from streamstate.spark.offline.state_rows import StateLayout
 
     meta = {
         "name": "order",

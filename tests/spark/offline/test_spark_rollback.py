@@ -8,14 +8,14 @@ import os
 from typing import Any
 
 import pytest
-from data import final_counts, make_batches, running_counts, write_batches
-from functions import Count
 from typer.testing import CliRunner
 
 from streamstate.checkpoint.storage import FileSystemCheckpointStorage
 from streamstate.cli import app
 from streamstate.errors import CheckpointError
 from streamstate.spark import FileSink, keyed_process, read_state
+from support.spark_data import final_counts, make_batches, running_counts, write_batches
+from support.spark_functions import Count
 
 pytestmark = pytest.mark.spark
 

@@ -43,6 +43,7 @@ from streamstate import (
 )
 from streamstate.backends.base import Clock
 from streamstate.checkpoint.coordinator import CheckpointCoordinator
+from streamstate.checkpoint.metadata import SubtaskStateHandle
 from streamstate.checkpoint.storage import FileSystemCheckpointStorage
 from streamstate.format.codec import StateCodec
 from streamstate.format.keyed_file import KeyedSnapshotReader
@@ -53,8 +54,9 @@ from streamstate.keygroups import (
 )
 from streamstate.serializers import Int64Serializer, serializer_from_snapshot
 from streamstate.spark.job import JobSpec, arrow_schema_to_bytes
-from streamstate.spark.subtask import BatchResult, SubtaskRuntime
+from streamstate.spark.subtask import SubtaskRuntime
 from streamstate.spark.task.batch_subtask import BatchSubtaskRuntime
+from streamstate.spark.wire.results import BatchResult
 from streamstate.windows import (
     CountEvictor,
     CountTrigger,
@@ -300,19 +302,18 @@ def assert_same(batch: Run, streaming: Run) -> None:
     assert batch.late == streaming.late == 0
 
 
-def commit_savepoint(root: str, directory: str, inp: Input, handles: list[bytes]) -> None:
+def commit_savepoint(
+    root: str, directory: str, inp: Input, handles: list[SubtaskStateHandle]
+) -> None:
     """What the driver does once every task wrote its savepoint files
     (``spark/driver/batch.py``)."""
-    import msgspec
-
-    from streamstate.checkpoint.metadata import SubtaskStateHandle
 
     storage = FileSystemCheckpointStorage(root, "")
     coordinator = CheckpointCoordinator(storage)
     try:
         coordinator.commit(
             1,
-            [msgspec.msgpack.decode(h, type=SubtaskStateHandle) for h in handles],
+            handles,
             expected={"op": inp.parallelism},
             properties={"batch_mode": True},
             savepoint_directory=directory,

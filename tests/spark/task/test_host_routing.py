@@ -6,7 +6,6 @@ Two "nodes" are simulated in one process: two run directories, hence two node id
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -14,16 +13,17 @@ from typing import Any
 
 import msgspec
 import pytest
-from data import final_counts, make_batches, running_counts, write_batches
-from functions import Count
 
 from streamstate.spark import FileSink, keyed_process, read_state
-from streamstate.spark.driver.host_fleet import HostFleet
-from streamstate.spark.subtask import BatchResult
+from streamstate.spark.driver.step.host_fleet import HostFleet
 from streamstate.spark.task.host_client import connect, ping, run_batch, shutdown
+from streamstate.spark.wire.acks import TaskAck, TaskTimings
 from streamstate.spark.wire.hosts import host_id
+from streamstate.spark.wire.messages import HostLocation
 from streamstate.spark.wire.network import bind_tcp, default_bind, port_range, split_address
 from streamstate.spark.wire.security import new_secret, node_id
+from support.spark_data import final_counts, make_batches, running_counts, write_batches
+from support.spark_functions import Count
 from support.state_host import Driver, step_task, user_batch, wait_gone
 
 pytestmark = pytest.mark.subprocess
@@ -44,14 +44,17 @@ class TwoNodes(Driver):
         self.spec = msgspec.structs.replace(self.spec, bind="127.0.0.1", run="r1", id=hid)
         self.node_a = _private(tmp_path / "node-a")
         self.node_b = _private(tmp_path / "node-b")
-        self.location: dict[str, Any] | None = None
+        self.location: HostLocation | None = None
 
-    def run(self, b: int, users: list[str], on: str, location: Any = None) -> tuple[Any, Any]:
+    def run(
+        self, b: int, users: list[str], on: str, location: HostLocation | None = None
+    ) -> tuple[Any, TaskAck]:
+        """Batch ``b`` from a task on node ``on``: the subtask's result and its ack."""
         spec = msgspec.structs.replace(self.spec, run_dir=on)
         plan = self.log.plan(b)
         self.attempt += 1
         batch = user_batch(users)
-        raw, timings = run_batch(
+        ack = run_batch(
             spec,
             step_task(self.job, plan),
             self.attempt,
@@ -60,10 +63,11 @@ class TwoNodes(Driver):
             location=self.location if location is None else location,
             connect_timeout=1.0,
         )
-        result = msgspec.msgpack.decode(raw, type=BatchResult)
+        result = ack.result
+        assert result is not None
         self.log.commit(plan, [result])
-        self.location = timings["location"]
-        return result, timings
+        self.location = ack.location
+        return result, ack
 
     def close(self) -> None:
         for d in (self.node_a, self.node_b):
@@ -82,35 +86,37 @@ def test_a_task_on_another_node_streams_to_the_host_over_tcp_and_finds_it_hot(
     nodes: TwoNodes,
 ) -> None:
     r0, t0 = nodes.run(0, ["a", "b", "a"], on=nodes.node_a)
-    assert (r0.restore, t0["route"]) == ("empty", "unix")
-    assert t0["location"]["node"] == node_id(nodes.node_a) != node_id(nodes.node_b)
-    assert t0["location"]["tcp"].startswith("127.0.0.1:")
+    assert (r0.restore, t0.timings.route) == ("empty", "unix")
+    assert t0.location is not None and t0.location.tcp is not None
+    assert t0.location.node == node_id(nodes.node_a) != node_id(nodes.node_b)
+    assert t0.location.tcp.startswith("127.0.0.1:")
     r1, t1 = nodes.run(1, ["a", "c"], on=nodes.node_b)  # Spark moved the task to node B
-    assert (r1.restore, t1["route"]) == ("hot", "tcp")
+    assert (r1.restore, t1.timings.route) == ("hot", "tcp")
     assert r1.stats["host_pid"] == r0.stats["host_pid"]
     assert sorted(nodes.outputs(r1)) == [("a", 3), ("c", 1)]
     # node B started no host of its own
     assert connect(msgspec.structs.replace(nodes.spec, run_dir=nodes.node_b), start=False) is None
     r2, t2 = nodes.run(2, ["a"], on=nodes.node_a)  # and back: the Unix socket again
-    assert (r2.restore, t2["route"]) == ("hot", "unix")
+    assert (r2.restore, t2.timings.route) == ("hot", "unix")
     assert nodes.outputs(r2) == [("a", 4)]
 
 
 def test_an_unreachable_host_falls_back_to_a_local_host_that_reloads(nodes: TwoNodes) -> None:
     r0, _ = nodes.run(0, ["a", "b", "a"], on=nodes.node_a)
-    lost = {"node": "gone", "tcp": "127.0.0.1:1", "id": nodes.spec.id}  # nothing listens there
+    lost = HostLocation(id=nodes.spec.id, node="gone", tcp="127.0.0.1:1")  # nothing listens
     r1, t1 = nodes.run(1, ["a", "b"], on=nodes.node_b, location=lost)
-    assert (r1.restore, t1["route"]) == ("reload", "fallback")
-    assert "127.0.0.1:1" in t1["fallback"]
+    assert (r1.restore, t1.timings.route) == ("reload", "fallback")
+    assert t1.timings.fallback is not None and "127.0.0.1:1" in t1.timings.fallback
     assert r1.stats["host_pid"] != r0.stats["host_pid"]
-    assert t1["location"]["node"] == node_id(nodes.node_b)
+    assert t1.location is not None and t1.location.node == node_id(nodes.node_b)
     assert sorted(nodes.outputs(r1)) == [("a", 3), ("b", 2)]
     # node A's host still holds version 0: a plan that sends batch 2 there must not use it
-    r2, t2 = nodes.run(2, ["a"], on=nodes.node_b, location={**lost, "node": "A", "tcp": None})
-    assert (r2.restore, t2["route"]) == ("hot", "unix")
-    old = {"node": node_id(nodes.node_a), "tcp": None}
+    elsewhere = msgspec.structs.replace(lost, node="A", tcp=None)
+    r2, t2 = nodes.run(2, ["a"], on=nodes.node_b, location=elsewhere)
+    assert (r2.restore, t2.timings.route) == ("hot", "unix")
+    old = HostLocation(id=nodes.spec.id, node=node_id(nodes.node_a))
     r3, t3 = nodes.run(3, ["a"], on=nodes.node_a, location=old)  # its stale host: reload
-    assert (r3.restore, t3["route"]) == ("reload", "unix")
+    assert (r3.restore, t3.timings.route) == ("reload", "unix")
     assert r3.stats["host_pid"] == r0.stats["host_pid"]
     assert nodes.outputs(r3) == [("a", 5)]
 
@@ -122,11 +128,11 @@ def test_a_host_of_another_run_is_not_reached(nodes: TwoNodes) -> None:
     other = msgspec.structs.replace(nodes.spec, run="r2", id=nodes.spec.id[::-1])
     nodes.spec, saved = other, nodes.spec
     try:
-        r1, t1 = nodes.run(1, ["a"], on=nodes.node_b, location=t0["location"])
+        r1, t1 = nodes.run(1, ["a"], on=nodes.node_b, location=t0.location)
     finally:
         nodes.spec = saved
-    assert (r1.restore, t1["route"]) == ("reload", "fallback")
-    assert "refused the handshake" in t1["fallback"]
+    assert (r1.restore, t1.timings.route) == ("reload", "fallback")
+    assert t1.timings.fallback is not None and "refused the handshake" in t1.timings.fallback
     shutdown(msgspec.structs.replace(other, run_dir=nodes.node_b), "test done", nodes.secret)
     assert ping(msgspec.structs.replace(nodes.spec, run_dir=nodes.node_a), nodes.secret)
 
@@ -146,13 +152,16 @@ def test_the_driver_retires_a_host_its_subtask_left_and_only_that_process(
         idle_timeout=60.0,
     )
     fleet.run_id, fleet.secret = "r1", nodes.secret
-    fleet.locations = {0: {**t0["location"], "pid": 1}}
-    moved = {"subtask": 0, "timings": json.dumps({"location": {"node": "B"}, "route": "unix"})}
-    assert fleet.update_locations([moved]) == {0: "unix"}
-    assert fleet.locations[0] == {"node": "B"}
-    assert not fleet.retire(0, {**t0["location"], "pid": 1}, "wrong pid")
+    assert t0.location is not None
+    fleet.locations = {0: msgspec.structs.replace(t0.location, pid=1)}
+    moved = TaskAck(
+        subtask=0, timings=TaskTimings(route="unix"), location=HostLocation(id="h", node="B")
+    )
+    fleet.update_locations([moved])
+    assert fleet.locations[0] == HostLocation(id="h", node="B")
+    assert not fleet.retire(0, msgspec.structs.replace(t0.location, pid=1), "wrong pid")
     assert ping(msgspec.structs.replace(nodes.spec, run_dir=nodes.node_a), nodes.secret)
-    assert fleet.retire(0, t0["location"], "moved")
+    assert fleet.retire(0, t0.location, "moved")
     wait_gone(int(r0.stats["host_pid"]))
 
 
@@ -216,15 +225,15 @@ def test_streaming_batches_follow_their_hosts_across_nodes(spark: Any, tmp_path:
 
 
 def test_a_local_master_opens_no_tcp_port_unless_asked(spark: Any, monkeypatch: Any) -> None:
-    from streamstate.spark.driver.streaming import _bind_for
+    from streamstate.spark.driver.query.start import bind_for
 
     monkeypatch.delenv("STREAMSTATE_HOST_BIND", raising=False)
     monkeypatch.setenv("SPARK_LOCAL_IP", "127.0.0.1")  # Spark's own address is no request
-    assert _bind_for(spark, None) == "off"
-    assert default_bind(_bind_for(spark, None)) is None
-    assert _bind_for(spark, "127.0.0.1") == "127.0.0.1"
+    assert bind_for(spark, None) == "off"
+    assert default_bind(bind_for(spark, None)) is None
+    assert bind_for(spark, "127.0.0.1") == "127.0.0.1"
     monkeypatch.setenv("STREAMSTATE_HOST_BIND", "127.0.0.1")
-    assert _bind_for(spark, None) is None  # each node's default_bind reads it
+    assert bind_for(spark, None) is None  # each node's default_bind reads it
 
 
 def test_bind_address_resolution(monkeypatch: Any) -> None:

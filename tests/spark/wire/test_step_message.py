@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streamstate.spark.driver.commit import BatchPlan
-from streamstate.spark.wire.protocol import Connection
+from streamstate.spark.driver.step.commit import BatchPlan
+from streamstate.spark.wire.protocol import CLIENT_RECEIVES, HOST_RECEIVES, Connection
 from streamstate.spark.wire.security import new_secret, session_keys
 from streamstate.spark.wire.step import Begin, StepTask
 
@@ -49,10 +49,11 @@ def test_the_plan_reaches_the_host_field_for_field(
     a, b = socket.socketpair()
     with a, b:
         sent = Begin(task=step, subtask=subtask, attempt=7, schema=b"s")
-        Connection(a, session_keys(secret, "h1", *nonces, client=True)).send(sent)
-        header, body = Connection(b, session_keys(secret, "h1", *nonces, client=False)).recv()
-    assert header["t"] == "BEGIN" and body is None
-    got = msgspec.convert(header, Begin)
+        client_keys = session_keys(secret, "h1", *nonces, client=True)
+        Connection(a, client_keys, CLIENT_RECEIVES).send(sent)
+        host_keys = session_keys(secret, "h1", *nonces, client=False)
+        got, body = Connection(b, host_keys, HOST_RECEIVES).recv()
+    assert isinstance(got, Begin) and body is None
     assert got.task == step and (got.subtask, got.attempt, got.schema) == (subtask, 7, b"s")
     # what the host uses, by the driver's own names
     assert got.task.job == job

@@ -5,7 +5,7 @@ Like Flink's State Processor API (and Spark's ``statestore`` data source):
 entry of one state (or one row per timer of a timer pseudo-state). One Spark task reads the
 key-group range of one checkpointed subtask (its full snapshot and deltas), so the read is
 distributed like the job that wrote it. The columns and types of each kind of state, TTL and
-timers included, are described in :mod:`streamstate.spark.driver.state_rows`.
+timers included, are described in :mod:`streamstate.spark.offline.state_rows`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from streamstate.spark.driver.state_rows import TIMER_KIND, StateLayout, spark_type_of
+from streamstate.spark.offline.state_rows import TIMER_KIND, StateLayout, spark_type_of
 
 __all__ = ["ReadPlan", "read_state", "spark_type_of"]
 
@@ -105,7 +105,7 @@ def _stored_serializer(layout: StateLayout) -> Any:
     TTL's ``(last access, value)`` wrapper (which the heap keeps encoded); else None."""
     from streamstate.format.restore import is_builtin_snapshot
     from streamstate.serializers import serializer_from_snapshot
-    from streamstate.spark.driver.state_rows import user_value_snapshot
+    from streamstate.spark.offline.state_rows import user_value_snapshot
 
     snap = layout.stored_snapshot
     if layout.ttl is None or snap is None or not is_builtin_snapshot(user_value_snapshot(snap)):
@@ -231,10 +231,10 @@ def read_state(
         now: the processing time (ms) against which TTL expiry is judged (default: this
             driver's clock when ``read_state`` is called).
 
-    Column types are described in :mod:`streamstate.spark.driver.state_rows`. An unknown ``state``
+    Column types are described in :mod:`streamstate.spark.offline.state_rows`. An unknown ``state``
     raises :class:`~streamstate.errors.CheckpointError` listing every readable name.
     """
-    from streamstate.spark.driver.keyed import ensure_worker_path
+    from streamstate.spark.driver.environment import ensure_worker_path
 
     ensure_worker_path(spark)
     plan = _plan(path, state, operator, storage_options, include_expired, now)

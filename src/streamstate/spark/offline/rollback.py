@@ -5,7 +5,7 @@ refuses to start.
 The job directory and Spark's streaming checkpoint must agree on the progress (SPEC §7), so both
 are rolled back together. Checkpoint ``chk-N`` records the Spark micro-batch ``B`` whose input
 its state has consumed (its ``batch_id``: ``B == N`` until the query's first no-data
-micro-batch, which takes the next checkpoint id; ``streamstate.spark.driver.no_data``):
+micro-batch, which takes the next checkpoint id; ``streamstate.spark.driver.step.no_data``):
 
 ===============================  ============================================================
 what                             after the rollback

@@ -1,5 +1,5 @@
 """What one checkpointed state looks like as rows of
-:func:`~streamstate.spark.driver.reader.read_state`.
+:func:`~streamstate.spark.offline.reader.read_state`.
 
 A keyed state's stored entries are ``(key, namespace, stored value)``; a timer queue's are
 ``(timestamp, key, namespace)``. :class:`StateLayout` turns them into rows of the state's

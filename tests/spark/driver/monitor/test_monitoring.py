@@ -8,17 +8,17 @@ import time
 from typing import Any
 
 import pytest
-from data import make_batches, write_batches
-from functions import Count
 
 from streamstate.spark import keyed_process
-from streamstate.spark.driver.progress import (
+from streamstate.spark.driver.monitor.progress import (
     FIGURES,
     OBSERVATION,
     ProgressPublisher,
     observe_state,
 )
 from streamstate.spark.driver.session import is_connect
+from support.spark_data import make_batches, write_batches
+from support.spark_functions import Count
 
 pytestmark = pytest.mark.spark
 

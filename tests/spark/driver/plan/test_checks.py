@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from data import write_batches
 
 from streamstate import (
     KeyedProcessFunction,
@@ -25,9 +24,10 @@ from streamstate import (
 from streamstate.checkpoint.storage import FileSystemCheckpointStorage
 from streamstate.errors import OutputSchemaError
 from streamstate.serializers import StrSerializer
-from streamstate.spark.driver.checks import _open_function, _state_declarations
-from streamstate.spark.driver.keyed import _follow_backend
-from streamstate.spark.driver.options import KeyedOptions
+from streamstate.spark.driver.plan.checks import _open_function, _state_declarations
+from streamstate.spark.driver.plan.options import KeyedOptions
+from streamstate.spark.driver.plan.resolve import _follow_backend
+from support.spark_data import write_batches
 
 
 class Plain:
@@ -124,7 +124,7 @@ def test_a_changed_state_type_is_found_on_the_driver_in_words_with_the_remedy(
 def test_an_open_that_fails_on_the_driver_for_its_own_reasons_is_left_to_the_executors(
     caplog: Any,
 ) -> None:
-    with caplog.at_level(logging.INFO, logger="streamstate.spark.driver.checks"):
+    with caplog.at_level(logging.INFO, logger="streamstate.spark.driver.plan.checks"):
         _open_function(_options(NeedsExecutor()), StrSerializer(), [])
     assert "no database from the driver" in caplog.text
 
@@ -134,13 +134,13 @@ def test_the_backend_follows_the_checkpoint_unless_given(
     tmp_path: Path, backend: str, caplog: Any
 ) -> None:
     restored = _checkpoint(tmp_path, backend)
-    with caplog.at_level(logging.WARNING, logger="streamstate.spark.driver.keyed"):
+    with caplog.at_level(logging.WARNING, logger="streamstate.spark.driver.plan.resolve"):
         assert _follow_backend(None, restored, "keyed-process") == backend
         assert _follow_backend(None, None, "keyed-process") == "heap"
         assert _follow_backend(backend, restored, "keyed-process") == backend
     assert caplog.text == ""
     other = "heap" if backend == "rocksdb" else "rocksdb"
-    with caplog.at_level(logging.WARNING, logger="streamstate.spark.driver.keyed"):
+    with caplog.at_level(logging.WARNING, logger="streamstate.spark.driver.plan.resolve"):
         assert _follow_backend(other, restored, "keyed-process") == other
     lines = caplog.text.strip().splitlines()
     assert len(lines) == 1

@@ -24,7 +24,8 @@ import pytest
 from streamstate import AggregateFunction, OutputTag
 from streamstate.api import aggregates as agg
 from streamstate.spark import MemorySink, keyed_process
-from streamstate.spark.driver.pre_aggregation import _sql_fold, plan_pre_aggregation
+from streamstate.spark.driver.plan.pre_aggregation import _sql_fold, plan_pre_aggregation
+from streamstate.spark.partial_fold import PartialFold
 from streamstate.spark.partials import (
     ACCUMULATOR,
     COUNT,
@@ -33,7 +34,6 @@ from streamstate.spark.partials import (
     MIN_TS,
     RECORDS,
     WINDOW,
-    PartialFold,
     element_serializer,
     partial_schema,
     sql_accumulator,
@@ -273,16 +273,16 @@ def test_streaming_pre_aggregated_equals_per_record_across_a_rescale(
     (a local master); a Python aggregate folded in Python, its rows shuffled to tasks that
     stream them to the hosts (what a cluster does); per record."""
     from streamstate.demo.job import CountViews
-    from streamstate.spark.driver.streaming import KeyedStreamingQuery
+    from streamstate.spark.driver.query.streaming import KeyedStreamingQuery
 
-    local_jvm = KeyedStreamingQuery._local_jvm
+    delivery_jvm = KeyedStreamingQuery._delivery_jvm
 
     def tasks_deliver_python_folds(self: Any) -> Any:
         pre = self.options.pre_aggregation
         folded_in_python = pre is not None and pre.mode == "python"
-        return None if folded_in_python else local_jvm(self)
+        return None if folded_in_python else delivery_jvm(self)
 
-    monkeypatch.setattr(KeyedStreamingQuery, "_local_jvm", tasks_deliver_python_folds)
+    monkeypatch.setattr(KeyedStreamingQuery, "_delivery_jvm", tasks_deliver_python_folds)
 
     data = str(tmp_path / "in")
     _write(data, BATCHES[:3])
@@ -361,7 +361,7 @@ def test_string_key_groups_in_sql_equal_the_runtimes(spark: Any) -> None:
     """A string key's group is computed in Spark SQL (``String.hashCode`` through ``reflect``):
     the pre-aggregated rows and the per-record path place strings without a Python pass."""
     from streamstate.keygroups import assign_key_groups_for_columns
-    from streamstate.spark.driver import placement
+    from streamstate.spark.driver.plan import placement
 
     keys = ["", "a", "hello", "é", "\U0001f600", "app-123", "ß" * 40, "x" * 1000]
     df = spark.createDataFrame([(k,) for k in keys], "k string")

@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from data import final_counts, make_batches, running_counts, write_batches
-from functions import BadOutput, Count, CountWithRecordLog, Sum
 
 from streamstate import KeyedProcessFunction, LocalRunner
 from streamstate.demo import generate_events, page_views_per_hour
 from streamstate.spark import FileSink, keyed_process, read_state
+from support.spark_data import final_counts, make_batches, running_counts, write_batches
+from support.spark_functions import BadOutput, Count, CountWithRecordLog, Sum
 
 pytestmark = pytest.mark.spark
 

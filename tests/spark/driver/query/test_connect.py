@@ -12,16 +12,15 @@ import time
 from typing import Any
 
 import pytest
-from data import final_counts, make_batches, running_counts, write_batches
-from functions import Count
 
 from streamstate.spark import FileSink, keyed_process, read_state
-from streamstate.spark.driver.connect_reports import CONNECT_DIR, CONNECT_REPORTS_KEPT
+from streamstate.spark.driver.query.connect import CONNECT_DIR, CONNECT_REPORTS_KEPT
 from streamstate.spark.driver.session import default_parallelism, is_connect, master
-from support.killed_driver import driver_env
+from support.killed_driver import STREAM_DRIVER, driver_env
+from support.spark_data import final_counts, make_batches, running_counts, write_batches
+from support.spark_functions import Count
 
 pytestmark = pytest.mark.spark
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _source(spark: Any, directory: str) -> Any:
@@ -127,10 +126,10 @@ def test_a_connect_client_killed_mid_batch(
     env = driver_env()
     env.pop("SPARK_REMOTE", None)
     proc = subprocess.Popen(
-        [sys.executable, os.path.join(HERE, "stream_driver.py"), json.dumps(cfg)],
+        [sys.executable, STREAM_DRIVER, json.dumps(cfg)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        cwd=HERE,
+        cwd=os.path.dirname(STREAM_DRIVER),
         env=env,
     )
     try:

@@ -8,7 +8,10 @@ from typing import Any
 
 import pytest
 
-from streamstate.spark.driver import streaming
+from streamstate.checkpoint.storage import FileSystemCheckpointStorage
+from streamstate.spark.driver.query import connect
+from streamstate.spark.driver.query.classic import ClassicReports
+from streamstate.spark.driver.query.connect import ConnectReports
 
 SLOW = "Python worker failed to connect back."
 
@@ -29,33 +32,41 @@ class FailingWriter:
 @pytest.fixture
 def pauses(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     slept: list[float] = []
-    monkeypatch.setattr(streaming.time, "sleep", slept.append)
+    monkeypatch.setattr(connect.time, "sleep", slept.append)
     return slept
 
 
-def test_a_slow_start_is_retried_with_growing_pauses(pauses: list[float]) -> None:
-    writer = FailingWriter(failures=streaming._START_ATTEMPTS - 1)
-    assert streaming._start(writer, connect=True) == "query"
-    assert writer.starts == streaming._START_ATTEMPTS
-    assert pauses == [streaming._START_PAUSE * 2**i for i in range(streaming._START_ATTEMPTS - 1)]
+@pytest.fixture
+def reports(tmp_path: Any) -> ConnectReports:
+    storage = FileSystemCheckpointStorage(str(tmp_path / "ck"), "")
+    return ConnectReports.start_run(storage, "run", {})
 
 
-def test_the_last_slow_start_is_raised(pauses: list[float]) -> None:
-    writer = FailingWriter(failures=streaming._START_ATTEMPTS)
+def test_a_slow_start_is_retried_with_growing_pauses(
+    pauses: list[float], reports: ConnectReports
+) -> None:
+    writer = FailingWriter(failures=connect._START_ATTEMPTS - 1)
+    assert reports.start(writer, "spark") == "query"
+    assert writer.starts == connect._START_ATTEMPTS
+    assert pauses == [connect._START_PAUSE * 2**i for i in range(connect._START_ATTEMPTS - 1)]
+
+
+def test_the_last_slow_start_is_raised(pauses: list[float], reports: ConnectReports) -> None:
+    writer = FailingWriter(failures=connect._START_ATTEMPTS)
     with pytest.raises(RuntimeError, match="failed to connect back"):
-        streaming._start(writer, connect=True)
-    assert writer.starts == streaming._START_ATTEMPTS
+        reports.start(writer, "spark")
+    assert writer.starts == connect._START_ATTEMPTS
 
 
-def test_another_failure_is_raised_at_once(pauses: list[float]) -> None:
+def test_another_failure_is_raised_at_once(pauses: list[float], reports: ConnectReports) -> None:
     writer = FailingWriter(failures=1, message="AnalysisException: no such column")
     with pytest.raises(RuntimeError, match="no such column"):
-        streaming._start(writer, connect=True)
+        reports.start(writer, "spark")
     assert writer.starts == 1 and pauses == []
 
 
 def test_a_classic_session_starts_once(pauses: list[float]) -> None:
     writer: Any = FailingWriter(failures=1)
     with pytest.raises(RuntimeError):
-        streaming._start(writer, connect=False)
+        ClassicReports(spark=None).start(writer, "spark")
     assert writer.starts == 1 and pauses == []

@@ -8,11 +8,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
-from data import make_batches, write_batches
-from functions import Count
 
 from streamstate.spark import keyed_process
-from streamstate.spark.records import column_values
+from streamstate.spark.columns import column_values
+from support.spark_data import make_batches, write_batches
+from support.spark_functions import Count
 
 
 def _source(spark: Any, directory: str) -> Any:
@@ -92,7 +92,7 @@ def test_all_null_and_other_columns_are_unchanged() -> None:
 @pytest.mark.spark
 def test_integer_key_groups_in_one_select_equal_the_runtimes(spark: Any) -> None:
     from streamstate.keygroups import assign_key_groups_for_columns
-    from streamstate.spark.driver.placement import KEY_GROUP_COLUMN, with_key_group
+    from streamstate.spark.driver.plan.placement import KEY_GROUP_COLUMN, with_key_group
 
     ks = [0, 1, -1, 7, 42, 2**31 - 1, -(2**31), 2**31, 2**63 - 1, -(2**63), 123456789012345]
     ks += list(range(-500, 500, 7))
@@ -115,7 +115,7 @@ def test_integer_key_groups_use_sparks_murmur_and_fall_back_to_sql_steps(
     spark: Any, monkeypatch: Any
 ) -> None:
     from streamstate.keygroups import assign_key_groups_for_columns
-    from streamstate.spark.driver import placement
+    from streamstate.spark.driver.plan import placement
 
     ks = [0, 1, -1, 2**31, -(2**31), 2**63 - 1, -(2**63), *range(-300, 300, 11)]
     df = spark.createDataFrame([(k,) for k in ks], "k long")

@@ -13,8 +13,6 @@ import time
 from typing import Any
 
 import pytest
-from data import final_counts, make_batches, running_counts, write_batches
-from functions import Count, SlowCount
 from typer.testing import CliRunner
 
 from streamstate.checkpoint.storage import FileSystemCheckpointStorage
@@ -22,6 +20,8 @@ from streamstate.cli import app
 from streamstate.spark import FileSink, read_state
 from support.jvm import JAVA_OPTIONS
 from support.killed_driver import STREAM_DRIVER, driver_env
+from support.spark_data import final_counts, make_batches, running_counts, write_batches
+from support.spark_functions import Count, SlowCount
 from support.stream_query import start_stream_query
 
 pytestmark = pytest.mark.spark
@@ -186,7 +186,7 @@ def test_a_fenced_query_stops_only_its_own_state_hosts(spark: Any, tmp_path: Any
     write_batches(str(tmp_path / "in"), batches[:2])
 
     def start() -> Any:
-        from functions import Count
+        from support.spark_functions import Count
 
         return keyed_process(
             spark.readStream.schema("user string, v long")
@@ -223,9 +223,8 @@ def test_a_batch_an_older_run_committed_first_is_adopted_by_the_newer_run(tmp_pa
     while the newer run computes batch 1 too. The newer run's commit finds ``chk-1`` and, as
     the holder of the newest epoch, continues from it (same input, same base) instead of
     failing; nothing is overwritten and the counts stay exact."""
-    from functions import Count
-
-    from streamstate.spark.driver.commit import CheckpointLog
+    from streamstate.spark.driver.step.commit import CheckpointLog
+    from support.spark_functions import Count
     from support.state_host import Driver
 
     d = Driver(tmp_path, Count())

@@ -7,11 +7,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from data import final_counts, make_batches, running_counts, write_batches
-from functions import CountWithRecordLog
 
 from streamstate.checkpoint.storage import FileSystemCheckpointStorage
 from streamstate.spark import FileSink, keyed_process, read_state
+from support.spark_data import final_counts, make_batches, running_counts, write_batches
+from support.spark_functions import CountWithRecordLog
 
 pytestmark = pytest.mark.spark
 

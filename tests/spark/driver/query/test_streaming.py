@@ -9,13 +9,13 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from data import final_counts, make_batches, running_counts, write_batches
-from functions import Count, CountWithRecordLog, WindowSize
 
 from streamstate.checkpoint.storage import FileSystemCheckpointStorage
 from streamstate.demo import HOUR_MS, generate_events, page_views_per_hour
 from streamstate.spark import FileSink, keyed_process, read_state
 from streamstate.windows import TumblingEventTimeWindows, window
+from support.spark_data import final_counts, make_batches, running_counts, write_batches
+from support.spark_functions import Count, CountWithRecordLog, WindowSize
 
 pytestmark = pytest.mark.spark
 

@@ -7,12 +7,12 @@ import sys
 from typing import Any
 
 import pytest
-from data import write_batches
-from functions import Boom, FailOnKey, HalfCount
 
 from streamstate.errors import OutputSchemaError, RemoteError, StateHostError
 from streamstate.spark import keyed_process, original_error
 from streamstate.spark.failures import error_from_report, failure_report, parse_remote_error
+from support.spark_data import write_batches
+from support.spark_functions import Boom, FailOnKey, HalfCount
 
 # str() of the PythonException a driver gets when a function raised in a state host
 # (captured from a real run; paths shortened)
@@ -73,8 +73,9 @@ def test_a_failure_report_brings_back_the_class_message_and_notes():
     # a state host's error the server could not rebuild (a module it never imported) stands in
     # as a StateHostError; a client that imported the module gets the class back
     with pytest.MonkeyPatch.context() as mp:
-        mp.delitem(sys.modules, "functions")  # as on a server that never imported it
-        standin = parse_remote_error(REMOTE.replace("\nTypeError: can", "\nfunctions.Boom: can"))
+        mp.delitem(sys.modules, "support.spark_functions")  # as on a server that never imported it
+        boom = "\nsupport.spark_functions.Boom: can"
+        standin = parse_remote_error(REMOTE.replace("\nTypeError: can", boom))
     assert type(standin) is StateHostError
     back = error_from_report(failure_report(standin, 0, "counts"))
     assert type(back) is Boom and str(back).startswith("can only concatenate")

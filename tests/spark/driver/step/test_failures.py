@@ -7,11 +7,11 @@ import os
 from typing import Any
 
 import pytest
-from data import final_counts, make_batches, running_counts, write_batches
-from functions import CountWithFaults
 
 from streamstate.spark import FileSink, keyed_process, read_state
 from support.killed_driver import processes_naming, run_until_killed, start_driver
+from support.spark_data import final_counts, make_batches, running_counts, write_batches
+from support.spark_functions import CountWithFaults
 from support.stream_query import restart
 
 pytestmark = pytest.mark.spark

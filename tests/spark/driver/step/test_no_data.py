@@ -12,13 +12,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from functions import RemindLater, WindowSize
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamstate.keygroups import assign_key_groups
-from streamstate.spark.driver.commit import CheckpointLog, spark_batch_of
-from streamstate.spark.driver.no_data import (
+from streamstate.spark.driver.step.commit import CheckpointLog, spark_batch_of
+from streamstate.spark.driver.step.no_data import (
     DUE_EVENT_TIME,
     DUE_PROCESSING_TIME,
     TimeProgress,
@@ -26,10 +25,11 @@ from streamstate.spark.driver.no_data import (
     next_watermark,
     trigger_interval,
 )
-from streamstate.spark.driver.rollback import plan_rollback, rollback
 from streamstate.spark.job import JobSpec, arrow_schema_to_bytes
+from streamstate.spark.offline.rollback import plan_rollback, rollback
 from streamstate.spark.subtask import MIN_WATERMARK, SubtaskRuntime, job_storage
 from streamstate.windows import TumblingEventTimeWindows, window
+from support.spark_functions import RemindLater, WindowSize
 
 SCHEMA = pa.schema([("user", pa.string()), ("v", pa.int64()), ("_kg", pa.int32())])
 MAX_P = 128

@@ -13,7 +13,6 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from functions import Boom, FailingReminder, RemindLater, WindowSize, WindowSizeWithSleep
 from typer.testing import CliRunner
 
 from streamstate.checkpoint.storage import FileSystemCheckpointStorage
@@ -21,6 +20,13 @@ from streamstate.cli import app
 from streamstate.spark import FileSink, keyed_process
 from streamstate.windows import TumblingEventTimeWindows, window
 from support.killed_driver import processes_naming, run_until_killed, start_driver
+from support.spark_functions import (
+    Boom,
+    FailingReminder,
+    RemindLater,
+    WindowSize,
+    WindowSizeWithSleep,
+)
 from support.stream_query import restart
 
 pytestmark = pytest.mark.spark

@@ -27,28 +27,27 @@ this way instead:
    ``numInputRows``.
 
 Spark Connect runs ``foreachBatch`` in a Python process of the server that has no handle on the
-JVM: the client's :attr:`~streamstate.spark.driver.streaming.KeyedStreamingQuery.last_progress` and
+JVM: the client's
+:attr:`~streamstate.spark.driver.query.streaming.KeyedStreamingQuery.last_progress` and
 ``recent_progress`` add the figures the server reported (:func:`with_state_figures`); Spark's
 own progress events (listeners, the UI) carry none there.
 
-The figure names follow Spark's ``StateOperatorProgress`` where one exists (``numRowsTotal``,
-``numRowsUpdated``, ``numRowsRemoved``, ``memoryUsedBytes``, ``numRowsDroppedByWatermark``);
-docs/spark.md lists them all.
+The figures themselves (their names, and how a micro-batch's are made from its steps') are in
+:mod:`streamstate.spark.driver.monitor.figures`.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
+from streamstate.spark.driver.monitor.figures import FIGURES, micro_batch_figures
+
 __all__ = [
-    "FIGURES",
     "OBSERVATION",
     "ProgressPublisher",
-    "micro_batch_figures",
     "observe_state",
-    "step_figures",
     "unsafe_row_bytes",
     "with_state_figures",
 ]
@@ -57,106 +56,6 @@ log = logging.getLogger(__name__)
 
 #: the name of the observation in ``observedMetrics``
 OBSERVATION = "streamstate"
-
-#: every figure of a micro-batch, in the order of the observed row (all ``long``; null when
-#: unknown). Levels (the state after the micro-batch) and totals (summed over its steps):
-FIGURES = (
-    "checkpointId",  # level: the last checkpoint the micro-batch committed
-    "numSteps",  # total: checkpoints committed (1 + the no-data micro-batches run with it)
-    "numInputRows",  # total: records the subtasks processed
-    "numOutputRows",  # total: rows given to the sink
-    "numRowsTotal",  # level: state entries over every subtask (RocksDB: its estimate)
-    "numRowsUpdated",  # total: state entries written
-    "numRowsRemoved",  # total: state entries removed
-    "stateBytes",  # level: RocksDB's live data and memtables (null on the heap backend)
-    "memoryUsedBytes",  # level: resident memory of the processes holding the state
-    "numRowsDroppedByWatermark",  # total: late records the windows dropped
-    "numTimersPending",  # level: event- and processing-time timers
-    "numTimersFired",  # total
-    "numHotSubtasks",  # total: subtask steps that found their state in memory
-    "numReloadedSubtasks",  # total: subtask steps that reloaded it from the checkpoint
-    "checkpointBytes",  # total: bytes of the files the checkpoints wrote
-    "checkpointFullBytes",  # level: bytes of every file the last checkpoint references
-    "checkpointDurationMs",  # total: slowest subtask's checkpoint plus the driver's commit
-    "watermarkMs",  # level: the event-time watermark the last step ran with (null: none)
-)
-#: figures that add up over the steps of one micro-batch (the others: the last step's)
-_TOTALS = frozenset(
-    {
-        "numSteps",
-        "numInputRows",
-        "numOutputRows",
-        "numRowsUpdated",
-        "numRowsRemoved",
-        "numRowsDroppedByWatermark",
-        "numTimersFired",
-        "numHotSubtasks",
-        "numReloadedSubtasks",
-        "checkpointBytes",
-        "checkpointDurationMs",
-    }
-)
-_MIN_WATERMARK = -(1 << 63)
-
-
-def _sum(values: Iterable[int | None]) -> int | None:
-    """The sum, or None when any value is unknown."""
-    total = 0
-    for v in values:
-        if v is None:
-            return None
-        total += v
-    return total
-
-
-def step_figures(
-    results: Sequence[Any], checkpoint_id: int, watermark: int | None, output_rows: int
-) -> dict[str, int | None]:
-    """One step's figures from the subtasks' acknowledgements
-    (``streamstate.spark.subtask.BatchResult``); ``checkpointDurationMs`` leaves out the
-    driver's commit (the caller adds it)."""
-    states = [r.state for r in results]
-    known = [s for s in states if s is not None]
-    complete = len(known) == len(states)
-    restores = [r.restore for r in results]
-    return {
-        "checkpointId": checkpoint_id,
-        "numSteps": 1,
-        "numInputRows": sum(r.rows for r in results),
-        "numOutputRows": output_rows,
-        "numRowsTotal": sum(s.rows for s in known) if complete else None,
-        "numRowsUpdated": _sum(s.rows_updated for s in known) if complete else None,
-        "numRowsRemoved": _sum(s.rows_removed for s in known) if complete else None,
-        "stateBytes": _sum(s.state_bytes for s in known) if complete else None,
-        "memoryUsedBytes": _sum(r.memory_bytes for r in results),
-        "numRowsDroppedByWatermark": sum(r.late_records_dropped for r in results),
-        "numTimersPending": sum(r.timers for r in results),
-        "numTimersFired": sum(r.timers_fired for r in results),
-        "numHotSubtasks": restores.count("hot"),
-        "numReloadedSubtasks": restores.count("reload"),
-        "checkpointBytes": sum(r.checkpoint_bytes for r in results),
-        "checkpointFullBytes": sum(r.checkpoint_full_bytes for r in results),
-        "checkpointDurationMs": int(
-            max(
-                (r.stats.get("stage_ms", 0.0) + r.stats.get("checkpoint_wait_ms", 0.0))
-                for r in results
-            )
-            if results
-            else 0
-        ),
-        "watermarkMs": None if watermark is None or watermark <= _MIN_WATERMARK else watermark,
-    }
-
-
-def micro_batch_figures(steps: Sequence[dict[str, int | None]]) -> dict[str, int | None] | None:
-    """The figures of the steps one Spark micro-batch ran (its input's and the no-data
-    micro-batches after it): totals added up, levels from the last step; None without steps."""
-    if not steps:
-        return None
-    out = dict(steps[-1])
-    for name in _TOTALS:
-        out[name] = _sum(s.get(name) for s in steps)
-    return out
 
 
 def observe_state(df: Any) -> Any:

@@ -1,8 +1,8 @@
 """The options of one keyed operator on the driver: everything ``keyed_process`` was given,
 resolved against the input and the checkpoint, and the :class:`~streamstate.spark.job.JobSpec`
-they make. :mod:`~streamstate.spark.driver.keyed` builds them; the batch
-(:mod:`~streamstate.spark.driver.batch`) and streaming (:mod:`~streamstate.spark.driver.streaming`)
-runtimes take them.
+they make. :mod:`~streamstate.spark.driver.query.keyed` builds them; the batch
+(:mod:`~streamstate.spark.driver.query.batch`) and streaming
+(:mod:`~streamstate.spark.driver.query.streaming`) runtimes take them.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import dataclasses
 from typing import Any
 
 from streamstate.api.functions import KeyedProcessFunction
-from streamstate.spark.driver.pre_aggregation import PreAggregationPlan
+from streamstate.spark.driver.plan.pre_aggregation import PreAggregationPlan
 from streamstate.spark.job import KEY_GROUP_COLUMN, JobSpec, arrow_schema_to_bytes
 
 __all__ = ["KeyedOptions"]
@@ -53,6 +53,12 @@ class KeyedOptions:
     def spark(self) -> Any:
         return self.df.sparkSession
 
+    def without_input(self) -> KeyedOptions:
+        """These options without their DataFrame (what a micro-batch's steps need: each gets
+        the micro-batch's own input; they pickle to a Spark Connect server without the
+        client's session)."""
+        return dataclasses.replace(self, df=None)
+
     def arrow_schemas(self) -> tuple[Any, Any]:
         """(task input schema, output schema) as Arrow schemas."""
         from pyspark.sql.pandas.types import to_arrow_schema
@@ -68,7 +74,7 @@ class KeyedOptions:
 
     def partial_schema(self) -> Any:
         """The Spark schema of the pre-aggregated rows a subtask receives."""
-        from streamstate.spark.driver.pre_aggregation import pre_aggregated
+        from streamstate.spark.driver.plan.pre_aggregation import pre_aggregated
 
         assert self.pre_aggregation is not None
         # asked by the checks before the first job and by the job's spec: one analysis of the

@@ -17,7 +17,7 @@ when); ``True`` also where only intermediate firings can differ, ``False`` never
   group is computed on the grouped rows (in SQL for an integer key), which are then
   repartitioned by subtask: two shuffles, the second of one row per group.
 * **Python** for any other ``AggregateFunction`` or reduce function: a ``mapInArrow`` pass
-  over each map partition (:class:`~streamstate.spark.partials.PartialFold`) assigns the
+  over each map partition (:class:`~streamstate.spark.partial_fold.PartialFold`) assigns the
   windows for whole columns, folds the groups with ``add`` and computes the key groups; then
   one shuffle by subtask.
 
@@ -218,7 +218,7 @@ def pre_aggregated(
     """The micro-batch ``df`` pre-aggregated and placed: partition ``i`` holds subtask ``i``'s
     rows of :mod:`streamstate.spark.partials`. ``fold_task``: the Python fold's ``mapInArrow``
     function (mode "python")."""
-    from streamstate.spark.driver.placement import place
+    from streamstate.spark.driver.plan.placement import place
     from streamstate.spark.driver.session import functions_for
 
     if plan.mode == "sql":
@@ -318,45 +318,8 @@ def sql_fold(plan: PreAggregationPlan, watermark: int | None) -> SqlFold:
     if windowing is None:
         projections.append([f"{PARTIAL} AS {KIND}", f"CAST(NULL AS BIGINT) AS {WINDOW}"])
     else:
-        size, slide, offset = windowing.size, windowing.slide, windowing.offset
-        # without a late side output the subtask decides lateness (same watermark): the steps
-        # are then the same every micro-batch, and Spark reuses the code it generated for them
-        # (a literal watermark would make it compile new code for every micro-batch)
-        threshold = windowing.late_threshold(watermark) if plan.carries_values else None
-        projections.append([f"{_TS} - pmod({_TS} - {offset}, {slide}) AS {_LAST}"])
-
-        def not_late(start: str) -> str:
-            return "TRUE" if threshold is None else f"({start} + {size - 1} > {threshold})"
-
-        element_late = "FALSE" if threshold is None else f"({_TS} <= {threshold})"
-        if windowing.slide == windowing.size:
-            # tumbling: one window, which holds its element; late iff the element is
-            projections.append(
-                [
-                    f"CASE WHEN {not_late(_LAST)} THEN {PARTIAL} ELSE {LATE} END AS {KIND}",
-                    f"CASE WHEN {not_late(_LAST)} THEN {_LAST} END AS {WINDOW}",
-                ]
-            )
-        else:
-            k = windowing.windows_per_element()
-            starts = (
-                f"filter(transform(sequence(0, {k - 1}), i -> {_LAST} - i * {slide}), "
-                f"s -> s > {_TS} - {size} AND {not_late('s')})"
-            )
-            kind = (
-                f"CASE WHEN size({_STARTS}) > 0 THEN {PARTIAL} WHEN {element_late} THEN {LATE} "
-                f"ELSE {WINDOWLESS} END"
-            )
-            # windowless elements: grouped by timestamp (their lateness is their own)
-            exploded = (
-                f"CASE WHEN size({_STARTS}) > 0 THEN {_STARTS} WHEN {element_late} THEN "
-                f"array(CAST(NULL AS BIGINT)) ELSE array({_TS}) END"
-            )
-            projections.append([f"{starts} AS {_STARTS}"])
-            projections.append(
-                [f"{kind} AS {KIND}", f"posexplode({exploded}) AS ({_POS}, {WINDOW})"]
-            )
-            records = f"count_if({_POS} = 0) AS {RECORDS}"
+        windows, records = _window_steps(plan, watermark)
+        projections += windows
     group = [*keys, KIND, WINDOW]
     if plan.carries_values:
         # every late element is a group of its own, which keeps its columns
@@ -379,6 +342,54 @@ def sql_fold(plan: PreAggregationPlan, watermark: int | None) -> SqlFold:
         *[sql_accumulator(i) for i in range(len(aggregate.partials()))],
     ]
     return SqlFold(projections, group, aggregates, columns)
+
+
+def _window_steps(plan: PreAggregationPlan, watermark: int | None) -> tuple[list[list[str]], str]:
+    """The steps that give each element its windows (and its kind: PARTIAL, LATE,
+    WINDOWLESS), and the expression that counts the records, of a fold in event-time windows
+    that carries values or slides."""
+    windowing = plan.pre.windowing
+    assert windowing is not None
+    projections: list[list[str]] = []
+    records = f"count(1) AS {RECORDS}"
+    size, slide, offset = windowing.size, windowing.slide, windowing.offset
+    # without a late side output the subtask decides lateness (same watermark): the steps
+    # are then the same every micro-batch, and Spark reuses the code it generated for them
+    # (a literal watermark would make it compile new code for every micro-batch)
+    threshold = windowing.late_threshold(watermark) if plan.carries_values else None
+    projections.append([f"{_TS} - pmod({_TS} - {offset}, {slide}) AS {_LAST}"])
+
+    def not_late(start: str) -> str:
+        return "TRUE" if threshold is None else f"({start} + {size - 1} > {threshold})"
+
+    element_late = "FALSE" if threshold is None else f"({_TS} <= {threshold})"
+    if windowing.slide == windowing.size:
+        # tumbling: one window, which holds its element; late iff the element is
+        projections.append(
+            [
+                f"CASE WHEN {not_late(_LAST)} THEN {PARTIAL} ELSE {LATE} END AS {KIND}",
+                f"CASE WHEN {not_late(_LAST)} THEN {_LAST} END AS {WINDOW}",
+            ]
+        )
+    else:
+        k = windowing.windows_per_element()
+        starts = (
+            f"filter(transform(sequence(0, {k - 1}), i -> {_LAST} - i * {slide}), "
+            f"s -> s > {_TS} - {size} AND {not_late('s')})"
+        )
+        kind = (
+            f"CASE WHEN size({_STARTS}) > 0 THEN {PARTIAL} WHEN {element_late} THEN {LATE} "
+            f"ELSE {WINDOWLESS} END"
+        )
+        # windowless elements: grouped by timestamp (their lateness is their own)
+        exploded = (
+            f"CASE WHEN size({_STARTS}) > 0 THEN {_STARTS} WHEN {element_late} THEN "
+            f"array(CAST(NULL AS BIGINT)) ELSE array({_TS}) END"
+        )
+        projections.append([f"{starts} AS {_STARTS}"])
+        projections.append([f"{kind} AS {KIND}", f"posexplode({exploded}) AS ({_POS}, {WINDOW})"])
+        records = f"count_if({_POS} = 0) AS {RECORDS}"
+    return projections, records
 
 
 def _aggregate_columns(aggregate: BuiltinAggregate, ts: str) -> list[str]:

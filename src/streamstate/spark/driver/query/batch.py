@@ -28,11 +28,12 @@ from typing import Any
 
 import msgspec
 
-from streamstate.spark.driver.options import KeyedOptions
-from streamstate.spark.driver.placement import place
+from streamstate.spark.driver.plan.options import KeyedOptions
+from streamstate.spark.driver.plan.placement import place
 from streamstate.spark.failures import original_error, raise_function_error
 from streamstate.spark.job import KEY_GROUP_COLUMN, pickle_function
-from streamstate.spark.task.tasks import ACK_SCHEMA, bounded_task
+from streamstate.spark.task.tasks import bounded_task
+from streamstate.spark.wire.acks import ACK_SCHEMA, decode_acks
 
 __all__ = ["run_bounded", "sort_columns"]
 
@@ -86,7 +87,7 @@ def _placed(options: KeyedOptions, blob: bytes) -> Any:
         return place(options.df, options.key_columns, options.parallelism, options.max_parallelism)
     import hashlib
 
-    from streamstate.spark.driver.pre_aggregation import pre_aggregated
+    from streamstate.spark.driver.plan.pre_aggregation import pre_aggregated
     from streamstate.spark.task.tasks import fold_task
 
     job = msgspec.msgpack.encode(options.job_spec(""))
@@ -102,10 +103,9 @@ def _placed(options: KeyedOptions, blob: bytes) -> Any:
 
 def _with_savepoint(options: KeyedOptions, placed: Any, blob: bytes, savepoint: str) -> Any:
     from streamstate.checkpoint.coordinator import CheckpointCoordinator
-    from streamstate.checkpoint.metadata import SubtaskStateHandle
     from streamstate.checkpoint.storage import FileSystemCheckpointStorage
     from streamstate.errors import CheckpointError
-    from streamstate.spark.subtask import OUTPUTS_DIR, BatchResult
+    from streamstate.spark.subtask import OUTPUTS_DIR
 
     parent, name = posixpath.split(savepoint.rstrip("/"))
     if not name:
@@ -123,7 +123,7 @@ def _with_savepoint(options: KeyedOptions, placed: Any, blob: bytes, savepoint: 
         options.execution_mode,
     )
     try:
-        rows = placed.mapInArrow(task, ACK_SCHEMA).collect()
+        acks = decode_acks(placed.mapInArrow(task, ACK_SCHEMA).collect())
     except Exception as exc:
         # a task's error reaches here as text (classic and Spark Connect alike): raise it as
         # the function raised it, with Spark's exception chained (spark/failures.py)
@@ -131,9 +131,9 @@ def _with_savepoint(options: KeyedOptions, placed: Any, blob: bytes, savepoint: 
         if error is exc:
             raise
         raise error from exc
-    raise_function_error(rows)
-    results = [msgspec.msgpack.decode(r["result"], type=BatchResult) for r in rows]
-    handles = [msgspec.msgpack.decode(r.handle, type=SubtaskStateHandle) for r in results]
+    raise_function_error(acks)
+    results = [a.result for a in acks if a.result is not None]
+    handles = [r.handle for r in results]
     outputs = [r.outputs for r in results if r.outputs is not None]
     coordinator = CheckpointCoordinator(storage)
     try:

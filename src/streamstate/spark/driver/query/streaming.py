@@ -1,29 +1,29 @@
 """Streaming mode: a keyed function over a Structured Streaming query, exactly-once.
 
 The query is driven by ``foreachBatch``. Micro-batch ``b`` on the driver
-(:class:`~streamstate.spark.driver.micro_batches.MicroBatchRunner`) runs one *step* that ends
-with checkpoint ``c`` (``c == b`` until the query's first no-data micro-batch):
+(:class:`~streamstate.spark.driver.step.micro_batches.MicroBatchRunner`) runs one *step* that
+ends with checkpoint ``c`` (``c == b`` until the query's first no-data micro-batch):
 
-1. :meth:`~streamstate.spark.driver.commit.CheckpointLog.plan`: the state version to start from
-   (``chk-(c-1)``), its lineage, the watermark; if ``b``'s step is already committed (the
+1. :meth:`~streamstate.spark.driver.step.commit.CheckpointLog.plan`: the state version to start
+   from (``chk-(c-1)``), its lineage, the watermark; if ``b``'s step is already committed (the
    driver died after our commit, before Spark's), skip to step 4 with each checkpoint of ``b``.
-2. One Spark job (:class:`~streamstate.spark.driver.step_tasks.StepTasks`): placement by key
-   group, ``repartitionById``, ``mapInArrow`` with
+2. One Spark job (:class:`~streamstate.spark.driver.step.step_tasks.StepTasks`): placement by
+   key group, ``repartitionById``, ``mapInArrow`` with
    :func:`~streamstate.spark.task.tasks.micro_batch_task`: each task streams its partition to
    its subtask's state host, which applies it, writes the incremental checkpoint ``chk-c`` of
    the subtask and stages the outputs, and the task yields one acknowledgement row. The
    acknowledgement says where the host lives; the next step's tasks get these locations
-   (:class:`~streamstate.spark.driver.host_fleet.HostFleet`), so the task of subtask ``i``
+   (:class:`~streamstate.spark.driver.step.host_fleet.HostFleet`), so the task of subtask ``i``
    reaches the same host from whichever node Spark runs it on
    (:mod:`streamstate.spark.task.host_client`).
 3. Commit: ``chk-c/_metadata`` is written only when all subtasks acknowledged version ``c``.
 4. The sink gets the staged outputs (idempotent per checkpoint id), each side sink its side
-   output's.
+   output's (:mod:`streamstate.spark.driver.step.outputs`).
 5. While the committed checkpoint owes a no-data micro-batch (the next watermark passes a
-   pending event-time timer; :mod:`streamstate.spark.driver.no_data`), steps 1-4 again without
-   input, as checkpoint ``c + 1``, ...; Spark then commits its own log. In a running query an
-   :class:`~streamstate.spark.driver.no_data.IdleTicker` runs the no-data micro-batches that
-   processing-time timers call for while no input arrives.
+   pending event-time timer; :mod:`streamstate.spark.driver.step.no_data`), steps 1-4 again
+   without input, as checkpoint ``c + 1``, ...; Spark then commits its own log. In a running
+   query an :class:`~streamstate.spark.driver.step.no_data.IdleTicker` runs the no-data
+   micro-batches that processing-time timers call for while no input arrives.
 
 A function error (the user's function raised; streamstate's errors about what the job
 declares) is data: the host drops the half-applied batch, the task returns the error in its
@@ -37,36 +37,42 @@ the same directory stops before its next batch or commit, and leaves the hosts t
 one). Spark's own streaming checkpoint is ``<checkpoint>/spark`` unless ``spark_checkpoint=``
 puts it elsewhere (e.g. a local or HDFS path when Spark cannot write the checkpoint's object
 store).
+
+A classic session runs the micro-batches in this driver, a Spark Connect server in a Python
+process of its own: the query learns of their figures, failures and progress through the
+interface of :mod:`streamstate.spark.driver.reports`, chosen once when it starts
+(:mod:`streamstate.spark.driver.query.classic`, :mod:`streamstate.spark.driver.query.connect`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-import os
-import threading
-import time
 from typing import Any
 
 import msgspec
 
-from streamstate.spark.driver.commit import CheckpointLog
-from streamstate.spark.driver.connect_reports import ConnectReports
-from streamstate.spark.driver.host_fleet import HostFleet
-from streamstate.spark.driver.locations import spark_checkpoint_location
-from streamstate.spark.driver.micro_batches import MicroBatchRunner
-from streamstate.spark.driver.no_data import trigger_interval
-from streamstate.spark.driver.options import KeyedOptions
-from streamstate.spark.driver.progress import observe_state, with_state_figures
-from streamstate.spark.driver.session import conf, is_connect, is_local
-from streamstate.spark.driver.sinks import MemorySink, Sink, sink_from
-from streamstate.spark.driver.step_tasks import StepTasks
-from streamstate.spark.failures import is_function_error, parse_remote_error
-from streamstate.spark.job import (
-    FUNCTIONS_DIR,
-    JobSpec,
-    arrow_schema_from_bytes,
-    pickle_function,
+from streamstate.spark.driver.monitor.figures import Spans
+from streamstate.spark.driver.plan.locations import spark_checkpoint_location
+from streamstate.spark.driver.plan.options import KeyedOptions
+from streamstate.spark.driver.query.start import (
+    Prespawn,
+    bind_for,
+    local_jvm,
+    reports_for,
+    ship_function,
 )
+from streamstate.spark.driver.reports import QueryReports
+from streamstate.spark.driver.session import conf
+from streamstate.spark.driver.sinks import Sink, sink_from
+from streamstate.spark.driver.step.commit import CheckpointLog
+from streamstate.spark.driver.step.host_fleet import HostFleet
+from streamstate.spark.driver.step.micro_batches import RunParts
+from streamstate.spark.driver.step.no_data import trigger_interval
+from streamstate.spark.driver.step.outputs import OutputDelivery
+from streamstate.spark.driver.step.step_tasks import StepTasks
+from streamstate.spark.failures import is_function_error
+from streamstate.spark.job import arrow_schema_from_bytes
 from streamstate.spark.subtask import job_storage
 
 __all__ = ["KeyedStream", "KeyedStreamingQuery"]
@@ -131,8 +137,8 @@ class KeyedStream:
                 state checkpoint for the life of the query.
             no_data_batches: run micro-batches without input when the watermark would fire a
                 pending event-time timer, or a processing-time timer is due
-                (:mod:`streamstate.spark.driver.no_data`): the last windows close at the end of an
-                ``availableNow`` run, and within a trigger interval when the input pauses.
+                (:mod:`streamstate.spark.driver.step.no_data`): the last windows close at the end
+                of an ``availableNow`` run, and within a trigger interval when the input pauses.
                 Default (None): Spark's ``spark.sql.streaming.noDataMicroBatches.enabled``
                 (on unless the session turns it off). ``False``: timers fire only when input
                 arrives.
@@ -185,8 +191,10 @@ def _side_sinks(
 
 class KeyedStreamingQuery:
     """A running keyed query: the Spark ``StreamingQuery`` plus the state it drives. Its
-    micro-batches run in a :class:`~streamstate.spark.driver.micro_batches.MicroBatchRunner`
-    (:attr:`runner`): Spark's ``foreachBatch`` function, here or on a Spark Connect server."""
+    micro-batches run in a
+    :class:`~streamstate.spark.driver.step.micro_batches.MicroBatchRunner`: Spark's
+    ``foreachBatch`` function, here or on a Spark Connect server, whose figures, failures and
+    progress the query learns of through ``reports``."""
 
     def __init__(
         self,
@@ -201,97 +209,35 @@ class KeyedStreamingQuery:
         spark_checkpoint: str | None = None,
         no_data_batches: bool | None = None,
     ) -> None:
-        t_init = time.perf_counter()
+        self._spans = Spans()
         #: where the query's fixed costs went, in ms: ``ship_ms`` (pickling and storing the
         #: function), ``epoch_ms`` (taking the checkpoint over), ``spark_start_ms`` (Spark's
         #: ``start()``), ``init_ms`` (all of the constructor), ``first_batch_at_ms`` (from
-        #: the constructor's start to the first micro-batch's), then at stop
-        #: ``stop_ms`` (Spark's ``stop()``) and ``shutdown_ms`` (the state hosts')
-        self.timings: dict[str, float] = {}
+        #: the constructor's start to the first micro-batch's), ``spawn_ms`` (the hosts started
+        #: ahead, local master), then at stop ``stop_ms`` (Spark's ``stop()``) and
+        #: ``shutdown_ms`` (the state hosts')
+        self.timings: dict[str, float] = self._spans.ms
         self.options = options
         self.sink = sink
         #: side-output tag id -> its sink
         self.side_sinks = dict(side_sinks or {})
         self.spark = options.spark
-        checkpoint = options.checkpoint
-        assert checkpoint is not None
-        t = time.perf_counter()
-        self.job = self._ship_function(options)
-        self.timings["ship_ms"] = (time.perf_counter() - t) * 1e3
-        #: the job as every step's task carries it (encoded once)
-        job_bytes = msgspec.msgpack.encode(self.job)
-        #: the run's state hosts: identity, secret, where each subtask's is
-        self.hosts = HostFleet(
-            self.job,
-            job_bytes,
-            run_dir=run_dir,
-            bind=_bind_for(self.spark, host_bind),
-            connect_timeout=host_connect_timeout,
-            idle_timeout=options.host_idle_timeout,
-        )
-        self.storage = job_storage(self.job)
-        self.spark_checkpoint = spark_checkpoint_location(
-            self.spark, self.storage.url_of(SPARK_CHECKPOINT_DIR), spark_checkpoint, checkpoint
-        )
-        t = time.perf_counter()
-        #: this query's epoch: starting takes the job over from any earlier query
-        self.epoch = self.storage.acquire_epoch(
-            operator=options.operator_name, spark_checkpoint=self.spark_checkpoint
-        )
-        self.log = CheckpointLog(
-            self.storage,
-            options.operator_name,
-            options.parallelism,
-            watermark_delay=options.watermark_delay,
-            retained=options.retained_checkpoints,
-            epoch=self.epoch,
-        )
-        self.timings["epoch_ms"] = (time.perf_counter() - t) * 1e3
-        #: with a local master, the driver JVM's pid: the driver delivers pre-aggregated rows
-        #: to the state hosts itself (SPEC §13.2; None: the tasks do)
-        delivery_jvm = self._local_jvm() if options.pre_aggregation is not None else None
-        steps = StepTasks(options, self.job, job_bytes, self._function, self.hosts, delivery_jvm)
-        #: starts this run's state hosts while Spark plans the first micro-batch (local master)
-        self._prespawn = self._prespawn_hosts()
-        self._hosts_stopped = False
         if no_data_batches is None:
             no_data_batches = (conf(self.spark, NO_DATA_CONF, "true") or "true").lower() != "false"
+        idle_interval = trigger_interval(trigger) if no_data_batches else None
+        parts = self._set_up(run_dir, host_bind, host_connect_timeout, spark_checkpoint)
+        parts = dataclasses.replace(
+            parts, no_data_batches=no_data_batches, idle_interval=idle_interval
+        )
         name = query_name or options.operator_name
         sink.open(name)
         for tag, side_sink in self.side_sinks.items():
             side_sink.open(f"{name}.{tag}")
-        #: Spark Connect: the server's process reports each step's figures (and memory sinks
-        #: their outputs) to this client through the checkpoint; None for a classic session
-        self.reports: ConnectReports | None = None
-        if is_connect(self.spark):
-            self.reports = ConnectReports.start(self.storage, self.hosts.run_id)
-            self.reports.mirror_memory_sinks({"main": sink, **self.side_sinks})
-        #: runs the micro-batches (Spark's foreachBatch function) and the idle ticker
-        self.runner = MicroBatchRunner(
-            options,
-            self.log,
-            steps,
-            sink,
-            self.side_sinks,
-            arrow_schema_from_bytes(self.job.output_schema),
-            options.side_output_schemas(),
-            self.hosts.run_id,
-            self.spark,
-            no_data_batches=bool(no_data_batches),
-            idle_interval=trigger_interval(trigger) if no_data_batches else None,
-            reports=self.reports,
-            timings=self.timings,
-            created=t_init,
+        #: how the query learns of its micro-batches (Spark Connect: through the checkpoint)
+        self.reports: QueryReports = reports_for(
+            self.spark, self.storage, self.hosts.run_id, {"main": sink, **self.side_sinks}
         )
-        run_batch: Any = self.runner
-        df = options.df
-        if self.reports is not None:
-            # pickled now, by value for modules the server cannot import (a notebook's or a
-            # test's functions, sinks and callbacks), like the function the tasks run
-            run_batch = _ServerBatches(pickle_function(self.runner))
-        else:
-            # each micro-batch's state figures go into Spark's progress (spark/driver/progress.py)
-            df = observe_state(df)
+        run_batch, df = self.reports.foreach_batch(parts, self._spans, options.df)
         writer = df.writeStream.foreachBatch(run_batch).option(
             "checkpointLocation", self.spark_checkpoint
         )
@@ -299,111 +245,89 @@ class KeyedStreamingQuery:
             writer = writer.trigger(**trigger)
         if query_name:
             writer = writer.queryName(query_name)
-        t = time.perf_counter()
-        self.query = _start(writer, connect=self.reports is not None, where=self.spark_checkpoint)
-        self.timings["spark_start_ms"] = (time.perf_counter() - t) * 1e3
-        self.runner.query = self.query
-        self.runner.started.set()
-        if self.reports is None:
-            self.runner.start_idle_ticker()  # Spark Connect: the server's process starts its own
-        self.timings["init_ms"] = (time.perf_counter() - t_init) * 1e3
+        with self._spans.span("spark_start"):
+            self.query = self.reports.start(writer, self.spark_checkpoint)
+        self._spans.mark("init")
+
+    def _set_up(
+        self,
+        run_dir: str | None,
+        host_bind: str | None,
+        host_connect_timeout: float,
+        spark_checkpoint: str | None,
+    ) -> RunParts:
+        """Ship the function, take the checkpoint over, start the hosts ahead (local master);
+        returns what runs the steps (without no-data micro-batches: the caller says)."""
+        options = self.options
+        checkpoint = options.checkpoint
+        assert checkpoint is not None
+        with self._spans.span("ship"):
+            self.job, function = ship_function(options)
+        #: the job as every step's task carries it (encoded once)
+        job_bytes = msgspec.msgpack.encode(self.job)
+        #: the run's state hosts: identity, secret, where each subtask's is
+        self.hosts = HostFleet(
+            self.job,
+            job_bytes,
+            run_dir=run_dir,
+            bind=bind_for(self.spark, host_bind),
+            connect_timeout=host_connect_timeout,
+            idle_timeout=options.host_idle_timeout,
+        )
+        self.storage = job_storage(self.job)
+        self.spark_checkpoint = spark_checkpoint_location(
+            self.spark, self.storage.url_of(SPARK_CHECKPOINT_DIR), spark_checkpoint, checkpoint
+        )
+        with self._spans.span("epoch"):
+            #: this query's epoch: starting takes the job over from any earlier query
+            self.epoch = self.storage.acquire_epoch(
+                operator=options.operator_name, spark_checkpoint=self.spark_checkpoint
+            )
+            self.log = CheckpointLog(
+                self.storage,
+                options.operator_name,
+                options.parallelism,
+                watermark_delay=options.watermark_delay,
+                retained=options.retained_checkpoints,
+                epoch=self.epoch,
+            )
+        delivery_jvm = self._delivery_jvm()
+        plain = options.without_input()
+        spans = Spans()
+        steps = StepTasks(plain, self.job, job_bytes, function, self.hosts, delivery_jvm, spans)
+        #: starts this run's state hosts while Spark plans the first micro-batch (local master)
+        self._prespawn = Prespawn(self.spark, self.hosts, self._spans)
+        self._hosts_stopped = False
+        outputs = OutputDelivery(
+            plain,
+            self.storage,
+            self.sink,
+            self.side_sinks,
+            arrow_schema_from_bytes(self.job.output_schema),
+            options.side_output_schemas(),
+        )
+        return RunParts(
+            options=plain,
+            log=self.log,
+            steps=steps,
+            outputs=outputs,
+            run_id=self.hosts.run_id,
+            no_data_batches=False,
+            idle_interval=None,
+            spans=spans,
+        )
+
+    def _delivery_jvm(self) -> int | None:
+        """With a local master and pre-aggregation, the driver JVM's pid: the driver delivers
+        pre-aggregated rows to the state hosts itself (SPEC §13.2; None: the tasks do)."""
+        return local_jvm(self.spark) if self.options.pre_aggregation is not None else None
 
     @property
     def batches(self) -> list[dict[str, Any]]:
         """One dict of figures per step this query run ran: ``batch`` (Spark's micro-batch),
         ``checkpoint``, ``no_data`` (with ``due`` and ``idle``), ``replayed``, rows, outputs,
         watermark, restores, routes and timings (docs/spark.md)."""
-        return self.runner.batches
-
-    # ---- set-up --------------------------------------------------------------------------------
-
-    def _ship_function(self, options: KeyedOptions) -> JobSpec:
-        """Pickle the function once per query run into ``<checkpoint>/functions/<sha>.pkl``."""
-        import hashlib
-
-        blob = pickle_function(options.function)
-        sha = hashlib.sha256(blob).hexdigest()
-        #: the pickled function, for a fold before the shuffle (SPEC §13.2)
-        self._function = (blob, sha)
-        path = f"{FUNCTIONS_DIR}/{sha}.pkl"
-        job = options.job_spec(options.checkpoint or "", path, sha)
-        storage = job_storage(job)
-        storage.ensure_writable()
-        if storage.size(path) != len(blob):
-            storage.put_atomic(path, blob)
-        return job
-
-    def _prespawn_hosts(self) -> threading.Thread | None:
-        """With a ``local`` master the tasks run on this node and would each start their host
-        in the first micro-batch (an interpreter start and imports, ~0.5-2 s, after Spark's
-        planning): start them now, in parallel with the rest of the set-up and Spark's
-        planning. A task that finds its host starting waits for it (the spawn lock); one that
-        finds none starts it as before, so a failure here only costs the head start.
-        Skipped when the workers run another Python than this one, or with
-        ``STREAMSTATE_PRESPAWN=0``."""
-
-        if os.environ.get("STREAMSTATE_PRESPAWN", "1") == "0":
-            return None
-        jvm = self._local_jvm()
-        if jvm is None:
-            return None
-        thread = threading.Thread(
-            target=self._spawn_local_hosts, args=(jvm,), name="streamstate-prespawn", daemon=True
-        )
-        thread.start()
-        return thread
-
-    def _local_jvm(self) -> int | None:
-        """The driver JVM's pid when it runs the tasks (a ``local`` master of a classic session)
-        with this interpreter as their Python: then this process can start, and reach, the
-        hosts the tasks would use. None otherwise."""
-        import shutil
-        import sys
-
-        sc = getattr(self.spark, "sparkContext", None)
-        if sc is None or not str(sc.master).startswith("local"):
-            return None
-        worker = shutil.which(getattr(sc, "pythonExec", None) or "python3")
-        if worker is None or os.path.abspath(worker) != os.path.abspath(sys.executable):
-            return None
-        try:
-            # the driver's JVM runs the tasks in local mode: the hosts watch it, as theirs do
-            return int(self.spark._jvm.java.lang.ProcessHandle.current().pid())
-        except Exception:  # no JVM handle (e.g. Spark Connect)
-            return None
-
-    def _spawn_local_hosts(self, jvm: int) -> None:
-        t0 = time.perf_counter()
-        self.hosts.spawn_local(jvm)
-        self.timings["spawn_ms"] = (time.perf_counter() - t0) * 1e3
-
-    # ---- Spark Connect -------------------------------------------------------------------------
-
-    def _sync_from_server(self, sinks: bool = True) -> None:
-        """Spark Connect client: load what the server's steps reported (figures into
-        :attr:`batches`; with ``sinks``, memory sinks' outputs)."""
-        if self.reports is None:
-            return
-        reported = self.reports.batches()
-        with self.runner.lock:
-            self.runner.batches[:] = reported
-        if not sinks:
-            return
-        for s in [self.sink, *self.side_sinks.values()]:
-            if isinstance(s, MemorySink):
-                s.sync()
-
-    def _server_failure(self, exc: BaseException) -> BaseException | None:
-        """Spark Connect client: the error the server's micro-batch reported, else the one
-        Spark's message carries as a Python traceback."""
-        assert self.reports is not None
-        try:
-            reported = self.reports.failure()
-            if reported is not None:
-                return reported
-        except Exception as read_error:  # a torn or unreadable report: Spark's text instead
-            log.warning("could not read the server's failure report: %r", read_error)
-        return parse_remote_error(str(exc))
+        return self.reports.batches()
 
     # ---- control -------------------------------------------------------------------------------
 
@@ -416,7 +340,7 @@ class KeyedStreamingQuery:
     def host_locations(self) -> dict[int, dict[str, Any]]:
         """Subtask -> where its state host was at the end of the last step (node, TCP address,
         socket, pid)."""
-        return self.hosts.locations
+        return {i: msgspec.to_builtins(where) for i, where in self.hosts.locations.items()}
 
     @property
     def is_active(self) -> bool:
@@ -432,22 +356,16 @@ class KeyedStreamingQuery:
     def last_progress(self) -> Any:
         """Spark's last ``StreamingQueryProgress`` (a dict), whose
         ``observedMetrics["streamstate"]`` holds the micro-batch's state figures
-        (:mod:`streamstate.spark.driver.progress`, docs/spark.md "Monitoring")."""
+        (:mod:`streamstate.spark.driver.monitor.progress`, docs/spark.md "Monitoring")."""
         progress = self.query.lastProgress
-        if self.reports is not None and progress is not None:
-            self._sync_from_server(sinks=False)
-            return with_state_figures(progress, self.batches)
-        return progress
+        return None if progress is None else self.reports.progress([progress])[0]
 
     @property
     def recent_progress(self) -> Any:
         """Spark's recent ``StreamingQueryProgress`` es, each with its micro-batch's state
         figures (see :attr:`last_progress`)."""
         progress = self.query.recentProgress
-        if self.reports is not None and progress:
-            self._sync_from_server(sinks=False)
-            return [with_state_figures(p, self.batches) for p in progress]
-        return progress
+        return self.reports.progress(progress) if progress else progress
 
     def process_all_available(self) -> None:
         """Wait until the query has processed everything available. If a micro-batch failed,
@@ -457,7 +375,7 @@ class KeyedStreamingQuery:
         except Exception as exc:
             self._raise_failure(exc)
         finally:
-            self._sync_from_server()
+            self.reports.sync()
         self._raise_idle_failure()
 
     def await_termination(self, timeout: float | None = None) -> bool | None:
@@ -473,7 +391,7 @@ class KeyedStreamingQuery:
         except Exception as exc:
             self._raise_failure(exc)
         finally:
-            self._sync_from_server()
+            self.reports.sync()
             if not self.query.isActive:
                 self.shutdown_hosts()
         self._raise_idle_failure()
@@ -483,10 +401,7 @@ class KeyedStreamingQuery:
         """Spark raised nothing: if a no-data micro-batch of the idle ticker failed, stop the
         query (the ticker of a classic session did already; a Spark Connect server's ticker
         cannot: it reported the error) and raise that error."""
-        runner = self.runner
-        failure = runner.idle_failure
-        if failure is None and self.reports is not None:
-            failure = runner.idle_failure = self.reports.failure()
+        failure = self.reports.idle_failure()
         if failure is None:
             return
         if self.query.isActive:
@@ -494,11 +409,8 @@ class KeyedStreamingQuery:
         raise failure
 
     def _raise_failure(self, exc: BaseException) -> None:
-        self._loud_again()
-        runner = self.runner
-        if runner.failure is None and self.reports is not None:
-            runner.failure = self._server_failure(exc)
-        failure = runner.failure
+        self.reports.log_again()
+        failure = self.reports.failure(exc)
         if failure is None or failure is exc:
             raise exc
         if is_function_error(failure):
@@ -507,27 +419,17 @@ class KeyedStreamingQuery:
             raise failure.with_traceback(None) from None
         raise failure from exc
 
-    def _loud_again(self) -> None:
-        """Give Spark's query-failure loggers their levels back (once the query stopped)."""
-        runner = self.runner
-        restore, runner.restore_logs = runner.restore_logs, None
-        if restore is not None and not self.query.isActive:
-            restore()
-        elif restore is not None:
-            runner.restore_logs = restore
-
     def stop(self) -> None:
         """Stop the query and shut this job's state hosts down."""
-        t = time.perf_counter()
-        self.runner.stop_idle_ticker(timeout=0)  # no new no-data micro-batch; one running ends
-        if self.reports is not None:
-            self.reports.mark_stopped()  # nor on the server
+        start = self._spans.elapsed()
+        # no new no-data micro-batch here or on a Connect server; one running ends
+        self.reports.stop(timeout=0)
         try:
             self.query.stop()
         finally:
-            self._loud_again()
-            self.timings.setdefault("stop_ms", (time.perf_counter() - t) * 1e3)
-            self._sync_from_server()
+            self.reports.log_again()
+            self.timings.setdefault("stop_ms", self._spans.elapsed() - start)
+            self.reports.sync()
             self.shutdown_hosts()
 
     def shutdown_hosts(self, reason: str = "query stopped") -> int:
@@ -538,14 +440,11 @@ class KeyedStreamingQuery:
         if self._hosts_stopped:
             return 0
         self._hosts_stopped = True
-        t = time.perf_counter()
-        self.runner.stop_idle_ticker()  # its no-data micro-batches would start hosts again
-        if self._prespawn is not None:
+        with self._spans.span("shutdown"):
+            self.reports.stop(timeout=120.0)  # its no-data micro-batches would start hosts again
             self._prespawn.join()  # a host it is starting must be found and stopped too
-        self.log.close()
-        stopped = self.hosts.shutdown(reason)
-        self.timings["shutdown_ms"] = (time.perf_counter() - t) * 1e3
-        return stopped
+            self.log.close()
+            return self.hosts.shutdown(reason)
 
     def __enter__(self) -> KeyedStreamingQuery:
         return self
@@ -558,101 +457,3 @@ class KeyedStreamingQuery:
             f"KeyedStreamingQuery({self.options.operator_name!r}, p={self.job.parallelism}, "
             f"checkpoint={self.job.checkpoint_url!r}, active={self.is_active})"
         )
-
-
-#: how the server reports that its foreachBatch Python process did not connect back within
-#: the fixed 10 s (``PythonWorkerFactory.createSimpleWorker``: a ``SocketTimeoutException``
-#: wrapped in ``SparkException("Python worker failed to connect back.")``). Spark raises it
-#: while planning the start, before any query exists, so starting again is safe.
-_SLOW_FOREACH_BATCH_START = (
-    "failed to connect back",
-    "Timed out while waiting for the Python worker to connect back",
-)
-
-
-#: starts of a Connect query before a slow foreachBatch process start is raised
-_START_ATTEMPTS = 5
-#: seconds to wait before the second start, doubled before each later one (a busy server's
-#: load comes in bursts: a pause gives the next process its 10 s on a quieter machine)
-_START_PAUSE = 1.0
-
-
-def _start(writer: Any, connect: bool, where: str = "") -> Any:
-    """``writer.start()``. Through Spark Connect, the server first starts the foreachBatch
-    Python process and waits a fixed 10 s for it to connect back; on a busy server that can time
-    out before anything ran, so that failure is retried (``_START_ATTEMPTS`` starts in all,
-    pausing ``_START_PAUSE`` s before the second, twice that before the third, ...). A
-    Spark checkpoint location (``where``) on a scheme the server's Hadoop has no filesystem for
-    is reported as a ValueError, as a classic session reports it before starting
-    (locations.py)."""
-    if not connect:
-        return writer.start()
-    for attempt in range(1, _START_ATTEMPTS + 1):
-        try:
-            return _start_once(writer, where)
-        except Exception as exc:
-            slow = any(m in str(exc) for m in _SLOW_FOREACH_BATCH_START)
-            if not slow or attempt == _START_ATTEMPTS:
-                raise
-            log.warning(
-                "the Spark Connect server's foreachBatch process was slow to start "
-                "(attempt %d of %d): starting again",
-                attempt,
-                _START_ATTEMPTS,
-            )
-            time.sleep(_START_PAUSE * 2 ** (attempt - 1))
-    raise AssertionError("unreachable")
-
-
-def _start_once(writer: Any, where: str) -> Any:
-    try:
-        return writer.start()
-    except Exception as exc:
-        text = str(exc)
-        if "No FileSystem for scheme" not in text:
-            raise
-        first = text.strip().splitlines()[0][:200]
-        raise ValueError(
-            f"Spark cannot write its streaming checkpoint to {where}: the Spark Connect "
-            f"server's Hadoop has no filesystem for it ({first}). Add the connector on the "
-            "server (for s3a:// the hadoop-aws jar matching Spark's Hadoop) or pass "
-            "write_stream(..., spark_checkpoint=<a local or HDFS path the server can write>)"
-        ) from exc
-
-
-class _ServerBatches:
-    """The foreachBatch function of a query started from a Spark Connect client: it runs in a
-    Python process of the server, which keeps it for the life of the query; the first batch
-    unpickles the query's :class:`~streamstate.spark.driver.micro_batches.MicroBatchRunner` and
-    every batch runs through it."""
-
-    def __init__(self, blob: bytes) -> None:
-        self.blob = blob
-        self.runner: MicroBatchRunner | None = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"blob": self.blob}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.blob = state["blob"]
-        self.runner = None
-
-    def __call__(self, df: Any, batch_id: int) -> None:
-        if self.runner is None:
-            import cloudpickle
-
-            self.runner = cloudpickle.loads(self.blob)
-        self.runner(df, batch_id)
-
-
-def _bind_for(spark: Any, option: str | None) -> str | None:
-    """The ``bind`` host setting: the option, else with a ``local`` master ``"off"`` (every
-    task runs on this machine and reaches its host's Unix socket: a TCP port would only let
-    other local users reach it, past the socket's uid check) unless ``STREAMSTATE_HOST_BIND``
-    asks for one; None leaves it to each node (:func:`~streamstate.spark.wire.network.
-    default_bind`)."""
-    if option is not None:
-        return option
-    if is_local(spark) and not os.environ.get("STREAMSTATE_HOST_BIND"):
-        return "off"
-    return None

@@ -2,7 +2,7 @@
 and the commit of the version it ends with.
 
 A *step* is one run of every subtask that ends with a checkpoint: the step of a Spark
-micro-batch's input, or a no-data micro-batch (:mod:`streamstate.spark.driver.no_data`).
+micro-batch's input, or a no-data micro-batch (:mod:`streamstate.spark.driver.step.no_data`).
 Checkpoint ids are consecutive: step ``c`` runs every subtask on state version ``c - 1`` (checkpoint
 ``chk-(c-1)``, or the empty/initial state for the first one) and ends with checkpoint ``chk-c``,
 whose ``_metadata`` the driver writes (:class:`~streamstate.checkpoint.coordinator.
@@ -56,8 +56,9 @@ from typing import Any
 import msgspec
 
 from streamstate.errors import CheckpointError, CheckpointFencedError, CheckpointNotFoundError
-from streamstate.spark.driver.no_data import TimeProgress, due, next_watermark
-from streamstate.spark.subtask import MIN_WATERMARK, BatchResult, StagedOutput
+from streamstate.spark.driver.step.no_data import TimeProgress, due, next_watermark
+from streamstate.spark.subtask import MIN_WATERMARK
+from streamstate.spark.wire.results import BatchResult, StagedOutput
 from streamstate.spark.wire.step import StepTask
 
 __all__ = ["BatchPlan", "CheckpointLog", "spark_batch_of"]
@@ -88,7 +89,7 @@ class BatchPlan:
     side_outputs: dict[str, list[StagedOutput]] = dataclasses.field(default_factory=dict)
     #: the Spark micro-batch whose input the state has consumed after the step
     spark_batch: int = 0
-    #: a micro-batch without input (streamstate.spark.driver.no_data)
+    #: a micro-batch without input (streamstate.spark.driver.step.no_data)
     no_data: bool = False
     #: the Spark micro-batch whose foreachBatch call runs the step (None: the idle ticker)
     during_batch: int | None = None
@@ -297,8 +298,6 @@ class CheckpointLog:
     def commit(self, plan: BatchPlan, results: list[BatchResult]) -> Any:
         """Commit ``chk-<plan.batch>`` from every subtask's result; raises CheckpointError
         (nothing written) unless all ``parallelism`` subtasks reported version ``batch``."""
-        from streamstate.checkpoint.metadata import SubtaskStateHandle
-
         got = sorted(r.subtask for r in results)
         if got != list(range(self.parallelism)):
             raise CheckpointError(
@@ -311,7 +310,7 @@ class CheckpointLog:
                     f"batch {plan.batch} is not committed: subtask {r.subtask} reports state "
                     f"version {r.version}"
                 )
-        handles = [msgspec.msgpack.decode(r.handle, type=SubtaskStateHandle) for r in results]
+        handles = [r.handle for r in results]
         max_ts = plan.max_timestamp
         for r in results:
             if r.max_event_time is not None and r.max_event_time > max_ts:

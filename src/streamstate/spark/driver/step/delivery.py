@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import itertools
 import os
-import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from streamstate.errors import StateHostError
+from streamstate.spark.driver.monitor.figures import Spans
+from streamstate.spark.wire.acks import TaskAck
 from streamstate.spark.wire.hosts import HostSettings
+from streamstate.spark.wire.messages import HostLocation
 from streamstate.spark.wire.step import StepTask
 
 __all__ = ["DRIVER_ATTEMPTS", "DriverDelivery"]
@@ -55,12 +57,11 @@ class DriverDelivery:
         self._attempts = itertools.count(DRIVER_ATTEMPTS)
 
     def deliver(
-        self, table: Any, step: StepTask, locations: dict[int, Any]
-    ) -> list[dict[str, Any]]:
+        self, table: Any, step: StepTask, locations: dict[int, HostLocation]
+    ) -> list[TaskAck]:
         """Send each subtask its rows of ``table`` (with ``_kg``) for ``step`` (what a task's
         closure holds; ``locations``: subtask -> where its host was); returns one
-        acknowledgement per subtask as a task yields it (``subtask``, ``result``,
-        ``timings``)."""
+        acknowledgement per subtask, as a task makes it."""
         import numpy as np
         import pyarrow as pa
 
@@ -86,8 +87,8 @@ class DriverDelivery:
             )
 
     def _deliver_one(
-        self, subtask: int, batches: list[Any], step: StepTask, location: Any
-    ) -> dict[str, Any]:
+        self, subtask: int, batches: list[Any], step: StepTask, location: HostLocation | None
+    ) -> TaskAck:
         from streamstate.spark.failures import parse_remote_error
         from streamstate.spark.task.host_client import run_batch
 
@@ -95,9 +96,9 @@ class DriverDelivery:
         spec = hosts.spec(subtask, watch_pid=self.jvm)
         for tries in range(1, _TRIES + 1):
             attempt = next(self._attempts)
-            t0 = time.perf_counter()
+            spans = Spans()
             try:
-                result, timings = run_batch(
+                ack = run_batch(
                     spec,
                     step,
                     attempt,
@@ -116,10 +117,8 @@ class DriverDelivery:
                 # the host was lost: a new one on this node reloads the batch's base version
                 location = None
                 continue
-            timings.update(
-                worker_pid=os.getpid(),
-                attempt_number=tries - 1,
-                deliver_ms=(time.perf_counter() - t0) * 1e3,
-            )
-            return {"subtask": subtask, "result": result, "timings": timings}
+            ack.timings.worker_pid = os.getpid()
+            ack.timings.attempt_number = tries - 1
+            ack.timings.deliver_ms = spans.elapsed()
+            return ack
         raise AssertionError("unreachable")

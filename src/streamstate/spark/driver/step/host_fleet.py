@@ -11,16 +11,16 @@ micro-batch with a ``local`` master, and stopping them all when the query stops.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 from streamstate.spark.job import JobSpec, src_path
 from streamstate.spark.task.host_client import connect, shutdown, shutdown_remote
+from streamstate.spark.wire.acks import TaskAck
 from streamstate.spark.wire.hosts import HostSettings, HostSpec
+from streamstate.spark.wire.messages import HostLocation
 from streamstate.spark.wire.security import new_secret, node_id
 
 __all__ = ["HostFleet"]
@@ -61,7 +61,7 @@ class HostFleet:
         self.run_id = uuid.uuid4().hex
         self.secret = new_secret()
         #: subtask -> where its host was at the end of the last step (from the acks)
-        self.locations: dict[int, dict[str, Any]] = {}
+        self.locations: dict[int, HostLocation] = {}
 
     def settings(self) -> HostSettings:
         """How the run's tasks, and this driver, reach its hosts (made where the steps run:
@@ -84,41 +84,35 @@ class HostFleet:
         """The spec of the host of ``subtask`` on this node, as this driver reaches it."""
         return self.settings().spec(subtask)
 
-    def update_locations(self, rows: list[Any]) -> dict[int, str]:
-        """Remember where each subtask's host is (from the acknowledgement rows, for the next
-        step); a host the subtask left on another node is asked to exit. Returns subtask ->
-        the route its task took (``unix``, ``tcp``)."""
-        routes: dict[int, str] = {}
-        for r in rows:
-            timings = json.loads(r["timings"] or "{}")
-            where = timings.get("location")
-            if not where:
+    def update_locations(self, acks: list[TaskAck]) -> None:
+        """Remember where each subtask's host is (from the acknowledgements, for the next
+        step); a host the subtask left on another node is asked to exit."""
+        for ack in acks:
+            where = ack.location
+            if where is None:
                 continue
-            subtask = int(r["subtask"])
-            routes[subtask] = timings.get("route", "")
-            old = self.locations.get(subtask)
-            self.locations[subtask] = where
-            if old and old.get("node") != where.get("node"):
+            old = self.locations.get(ack.subtask)
+            self.locations[ack.subtask] = where
+            if old is not None and old.node != where.node:
                 # its host on the other node holds an old version: nothing will use it
                 threading.Thread(
                     target=self.retire,
-                    args=(subtask, old, "the subtask moved to another host"),
+                    args=(ack.subtask, old, "the subtask moved to another host"),
                     name="streamstate-retire-host",
                     daemon=True,
                 ).start()
-        return routes
 
-    def retire(self, subtask: int, where: dict[str, Any], reason: str) -> bool:
+    def retire(self, subtask: int, where: HostLocation, reason: str) -> bool:
         """Ask the host at ``where`` to exit if it is still the process the acknowledgement
         named (best effort: an unreachable one exits with its executor or when idle)."""
-        if where.get("tcp"):
+        if where.tcp:
             return shutdown_remote(
-                where["tcp"],
+                where.tcp,
                 self.spec(subtask),
                 self.secret,
                 reason,
                 timeout=self.connect_timeout,
-                pid=where.get("pid"),
+                pid=where.pid,
             )
         return False
 
@@ -147,9 +141,7 @@ class HostFleet:
         node's one by one. Returns how many answered."""
         here = node_id(self.spec(0).run_dir)
         remote = {
-            i: where
-            for i, where in self.locations.items()
-            if where.get("node") != here and where.get("tcp")
+            i: where for i, where in self.locations.items() if where.node != here and where.tcp
         }
         with ThreadPoolExecutor(max_workers=8) as pool:
             far = list(pool.map(lambda it: self.retire(it[0], it[1], reason), remote.items()))

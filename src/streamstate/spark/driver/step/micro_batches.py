@@ -1,11 +1,15 @@
 """What runs a streaming query's micro-batches: Spark's ``foreachBatch`` function and the idle
-ticker (SPEC §13.1; the steps are described in the module ``streamstate.spark.driver.streaming``).
+ticker (SPEC §13.1; the steps are described in the module
+``streamstate.spark.driver.query.streaming``).
 
-A :class:`MicroBatchRunner` is the ``foreachBatch`` function of a query. In a classic session it
-runs in the driver, next to the :class:`~streamstate.spark.driver.streaming.KeyedStreamingQuery`
-that made it; a Spark Connect client pickles it to a Python process of the server, which runs
-every micro-batch with it and reports to the client through
-:class:`~streamstate.spark.driver.connect_reports.ConnectReports`.
+A :class:`MicroBatchRunner` is made from a query run's ``RunParts`` (what runs a step:
+the checkpoint log, the subtasks, the outputs' delivery) and the runner's end of the query's
+reports (:class:`~streamstate.spark.driver.reports.StepReports`). In a classic session it runs
+in the driver, next to the
+:class:`~streamstate.spark.driver.query.streaming.KeyedStreamingQuery` that made it; a Spark
+Connect client pickles the parts (plain data, its sinks and function included) to a Python
+process of the server, which makes the runner there
+(:class:`~streamstate.spark.driver.query.connect.ServerBatches`).
 """
 
 from __future__ import annotations
@@ -16,29 +20,52 @@ import threading
 import time
 from typing import Any
 
-import msgspec
-
-from streamstate.spark.driver.commit import BatchPlan, CheckpointLog, spark_batch_of
-from streamstate.spark.driver.connect_reports import ConnectReports
-from streamstate.spark.driver.no_data import MAX_NO_DATA_BATCHES, MIN_IDLE_INTERVAL, IdleTicker
-from streamstate.spark.driver.options import KeyedOptions
-from streamstate.spark.driver.progress import ProgressPublisher, micro_batch_figures
-from streamstate.spark.driver.sinks import Sink, StagedBatch
-from streamstate.spark.driver.step_tasks import StepTasks
-from streamstate.spark.failures import (
-    failure_report,
-    is_function_error,
-    original_error,
-    quiet_query_failure_log,
+from streamstate.spark.driver.monitor.figures import Spans, step_entry
+from streamstate.spark.driver.plan.options import KeyedOptions
+from streamstate.spark.driver.reports import StepReports
+from streamstate.spark.driver.step.commit import BatchPlan, CheckpointLog, spark_batch_of
+from streamstate.spark.driver.step.no_data import (
+    MAX_NO_DATA_BATCHES,
+    MIN_IDLE_INTERVAL,
+    IdleTicker,
 )
-from streamstate.spark.subtask import OUTPUTS_DIR, StagedOutput
+from streamstate.spark.driver.step.outputs import OutputDelivery, committed_outputs
+from streamstate.spark.driver.step.step_tasks import StepTasks
+from streamstate.spark.failures import is_function_error, original_error, quiet_query_failure_log
 
-__all__ = ["MicroBatchRunner"]
+__all__ = ["MicroBatchRunner", "RunParts"]
 
 log = logging.getLogger(__name__)
 
 #: the idle ticker looks at least this often (s) whether a no-data micro-batch is due
 IDLE_LOOK_S = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class RunParts:
+    """What runs the steps of one query run, as plain data that pickles to a Spark Connect
+    server (no session, no Spark query, no thread).
+
+    Parameters:
+        options: the query's options, without their DataFrame.
+        log: the checkpoint log of the run (its epoch taken).
+        steps: how a step's subtasks run.
+        outputs: how a committed step's outputs reach the sinks.
+        run_id: the run's id (names the idle ticker's thread).
+        no_data_batches: run no-data micro-batches.
+        idle_interval: seconds between micro-batches of a running query (None: the run ends by
+            itself, ``availableNow`` or ``once``): a running query gets an idle ticker.
+        spans: where each step's phases are timed (the steps' own too).
+    """
+
+    options: KeyedOptions
+    log: CheckpointLog
+    steps: StepTasks
+    outputs: OutputDelivery
+    run_id: str
+    no_data_batches: bool
+    idle_interval: float | None
+    spans: Spans
 
 
 class MicroBatchRunner:
@@ -47,54 +74,18 @@ class MicroBatchRunner:
     their figures and what failed.
 
     Parameters:
-        options: the query's options (their DataFrame is not used).
-        log: the checkpoint log of the run (its epoch taken).
-        steps: how a step's subtasks run.
-        sink, side_sinks: where the outputs and each side output (by tag id) go.
-        output_schema, side_schemas: their Arrow schemas.
-        run_id: the run's id (names the idle ticker's thread).
-        spark: the session that starts the query (None in a Spark Connect server's process).
-        no_data_batches: run no-data micro-batches.
-        idle_interval: seconds between micro-batches of a running query (None: the run ends by
-            itself, ``availableNow`` or ``once``): a running query gets an idle ticker.
-        reports: a Spark Connect query's reports to its client (None: a classic session).
-        timings: the query's timings (``first_batch_at_ms`` is added).
-        created: when the query was created (``time.perf_counter()``).
+        parts: what runs the steps.
+        reports: the runner's end of the query's reports.
+        timings: the query's timings (``first_batch_at_ms`` is marked).
     """
 
-    def __init__(
-        self,
-        options: KeyedOptions,
-        log: CheckpointLog,
-        steps: StepTasks,
-        sink: Sink,
-        side_sinks: dict[str, Sink],
-        output_schema: Any,
-        side_schemas: dict[str, Any],
-        run_id: str,
-        spark: Any,
-        *,
-        no_data_batches: bool,
-        idle_interval: float | None,
-        reports: ConnectReports | None,
-        timings: dict[str, float],
-        created: float,
-    ) -> None:
-        self.options = dataclasses.replace(options, df=None)
-        self.log = log
-        self.storage = log.storage
-        self.steps = steps
-        self.sink = sink
-        self.side_sinks = side_sinks
-        self.output_schema = output_schema
-        self.side_schemas = side_schemas
-        self.run_id = run_id
-        self.spark = spark
-        self.no_data_batches = no_data_batches
-        self.idle_interval = idle_interval
+    def __init__(self, parts: RunParts, reports: StepReports, timings: Spans) -> None:
+        self.parts = parts
+        self.log = parts.log
+        self.steps = parts.steps
         self.reports = reports
         self.timings = timings
-        self._t_created = created
+        self.spans = parts.spans
         #: one dict of figures per step run by this runner (see KeyedStreamingQuery.batches)
         self.batches: list[dict[str, Any]] = []
         #: guards ``batches``
@@ -106,10 +97,6 @@ class MicroBatchRunner:
         #: restores Spark's query-failure loggers silenced while a function error stops the
         #: query (failures.quiet_query_failure_log)
         self.restore_logs: Any = None
-        #: Spark's query, once it exists (None in a Spark Connect server's process)
-        self.query: Any = None
-        #: set once Spark's query exists (a first micro-batch may end before start() returns)
-        self.started = threading.Event()
         #: one step at a time: Spark's foreachBatch calls and the idle ticker
         self._step_lock = threading.Lock()
         self._ticker: IdleTicker | None = None
@@ -117,37 +104,10 @@ class MicroBatchRunner:
         #: delivered (see _recover)
         self._recovered = False
         self._last_step_end = time.monotonic()
-        #: the session a Spark Connect server's idle ticker runs its jobs with
-        self._idle_spark: Any = None
+        #: the session of the last micro-batch
+        self._session: Any = None
         #: the state figures of the steps the current foreachBatch call ran (None outside one)
         self._call_steps: list[dict[str, Any]] | None = None
-        #: puts each micro-batch's state figures into Spark's progress (classic session)
-        self._publisher = ProgressPublisher()
-        #: Spark's id of the query (asked once: each ask is a py4j call)
-        self._query_id: str | None = None
-
-    # ---- Spark Connect -------------------------------------------------------------------------
-
-    def __getstate__(self) -> dict[str, Any]:
-        """A Spark Connect client pickles the runner to a Python process on the server, which
-        runs every micro-batch (plan, tasks, commit, sinks) with the batch DataFrame's session
-        there; the client's session, Spark query, locks and threads stay behind."""
-        state = dict(self.__dict__)
-        for name in ("spark", "query", "lock", "_step_lock", "restore_logs", "_ticker", "started"):
-            state.pop(name, None)
-        state["_idle_spark"] = None
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self.spark = None
-        self.query = None
-        self.restore_logs = None
-        self._ticker = None
-        self._idle_spark = None
-        self.lock = threading.Lock()
-        self._step_lock = threading.Lock()
-        self.started = threading.Event()
 
     # ---- one micro-batch -----------------------------------------------------------------------
 
@@ -159,31 +119,15 @@ class MicroBatchRunner:
                     raise self.idle_failure
                 self._call_steps = []
                 try:
-                    if self.reports is None:  # a classic session: its input is observed
-                        df = self._publisher.unobserved(df)
+                    df = self.reports.input(df)
                     self._run_micro_batch(df, batch_id)
                     steps = self._call_steps
                 finally:
                     self._call_steps = None
-                self._publish(df.sparkSession, steps)
+                self.reports.micro_batch(self, df.sparkSession, steps)
         except BaseException as exc:
             self._record_failure(exc, batch_id, df.sparkSession)
             raise
-
-    def _publish(self, session: Any, steps: list[dict[str, Any]]) -> None:
-        """Put the micro-batch's state figures into Spark's progress (a classic session; the
-        client of a Spark Connect query adds them to the progress it reads)."""
-        figures = micro_batch_figures(steps)
-        if figures is None or self.reports is not None:
-            return
-        self.started.wait(timeout=30.0)
-        query = self.query
-        if query is not None:
-            if self._query_id is None:
-                self._query_id = str(query.id)
-            # the session that started the query: the micro-batch's own is a clone, whose
-            # query manager does not list it
-            self._publisher.publish(self.spark or session, self._query_id, figures)
 
     def _record_failure(self, exc: BaseException, batch_id: int | None, session: Any) -> None:
         """Spark turns what a micro-batch raised into a StreamingQueryException with Java
@@ -193,45 +137,43 @@ class MicroBatchRunner:
         if is_function_error(self.failure) and self.restore_logs is None:
             # raised once, by this driver: Spark need not log it with its Java frames
             self.restore_logs = quiet_query_failure_log(session)
-        if self.reports is not None:  # Spark Connect: the client reads it
-            self.reports.write_failure(
-                failure_report(self.failure, batch_id, self.options.operator_name)  # type: ignore[arg-type]
-            )
+        self.reports.failed(self.failure, batch_id, self.parts.options.operator_name)
 
     def _run_micro_batch(self, df: Any, batch_id: int) -> None:
-        t0 = time.perf_counter()
-        if not self.batches:
-            self.timings.setdefault("first_batch_at_ms", (t0 - self._t_created) * 1e3)
-        session = df.sparkSession
-        if self.reports is not None:
-            self._idle_spark = session
-        plan = self.log.plan(batch_id)
-        plan_ms = (time.perf_counter() - t0) * 1e3
+        self.spans.restart()
+        self.timings.mark("first_batch_at")
+        session = self._session = df.sparkSession
+        with self.spans.span("plan"):
+            plan = self.log.plan(batch_id)
         if plan.replay:
             # the driver died after committing this micro-batch's step (and perhaps no-data
             # micro-batches after it): Spark hands the micro-batch over again, and so do we
             # with each of its checkpoints (the sinks keep one copy)
             self._recovered = True
-            for delivery in self.log.deliveries(batch_id):
-                self._deliver_again(session, delivery, t0, plan_ms)
-                t0, plan_ms = time.perf_counter(), 0.0
+            for i, delivery in enumerate(self.log.deliveries(batch_id)):
+                if i:
+                    self.spans.restart()
+                self._deliver_again(session, delivery)
         else:
-            self._recover(session)
-            if self.no_data_batches and self.log.due(processing_time=False):
-                # the state owes an event-time no-data micro-batch from before this input (a
-                # rollback to the checkpoint before it, or the bound stopped an earlier call):
-                # run it first, so that each checkpoint id holds the step it held before
-                self._run_no_data_batches(session, batch_id, processing_time=False)
-                t0 = time.perf_counter()
-                plan = self.log.plan(batch_id)
-                plan_ms = (time.perf_counter() - t0) * 1e3
-            self._run_step(session, df, plan, t0, plan_ms)
-        if self.no_data_batches:
+            self._run_input(session, df, batch_id, plan)
+        if self.parts.no_data_batches:
             # processing time too when no idle ticker fires due timers between micro-batches
             # (availableNow, once): the run ends only when nothing more is due
-            self._run_no_data_batches(session, batch_id, processing_time=self.idle_interval is None)
-        if self.reports is not None and self.idle_interval is not None and self._ticker is None:
-            self.start_idle_ticker()
+            idle = self.parts.idle_interval is None
+            self._run_no_data_batches(session, batch_id, processing_time=idle)
+
+    def _run_input(self, session: Any, df: Any, batch_id: int, plan: BatchPlan) -> None:
+        """The step of a micro-batch's input (``plan``), after what this run owes before it."""
+        self._recover(session)
+        if self.parts.no_data_batches and self.log.due(processing_time=False):
+            # the state owes an event-time no-data micro-batch from before this input (a
+            # rollback to the checkpoint before it, or the bound stopped an earlier call):
+            # run it first, so that each checkpoint id holds the step it held before
+            self._run_no_data_batches(session, batch_id, processing_time=False)
+            self.spans.restart()
+            with self.spans.span("plan"):
+                plan = self.log.plan(batch_id)
+        self._run_step(session, df, plan)
 
     def _run_no_data_batches(
         self, session: Any, during_batch: int | None, *, processing_time: bool
@@ -242,9 +184,7 @@ class MicroBatchRunner:
             reason = self.log.due(processing_time=processing_time)
             if reason is None:
                 return n
-            t0 = time.perf_counter()
-            plan = self.log.plan_no_data(during_batch)
-            self._run_step(session, None, plan, t0, (time.perf_counter() - t0) * 1e3, reason)
+            self._run_no_data_step(session, during_batch, reason)
         if self.log.due(processing_time=processing_time):
             log.warning(
                 "%d no-data micro-batches in a row and another is due (a timer that fires "
@@ -252,6 +192,12 @@ class MicroBatchRunner:
                 MAX_NO_DATA_BATCHES,
             )
         return MAX_NO_DATA_BATCHES
+
+    def _run_no_data_step(self, session: Any, during_batch: int | None, reason: str) -> None:
+        self.spans.restart()
+        with self.spans.span("plan"):
+            plan = self.log.plan_no_data(during_batch)
+        self._run_step(session, None, plan, reason)
 
     def _recover(self, session: Any) -> None:
         """Once per query run, before its first step: a no-data micro-batch that ran outside
@@ -267,123 +213,47 @@ class MicroBatchRunner:
             return
         props = latest.metadata.properties
         if props.get("no_data") and props.get("during_batch") != spark_batch_of(latest):
-            t0 = time.perf_counter()
-            plan = self.log.delivery_of(latest)
-            self._deliver_again(session, plan, t0, (time.perf_counter() - t0) * 1e3)
+            # timed apart: the step that follows keeps its own plan and start
+            outer, self.spans = self.spans, Spans()
+            try:
+                with self.spans.span("plan"):
+                    plan = self.log.delivery_of(latest)
+                self._deliver_again(session, plan)
+            finally:
+                self.spans = outer
 
-    def _deliver_again(self, session: Any, plan: BatchPlan, t0: float, plan_ms: float) -> None:
-        figures = self._figures(plan, plan_ms)
-        self._deliver(session, plan, plan.outputs, plan.side_outputs, figures)
-        self._finish(figures, t0)
+    def _deliver_again(self, session: Any, plan: BatchPlan) -> None:
+        """Hand a committed step's outputs to the sinks again (a replay)."""
+        with self.spans.span("sink"):
+            side = self.parts.outputs.deliver(session, plan, (plan.outputs, plan.side_outputs))
+        self._finish(plan, side_outputs=side)
 
-    def _figures(self, plan: BatchPlan, plan_ms: float, due: str | None = None) -> dict[str, Any]:
-        figures: dict[str, Any] = {
-            "batch": plan.spark_batch,
-            "checkpoint": plan.batch,
-            "no_data": plan.no_data,
-            "replayed": plan.replay,
-            "plan_ms": plan_ms,
-        }
-        if plan.no_data and not plan.replay:
-            figures["due"] = due
-            figures["idle"] = plan.during_batch is None
-        return figures
-
-    def _run_step(
-        self,
-        session: Any,
-        df: Any,
-        plan: BatchPlan,
-        t0: float,
-        plan_ms: float,
-        due: str | None = None,
-    ) -> None:
+    def _run_step(self, session: Any, df: Any, plan: BatchPlan, due: str | None = None) -> None:
         """Run, commit and deliver one step: ``df``'s records, or none (``plan.no_data``)."""
-        figures = self._figures(plan, plan_ms, due)
-        results = self.steps.run(session, df, plan, figures)
-        t_commit = time.perf_counter()
-        completed = self.log.commit(plan, results)
-        figures["commit_ms"] = (time.perf_counter() - t_commit) * 1e3
-        figures["state"]["checkpointDurationMs"] += int(figures["commit_ms"])
-        files: list[Any] = [r.outputs for r in results if r.outputs is not None]
-        side_files: dict[str, list[Any]] = {}
-        for r in sorted(results, key=lambda r: r.subtask):
-            for tag, staged in r.side_outputs.items():
-                side_files.setdefault(tag, []).append(staged)
-        if completed.metadata.properties.get("lineage") != plan.new_lineage:
-            # an older run committed this step just before this query took over: its
-            # outputs are the step's (commit.CheckpointLog._adopt)
-            props = completed.metadata.properties
-            files = [msgspec.convert(o, StagedOutput) for o in props.get("outputs", [])]
-            side_files = {
-                tag: [msgspec.convert(o, StagedOutput) for o in staged]
-                for tag, staged in props.get("side_outputs", {}).items()
-            }
-        self._deliver(session, plan, files, side_files, figures)
-        self._finish(figures, t0)
+        acks = self.steps.run(session, df, plan)
+        results = [a.result for a in acks if a.result is not None]
+        with self.spans.span("commit"):
+            completed = self.log.commit(plan, results)
+        outputs = committed_outputs(plan, results, completed.metadata.properties)
+        with self.spans.span("sink"):
+            side = self.parts.outputs.deliver(session, plan, outputs)
+        self._finish(plan, due=due, acks=acks, side_outputs=side)
 
-    def _deliver(
-        self,
-        session: Any,
-        plan: BatchPlan,
-        files: list[Any],
-        side_files: dict[str, list[Any]],
-        figures: dict[str, Any],
-    ) -> None:
-        """Hand a committed step's staged outputs to the sink and each side sink."""
-        t_sink = time.perf_counter()
-        checkpoint_id = plan.batch
-        self.sink.write(
-            StagedBatch(
-                checkpoint_id,
-                files,
-                self.storage,
-                self.output_schema,
-                self.options.output_struct,
-                session,
-                plan.spark_batch,
-                plan.no_data,
-            )
-        )
-        for tag, side_sink in self.side_sinks.items():
-            side_sink.write(
-                StagedBatch(
-                    checkpoint_id,
-                    side_files.get(tag, []),
-                    self.storage,
-                    self.side_schemas[tag],
-                    self.options.side_output_structs[tag],
-                    session,
-                    plan.spark_batch,
-                    plan.no_data,
-                )
-            )
-        figures["side_output_rows"] = {
-            tag: sum(f.rows for f in side_files.get(tag, [])) for tag in self.side_sinks
-        }
-        figures["sink_ms"] = (time.perf_counter() - t_sink) * 1e3
-        self._delete_old_outputs(checkpoint_id)
-
-    def _finish(self, figures: dict[str, Any], t0: float) -> None:
-        figures["batch_ms"] = (time.perf_counter() - t0) * 1e3
+    def _finish(self, plan: BatchPlan, **what: Any) -> None:
+        """Record a step's figures (:func:`~streamstate.spark.driver.monitor.figures.
+        step_entry` of ``what``) and report them."""
+        self.spans.mark("batch")
+        pre_aggregated = bool(self.steps.job.pre_aggregation)
+        figures = step_entry(plan, self.spans.ms, pre_aggregated=pre_aggregated, **what)
         if self._call_steps is not None and figures.get("state") is not None:
             self._call_steps.append(figures["state"])
         with self.lock:
             self.batches.append(figures)
             count = len(self.batches)
-        if self.reports is not None:
-            self.reports.write_batch(figures, count)
+        self.reports.step(figures, count)
         self._last_step_end = time.monotonic()
         if self._ticker is not None:
             self._ticker.wake()  # a new checkpoint may bring a nearer processing-time timer
-
-    def _delete_old_outputs(self, batch_id: int) -> None:
-        """Staged outputs are needed until their step is delivered and no replay can ask for
-        them (a replay delivers the latest checkpoint only: steps are delivered in order, one
-        after the other): keep the last few."""
-        old = batch_id - max(2, self.options.retained_checkpoints)
-        if old >= 0:
-            self.storage.delete(f"{OUTPUTS_DIR}/batch-{old}")
 
     # ---- the idle ticker -----------------------------------------------------------------------
 
@@ -391,9 +261,9 @@ class MicroBatchRunner:
         """A running query (``processingTime`` or the default trigger) gets a ticker that runs
         the no-data micro-batches due while no input comes; ``availableNow`` and ``once`` runs
         end by themselves and run theirs inside their last micro-batch."""
-        if self.idle_interval is None or self._ticker is not None:
+        if self.parts.idle_interval is None or self._ticker is not None:
             return
-        self._ticker = IdleTicker(self._idle_tick, f"streamstate-idle-{self.run_id[:8]}")
+        self._ticker = IdleTicker(self._idle_tick, f"streamstate-idle-{self.parts.run_id[:8]}")
         self._ticker.start()
 
     def stop_idle_ticker(self, timeout: float | None = 120.0) -> None:
@@ -405,13 +275,13 @@ class MicroBatchRunner:
         """One look of the idle ticker: if a no-data micro-batch is due, the last step ended at
         least one trigger interval ago and Spark is not running a micro-batch with input, run
         one. Returns the seconds until the next look (None: the ticker ends)."""
-        interval = max(self.idle_interval or 0.0, MIN_IDLE_INTERVAL)
+        interval = max(self.parts.idle_interval or 0.0, MIN_IDLE_INTERVAL)
         failed: BaseException | None = None
         with self._step_lock:
             ticker = self._ticker
             if ticker is None or ticker.stopped or self.failure is not None:
                 return None
-            session = self.spark if self.spark is not None else self._idle_spark
+            session = self.reports.idle_session(self._session)
             if session is None:
                 return IDLE_LOOK_S
             now = time.time_ns() // 1_000_000
@@ -425,9 +295,9 @@ class MicroBatchRunner:
                 wait = self._last_step_end + interval - time.monotonic()
                 if wait > 0:
                     return min(wait, IDLE_LOOK_S)
-            if not self._still_running():
+            if not self.reports.running():
                 return None
-            if reason is not None and self._input_batch_starting():
+            if reason is not None and self.reports.input_batch_starting():
                 log.debug("idle ticker: %s due, but Spark runs a micro-batch with input", reason)
                 return interval  # its step fires what is due, before its records
             try:
@@ -435,10 +305,7 @@ class MicroBatchRunner:
                 # micro-batch may not have happened, and no input may come to do it
                 self._recover(session)
                 if reason is not None:
-                    t0 = time.perf_counter()
-                    plan = self.log.plan_no_data(None)
-                    plan_ms = (time.perf_counter() - t0) * 1e3
-                    self._run_step(session, None, plan, t0, plan_ms, reason)
+                    self._run_no_data_step(session, None, reason)
             except BaseException as exc:
                 self._record_failure(exc, None, session)
                 self.idle_failure = failed = self.failure or exc
@@ -446,36 +313,5 @@ class MicroBatchRunner:
             return 0.0
         log.error("a no-data micro-batch of the idle ticker failed; stopping the query: %r", failed)
         # outside the step lock: Spark's streaming thread may be waiting for it
-        query = self.query
-        for attempt in (1, 2):
-            if query is None:
-                break
-            try:
-                query.stop()
-                break
-            except Exception as stop_error:
-                log.warning(
-                    "could not stop the query after the failure (attempt %d): %s",
-                    attempt,
-                    str(stop_error)[:2000],
-                )
-                time.sleep(1.0)
+        self.reports.stop_query()
         return None
-
-    def _still_running(self) -> bool:
-        """The query is active (in a Spark Connect server's process: the client did not stop
-        it; Spark ends the process with the query)."""
-        if self.reports is not None and self.reports.stopped():
-            return False
-        return self.query is None or bool(self.query.isActive)
-
-    def _input_batch_starting(self) -> bool:
-        """Spark is running a trigger that found new input (unknown in a Spark Connect
-        server's process: no)."""
-        if self.query is None:
-            return False
-        try:
-            status = self.query.status
-        except Exception:
-            return False
-        return bool(status.get("isTriggerActive") and status.get("isDataAvailable"))

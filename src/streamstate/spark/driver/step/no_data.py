@@ -209,8 +209,8 @@ class IdleTicker:
     """A daemon thread that runs a running query's no-data micro-batches while no input comes.
 
     ``tick()`` looks at the query (under the query's step lock, see
-    :meth:`~streamstate.spark.driver.micro_batches.MicroBatchRunner._idle_tick`), runs a no-data
-    micro-batch if one is due, and returns the seconds to wait before the next look, or None
+    :meth:`~streamstate.spark.driver.step.micro_batches.MicroBatchRunner._idle_tick`), runs a
+    no-data micro-batch if one is due, and returns the seconds to wait before the next look, or None
     when the ticker should end (the query stopped or failed). :meth:`wake` makes it look at
     once (a new checkpoint may bring a nearer timer); :meth:`stop` ends it between looks.
     """
