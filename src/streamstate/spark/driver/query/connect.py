@@ -93,7 +93,9 @@ class ConnectReports(StepReports, QueryReports):
         self._read: dict[str, Any] = {}
         #: the steps' figures as of the last sync (client)
         self._batches: list[dict[str, Any]] = []
+        #: the failure the server reported (client), as raised by a call, then by idle ones
         self._failure: BaseException | None = None
+        self._idle_failure: BaseException | None = None
 
     @classmethod
     def start_run(cls, storage: Any, run_id: str, sinks: dict[str, Sink]) -> ConnectReports:
@@ -157,7 +159,9 @@ class ConnectReports(StepReports, QueryReports):
         return self._failure
 
     def idle_failure(self) -> BaseException | None:
-        return self._read_failure()
+        if self._idle_failure is None:
+            self._idle_failure = self._read_failure()
+        return self._idle_failure
 
     def progress(self, progress: list[Any]) -> list[Any]:
         if not progress:

@@ -46,7 +46,6 @@ interface of :mod:`streamstate.spark.driver.reports`, chosen once when it starts
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from typing import Any
 
@@ -226,9 +225,7 @@ class KeyedStreamingQuery:
             no_data_batches = (conf(self.spark, NO_DATA_CONF, "true") or "true").lower() != "false"
         idle_interval = trigger_interval(trigger) if no_data_batches else None
         parts = self._set_up(run_dir, host_bind, host_connect_timeout, spark_checkpoint)
-        parts = dataclasses.replace(
-            parts, no_data_batches=no_data_batches, idle_interval=idle_interval
-        )
+        parts = parts.with_no_data(no_data_batches, idle_interval)
         name = query_name or options.operator_name
         sink.open(name)
         for tag, side_sink in self.side_sinks.items():

@@ -67,6 +67,13 @@ class RunParts:
     idle_interval: float | None
     spans: Spans
 
+    def with_no_data(self, no_data_batches: bool, idle_interval: float | None) -> RunParts:
+        """These parts running no-data micro-batches or not, a running query's at most every
+        ``idle_interval`` seconds."""
+        return dataclasses.replace(
+            self, no_data_batches=no_data_batches, idle_interval=idle_interval
+        )
+
 
 class MicroBatchRunner:
     """Runs the steps of one streaming query run: each Spark micro-batch's (``__call__``, the
