@@ -2,9 +2,8 @@
 
 * :func:`micro_batch_task`: streams the partition to the subtask's state host and yields one
   acknowledgement row (the subtask's :class:`~streamstate.spark.wire.acks.TaskAck`); the outputs
-  are staged by the host. A
-  no-data micro-batch runs the same task over one row per subtask (``range(p)`` in ``p``
-  partitions: no shuffle) and streams nothing.
+  are staged by the host. A no-data micro-batch runs the same task over one row per subtask
+  (``range(p)`` in ``p`` partitions: no shuffle) and streams nothing.
 * :func:`bounded_task`: a static DataFrame; runs the subtask inside the task (in batch or
   streaming execution) and yields its outputs (or, when a savepoint is written, stages them and
   yields the acknowledgement).
