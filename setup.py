@@ -18,6 +18,11 @@ setup(
             optional=True,
         ),
         Extension(
+            "streamstate.backends.heap._value_state",
+            ["src/streamstate/backends/heap/_value_state.c"],
+            optional=True,
+        ),
+        Extension(
             "streamstate.backends.decorators._sampling",
             ["src/streamstate/backends/decorators/_sampling.c"],
             optional=True,
