@@ -12,7 +12,10 @@ ratios to the floor (and RocksDB's to the heap's) are printed and written to
 group of every record computed with ``assign_to_key_group`` vs looked up in a dict.
 
     python bench/local_runner.py [--events 300000] [--keys 10000] [--repeat 5]
-                                 [--backends heap,rocksdb] [--parallelism 1,2]
+                                 [--backends heap,rocksdb] [--parallelism 1,2] [--reference]
+
+``--reference`` adds each runner on the pure-Python reference path (``STREAMSTATE_PURE_PYTHON``'s
+record loop and value state, switched in this process: ``streamstate.runtime.record_path``).
 """
 
 from __future__ import annotations
@@ -34,9 +37,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 import numpy as np
 
 from streamstate import KeyedProcessFunction, LocalRunner, ValueStateDescriptor
-from streamstate._compiled import pure_python
 from streamstate.backends.rocksdb.factory import RocksDBStateBackend
 from streamstate.keygroups import assign_to_key_group
+from streamstate.runtime.record_path import COMPILED_PATH_AVAILABLE, record_path
 
 
 class Count(KeyedProcessFunction):
@@ -86,18 +89,23 @@ def floor_loop(events: list[dict[str, Any]]) -> list[Any]:
 
 
 def runner_count(
-    backend: str, events: list[dict[str, Any]], tmp: str, parallelism: int = 2
+    backend: str,
+    events: list[dict[str, Any]],
+    tmp: str,
+    parallelism: int = 2,
+    compiled: bool = True,
 ) -> list[Any]:
     state_backend: Any = backend
     if backend == "rocksdb":
         state_backend = RocksDBStateBackend(working_dir=tempfile.mkdtemp(dir=tmp))
-    runner = LocalRunner(
-        Count(), key_selector=_select, parallelism=parallelism, state_backend=state_backend
-    )
-    try:
-        return runner.run(events)
-    finally:
-        runner.close()
+    with record_path(compiled):
+        runner = LocalRunner(
+            Count(), key_selector=_select, parallelism=parallelism, state_backend=state_backend
+        )
+        try:
+            return runner.run(events)
+        finally:
+            runner.close()
 
 
 def key_groups_computed(events: list[dict[str, Any]]) -> None:
@@ -133,6 +141,11 @@ def main() -> None:
     parser.add_argument("--backends", default="heap,rocksdb")
     parser.add_argument("--parallelism", default="1,2")
     parser.add_argument(
+        "--reference",
+        action="store_true",
+        help="also run each runner on the pure-Python reference path (same process)",
+    )
+    parser.add_argument(
         "--out", default=os.path.join(os.path.dirname(__file__), "results", "local_runner.json")
     )
     args = parser.parse_args()
@@ -142,13 +155,19 @@ def main() -> None:
     expected = dict_loop(events)
     backends = args.backends.split(",")
     parallelisms = [int(p) for p in args.parallelism.split(",")]
-    runners = {f"local_runner[{b},p={p}]": (b, p) for b in backends for p in parallelisms}
+    paths = [True, False] if args.reference and COMPILED_PATH_AVAILABLE else [True]
+    runners = {
+        f"local_runner[{b},p={p}{'' if c else ',reference'}]": (b, p, c)
+        for c in paths
+        for b in backends
+        for p in parallelisms
+    }
     contenders: dict[str, Callable[[str], Any]] = {
         "floor": lambda tmp: floor_loop(events),
         "dict": lambda tmp: dict_loop(events),
         **{
-            name: (lambda tmp, b=b, p=p: runner_count(b, events, tmp, p))
-            for name, (b, p) in runners.items()
+            name: (lambda tmp, b=b, p=p, c=c: runner_count(b, events, tmp, p, c))
+            for name, (b, p, c) in runners.items()
         },
         "key_group_per_record": lambda tmp: key_groups_computed(events),
         "key_group_cached": lambda tmp: key_groups_cached(events),
@@ -156,8 +175,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         if floor_loop(events) != expected:
             raise SystemExit("the floor's outputs differ from the dict loop's")
-        for name, (b, p) in runners.items():  # the outputs are the dict loop's, in order
-            if runner_count(b, events, tmp, p) != expected:
+        for name, (b, p, c) in runners.items():  # the outputs are the dict loop's, in order
+            if runner_count(b, events, tmp, p, c) != expected:
                 raise SystemExit(f"{name} outputs differ from the dict loop")
         samples: dict[str, list[float]] = {name: [] for name in contenders}
         cpu_samples: dict[str, list[float]] = {name: [] for name in contenders}
@@ -199,7 +218,7 @@ def main() -> None:
             for p in parallelisms
             if "rocksdb" in backends and "heap" in backends
         },
-        "compiled": not pure_python(),
+        "compiled": COMPILED_PATH_AVAILABLE,
     }
     print(
         f"{args.events:,} events over {args.keys:,} keys, {args.repeat} interleaved runs, "
@@ -213,7 +232,10 @@ def main() -> None:
         )
     for p, ratio in results["rocksdb_vs_heap"].items():
         print(f"RocksDB / heap at {p}: {ratio:.2f}x (CPU)")
-    print("path:", "pure Python (STREAMSTATE_PURE_PYTHON=1)" if pure_python() else "compiled")
+    print(
+        "path:",
+        "compiled" if COMPILED_PATH_AVAILABLE else "pure Python (STREAMSTATE_PURE_PYTHON=1)",
+    )
     print(
         f"key group cache: {us['key_group_per_record'] / us['key_group_cached']:.1f}x cheaper "
         "than hashing every record"

@@ -16,8 +16,6 @@ the behavioural suites run on the reference alone.
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -40,31 +38,15 @@ from streamstate.api.descriptors import AggregatingStateDescriptor, StateKind
 from streamstate.backends.heap import states as heap_states
 from streamstate.backends.rocksdb.factory import RocksDBStateBackend
 from streamstate.runtime.batch import BatchKeyedProcessOperator
-from streamstate.runtime.operator import RECORD_LOOPS, use_record_loop
+from streamstate.runtime.record_path import COMPILED_PATH_AVAILABLE, record_path
 from streamstate.serializers import StrSerializer
 from streamstate.windows import TumblingEventTimeWindows, window
 
-COMPILED = len(RECORD_LOOPS) > 1 and len(heap_states.VALUE_STATE_TYPES) > 1
+COMPILED = COMPILED_PATH_AVAILABLE
 needs_compiled = pytest.mark.skipif(
     not COMPILED, reason="only the pure-Python path exists (STREAMSTATE_PURE_PYTHON or no build)"
 )
 SIDE = OutputTag("side")
-
-
-@contextmanager
-def record_path(compiled: bool) -> Iterator[None]:
-    """Run with the compiled path (loop and value state) or the pure-Python reference."""
-    loop = RECORD_LOOPS[-1] if compiled else RECORD_LOOPS[0]
-    value_type = heap_states.VALUE_STATE_TYPES[-1 if compiled else 0]
-    factories = heap_states.STATE_FACTORIES
-    previous_loop = use_record_loop(loop)
-    previous_type = factories[StateKind.VALUE]
-    factories[StateKind.VALUE] = value_type
-    try:
-        yield
-    finally:
-        use_record_loop(previous_loop)
-        factories[StateKind.VALUE] = previous_type
 
 
 @pytest.mark.skipif(pure_python(), reason="STREAMSTATE_PURE_PYTHON selects the reference")
