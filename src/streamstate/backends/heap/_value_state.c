@@ -38,10 +38,15 @@ typedef struct {
     PyObject *state_version;
 } Entry;
 
+/* what a method is: the heap value state's value()/update(), or the single-key value state's
+   (batch execution, backends/batch/states.py: the value of the current key in a slot) */
+enum { HEAP_VALUE, HEAP_UPDATE, SINGLE_VALUE, SINGLE_UPDATE };
+
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     int is_update;
+    int kind;
     PyObject *name;        /* "value" or "update" */
     PyObject *fallback;    /* the Python method (a function) */
     PyObject *doc;
@@ -55,7 +60,7 @@ typedef struct {
     PyObject *last_ns;
     Py_hash_t last_ns_hash;
     /* offsets: the state's fields */
-    Py_ssize_t s_ctx, s_maps, s_ns, s_default, s_copy_default, s_value_class;
+    Py_ssize_t s_ctx, s_maps, s_ns, s_default, s_copy_default, s_value_class, s_value;
     /* the key context's */
     Py_ssize_t c_key, c_kg_index;
     /* the map's */
@@ -334,6 +339,38 @@ fast_update(FastMethod *m, PyObject *self, PyObject *value)
     return 1;
 }
 
+/* the single-key state: value() is its slot, or the default when it needs no copy */
+static PyObject *
+single_value(FastMethod *m, PyObject *self)
+{
+    PyObject *v = SLOT(self, m->s_value);
+    if (v != NULL && v != Py_None) {
+        Py_INCREF(v);
+        return v;
+    }
+    PyObject *dflt = SLOT(self, m->s_default);
+    if (v != NULL && SLOT(self, m->s_copy_default) == Py_False && dflt != NULL) {
+        Py_INCREF(dflt);
+        return dflt;
+    }
+    return NULL; /* the fallback */
+}
+
+/* update(v): None or a value of the serializer's class goes into the slot */
+static int
+single_update(FastMethod *m, PyObject *self, PyObject *value)
+{
+    PyObject *cls = SLOT(self, m->s_value_class);
+    if (value != Py_None && (cls == NULL || (PyObject *)Py_TYPE(value) != cls)) {
+        return 0;
+    }
+    PyObject *old = SLOT(self, m->s_value);
+    Py_INCREF(value);
+    SLOT(self, m->s_value) = value;
+    Py_XDECREF(old);
+    return 1;
+}
+
 static PyObject *
 fast_method_vectorcall(FastMethod *m, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
@@ -341,6 +378,16 @@ fast_method_vectorcall(FastMethod *m, PyObject *const *args, size_t nargsf, PyOb
     if (kwnames != NULL || nargs != (size_t)(m->is_update ? 2 : 1) ||
         !PyObject_TypeCheck(args[0], m->state_type)) {
         return PyObject_Vectorcall(m->fallback, args, nargsf, kwnames);
+    }
+    if (m->kind == SINGLE_VALUE) {
+        PyObject *v = single_value(m, args[0]);
+        return v != NULL ? v : call_fallback(m, args, nargs);
+    }
+    if (m->kind == SINGLE_UPDATE) {
+        if (single_update(m, args[0], args[1])) {
+            Py_RETURN_NONE;
+        }
+        return call_fallback(m, args, nargs);
     }
     if (m->is_update) {
         if (fast_update(m, args[0], args[1])) {
@@ -486,6 +533,7 @@ new_method(PyObject *name, PyObject *fallback, int is_update)
     }
     m->vectorcall = (vectorcallfunc)fast_method_vectorcall;
     m->is_update = is_update;
+    m->kind = is_update ? HEAP_UPDATE : HEAP_VALUE;
     m->name = name;
     Py_INCREF(name);
     m->fallback = fallback;
@@ -584,7 +632,52 @@ bind(PyObject *module, PyObject *args)
     return Py_BuildValue("(NN)", v, u);
 }
 
+static PyObject *
+bind_single(PyObject *module, PyObject *args)
+{
+    PyObject *state_type, *value, *update;
+    if (!PyArg_ParseTuple(args, "O!OO:bind_single", &PyType_Type, &state_type, &value, &update)) {
+        return NULL;
+    }
+    PyObject *value_name = PyUnicode_InternFromString("value");
+    PyObject *update_name = PyUnicode_InternFromString("update");
+    if (value_name == NULL || update_name == NULL) {
+        Py_XDECREF(value_name);
+        Py_XDECREF(update_name);
+        return NULL;
+    }
+    FastMethod *v = new_method(value_name, value, 0);
+    FastMethod *u = new_method(update_name, update, 1);
+    Py_DECREF(value_name);
+    Py_DECREF(update_name);
+    if (v == NULL || u == NULL) {
+        Py_XDECREF(v);
+        Py_XDECREF(u);
+        return NULL;
+    }
+    FastMethod *both[2] = {v, u};
+    for (int i = 0; i < 2; i++) {
+        FastMethod *m = both[i];
+        m->kind = i ? SINGLE_UPDATE : SINGLE_VALUE;
+        Py_INCREF(state_type);
+        m->state_type = (PyTypeObject *)state_type;
+        if ((m->s_value = slot_offset(state_type, "_value")) < 0 ||
+            (m->s_default = slot_offset(state_type, "_default")) < 0 ||
+            (m->s_copy_default = slot_offset(state_type, "_copy_default")) < 0 ||
+            (m->s_value_class = slot_offset(state_type, "_value_class")) < 0) {
+            Py_DECREF(v);
+            Py_DECREF(u);
+            return NULL;
+        }
+    }
+    return Py_BuildValue("(NN)", v, u);
+}
+
 static PyMethodDef module_methods[] = {
+    {"bind_single", bind_single, METH_VARARGS,
+     "bind_single(state_type, value, update) -> (value, update): the compiled methods of a "
+     "single-key value state (its value in the slot ``_value``), each falling back to the given "
+     "Python method."},
     {"bind", bind, METH_VARARGS,
      "bind(state_type, map_type, key_context_type, entry_type, empty_table, value, update) -> "
      "(value, update): the compiled methods of the heap value state, each falling back to the "
