@@ -37,6 +37,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from streamstate._compiled import compiled
 from streamstate.api.descriptors import (
     AggregatingStateDescriptor,
     ReducingStateDescriptor,
@@ -51,7 +52,6 @@ from streamstate.api.state import (
     InternalReducingState,
     InternalValueState,
 )
-from streamstate._compiled import compiled
 from streamstate.backends.base import KeyContext, check_written_value, checked_list_elements
 from streamstate.errors import NoCurrentKeyError, StateAccessError
 from streamstate.namespace import VOID_NAMESPACE
@@ -61,13 +61,13 @@ from streamstate.serializers.inference import VoidNamespaceSerializer
 __all__ = [
     "STATE_FACTORIES",
     "VALUE_STATE_TYPES",
-    "CompiledBatchValueState",
     "BatchAggregatingState",
     "BatchListState",
     "BatchMapState",
     "BatchReducingState",
     "BatchState",
     "BatchValueState",
+    "CompiledBatchValueState",
     "guard",
 ]
 
