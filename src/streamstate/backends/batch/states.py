@@ -17,8 +17,7 @@ swapped for its guard class (:func:`guard`), whose every access raises
 :class:`~streamstate.errors.NoCurrentKeyError`: the hot path needs no ``if``.
 
 >>> from streamstate.api.descriptors import ValueStateDescriptor
->>> from streamstate._compiled import compiled
-from streamstate.backends.base import KeyContext
+>>> from streamstate.backends.base import KeyContext
 >>> from streamstate.serializers import VoidNamespaceSerializer
 >>> ctx = KeyContext(1)
 >>> s = BatchValueState(ctx, ValueStateDescriptor("n", int, default=0), VoidNamespaceSerializer())

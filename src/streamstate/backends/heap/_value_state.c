@@ -198,6 +198,9 @@ static void
 set_slot(PyObject *obj, Py_ssize_t offset, PyObject *value)
 {
     PyObject *old = SLOT(obj, offset);
+    if (old == value) {
+        return;
+    }
     Py_INCREF(value);
     SLOT(obj, offset) = value;
     Py_XDECREF(old);
