@@ -19,11 +19,13 @@ setup(
         Extension(
             "streamstate.backends.heap._entry",
             ["src/streamstate/backends/heap/_entry.c"],
+            depends=["src/streamstate/backends/heap/_entry.h"],
             optional=True,
         ),
         Extension(
             "streamstate.backends.heap._value_state",
             ["src/streamstate/backends/heap/_value_state.c"],
+            depends=["src/streamstate/backends/heap/_entry.h"],
             optional=True,
         ),
         Extension(

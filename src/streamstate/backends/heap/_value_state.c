@@ -27,16 +27,7 @@
 #include <Python.h>
 #include <structmember.h>
 
-/* the compiled map entry's layout (_entry.c) */
-typedef struct {
-    PyObject_HEAD
-    PyObject *entry_version;
-    PyObject *key;
-    PyObject *namespace_;
-    PyObject *next;
-    PyObject *state;
-    PyObject *state_version;
-} Entry;
+#include "_entry.h"
 
 /* what a method is: the heap value state's value()/update(), or the single-key value state's
    (batch execution, backends/batch/states.py: the value of the current key in a slot) */
@@ -596,6 +587,26 @@ fill(FastMethod *m, PyObject *state_type, PyObject *map_type, PyObject *context_
     return 0;
 }
 
+/* the two methods value() and update() over the given Python methods */
+static int
+new_pair(PyObject *value, PyObject *update, FastMethod **v, FastMethod **u)
+{
+    PyObject *value_name = PyUnicode_InternFromString("value");
+    PyObject *update_name = PyUnicode_InternFromString("update");
+    if (value_name != NULL && update_name != NULL) {
+        *v = new_method(value_name, value, 0);
+        *u = new_method(update_name, update, 1);
+    }
+    Py_XDECREF(value_name);
+    Py_XDECREF(update_name);
+    if (*v == NULL || *u == NULL) {
+        Py_CLEAR(*v);
+        Py_CLEAR(*u);
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *
 bind(PyObject *module, PyObject *args)
 {
@@ -614,22 +625,14 @@ bind(PyObject *module, PyObject *args)
     if (check_pair_hash() < 0) {
         return NULL;
     }
-    PyObject *value_name = PyUnicode_InternFromString("value");
-    PyObject *update_name = PyUnicode_InternFromString("update");
-    if (value_name == NULL || update_name == NULL) {
-        Py_XDECREF(value_name);
-        Py_XDECREF(update_name);
+    FastMethod *v = NULL, *u = NULL;
+    if (new_pair(value, update, &v, &u) < 0) {
         return NULL;
     }
-    FastMethod *v = new_method(value_name, value, 0);
-    FastMethod *u = new_method(update_name, update, 1);
-    Py_DECREF(value_name);
-    Py_DECREF(update_name);
-    if (v == NULL || u == NULL ||
-        fill(v, state_type, map_type, context_type, entry_type, empty_table) < 0 ||
+    if (fill(v, state_type, map_type, context_type, entry_type, empty_table) < 0 ||
         fill(u, state_type, map_type, context_type, entry_type, empty_table) < 0) {
-        Py_XDECREF(v);
-        Py_XDECREF(u);
+        Py_DECREF(v);
+        Py_DECREF(u);
         return NULL;
     }
     return Py_BuildValue("(NN)", v, u);
@@ -642,20 +645,8 @@ bind_single(PyObject *module, PyObject *args)
     if (!PyArg_ParseTuple(args, "O!OO:bind_single", &PyType_Type, &state_type, &value, &update)) {
         return NULL;
     }
-    PyObject *value_name = PyUnicode_InternFromString("value");
-    PyObject *update_name = PyUnicode_InternFromString("update");
-    if (value_name == NULL || update_name == NULL) {
-        Py_XDECREF(value_name);
-        Py_XDECREF(update_name);
-        return NULL;
-    }
-    FastMethod *v = new_method(value_name, value, 0);
-    FastMethod *u = new_method(update_name, update, 1);
-    Py_DECREF(value_name);
-    Py_DECREF(update_name);
-    if (v == NULL || u == NULL) {
-        Py_XDECREF(v);
-        Py_XDECREF(u);
+    FastMethod *v = NULL, *u = NULL;
+    if (new_pair(value, update, &v, &u) < 0) {
         return NULL;
     }
     FastMethod *both[2] = {v, u};
