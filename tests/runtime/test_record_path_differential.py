@@ -267,7 +267,7 @@ def run_batch(compiled: bool, batch: list[Any]) -> list[Any]:
 
 # RocksDB opens, checkpoints and closes a database per run: fewer examples keep the fast tier's
 # time (the compiled value state is the heap's; RocksDB checks the loop with its own states)
-EXAMPLES = {"heap": 12, "rocksdb": 3}
+EXAMPLES = {"heap": 8, "rocksdb": 3}
 
 
 def _examples(backend: str) -> Any:
