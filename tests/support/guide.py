@@ -9,7 +9,7 @@ output as ``text``.
 Nothing is skipped: Sybil's ``skip`` comments are not parsed (and refused), and every Python
 block of a page must have been run. A page that needs a SparkSession uses the name ``spark``
 and is listed in :data:`SPARK_PAGES`: the Spark tier runs it with the tests' shared session
-(``tests/spark/test_guide_examples.py``), the fast tier every other page
+(``tests/spark/test_guide_on_spark.py``), the fast tier every other page
 (``tests/docs/test_guide_examples.py``)."""
 
 from __future__ import annotations
