@@ -21,6 +21,7 @@ source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
 exclude_patterns = ["_build"]
 html_theme = "furo"
 html_title = "streamstate"
+html_show_copyright = False
 html_static_path: list[str] = []
 
 #: ``[text](page.md#a-heading)`` links resolve to headings of levels 1 to 4, by GitHub's slugs
