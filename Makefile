@@ -5,7 +5,8 @@ VENV ?= .venv
 PYTHON ?= python3
 PY := $(VENV)/bin/python
 # the install builds the C extensions (setup.py): a change to them re-runs the install too
-EXTENSIONS := src/streamstate/backends/heap/_entry.c src/streamstate/backends/decorators/_sampling.c
+EXTENSIONS := src/streamstate/backends/heap/_entry.c src/streamstate/backends/heap/_entry.h src/streamstate/backends/heap/_value_state.c \
+	src/streamstate/runtime/_record_loop.c src/streamstate/backends/decorators/_sampling.c
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py $(EXTENSIONS) | cksum | cut -d' ' -f1)
 
 export PYSPARK_PYTHON := $(abspath $(PY))
@@ -68,11 +69,12 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy src
 	$(PY) tools/check_imports.py
 
-# the API reference (docs/api, Sphinx) into build/docs; a warning (a broken reference) fails it.
-# tests/docs/test_api_reference.py builds it too, so `make test` (CI) checks it.
+# the documentation site (docs/: the guide in MyST Markdown and the API reference from the
+# docstrings, Sphinx) into build/docs; a warning (a broken link or reference) fails it.
+# tests/docs/test_site.py builds it too, so `make test` (CI) checks it.
 docs: $(STAMP)
-	$(PY) -m sphinx -E -W --keep-going -n -q -b html docs/api build/docs
-	@echo "API reference: build/docs/index.html"
+	$(PY) -m sphinx -E -W --keep-going -n -q -b html docs build/docs
+	@echo "documentation: build/docs/index.html"
 
 bench: $(STAMP)
 	$(PY) bench/state_access.py

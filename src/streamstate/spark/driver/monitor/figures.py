@@ -10,7 +10,7 @@ made here and nowhere else, from its plan, the subtasks' acknowledgements and it
 
 The figure names of the progress follow Spark's ``StateOperatorProgress`` where one exists
 (``numRowsTotal``, ``numRowsUpdated``, ``numRowsRemoved``, ``memoryUsedBytes``,
-``numRowsDroppedByWatermark``); docs/spark.md lists them all.
+``numRowsDroppedByWatermark``); docs/spark/monitoring.md lists them all.
 """
 
 from __future__ import annotations

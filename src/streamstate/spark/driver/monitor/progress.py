@@ -33,7 +33,7 @@ JVM: the client's
 own progress events (listeners, the UI) carry none there.
 
 The figures themselves (their names, and how a micro-batch's are made from its steps') are in
-:mod:`streamstate.spark.driver.monitor.figures`.
+:mod:`streamstate.spark.driver.monitor.figures`; docs/spark/monitoring.md lists them all.
 """
 
 from __future__ import annotations

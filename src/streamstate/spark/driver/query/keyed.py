@@ -18,7 +18,7 @@ Records are routed by key group (Flink's assignment) to ``parallelism`` subtasks
 memory at a time, firing a key's timers when its records end (Flink's BATCH runtime);
 ``"streaming"`` keeps every key's state in ``state_backend`` until the input ends. With
 ``"automatic"``, a window aggregate folded before the shuffle runs its folded rows through the
-streaming operator; ``"batch"`` never folds. See docs/spark.md, "Batch mode".
+streaming operator; ``"batch"`` never folds. See docs/spark/batch.md.
 
 **Pre-aggregation** (``pre_aggregate``, SPEC §13.2): a window aggregate
 (``window(...).aggregate(...)``/``.reduce(...)``) is folded per key and window before the
