@@ -57,6 +57,7 @@ LAYERS: list[list[list[str]]] = [
     [
         [
             "streamstate.spark.job",
+            "streamstate.spark.pickling",
             "streamstate.spark.records",
             "streamstate.spark.partials",
             "streamstate.spark.subtask",
