@@ -23,6 +23,7 @@ from __future__ import annotations
 import datetime
 import os
 from enum import StrEnum
+from inspect import cleandoc
 from typing import Annotated, Any
 
 import typer
@@ -52,6 +53,16 @@ checkpoints_app = typer.Typer(
     help="Inspect, verify and roll back checkpoints.", no_args_is_help=True
 )
 app.add_typer(checkpoints_app, name="checkpoints")
+
+
+def _one_line_paragraphs(command: Any) -> Any:
+    """Typer shows a command's docstring as its help keeping the line breaks of every paragraph
+    after the first, so that a terminal wider or narrower than the source breaks sentences in
+    the middle: give each paragraph as one line, for the terminal to wrap."""
+    text = cleandoc(command.__doc__ or "")
+    command.__doc__ = "\n\n".join(" ".join(p.split()) for p in text.split("\n\n"))
+    return command
+
 
 PathArg = Annotated[str, typer.Argument(help="job, checkpoint or savepoint directory (or URL)")]
 
@@ -96,6 +107,7 @@ def _console() -> Console:
 
 
 @checkpoints_app.command("inspect")
+@_one_line_paragraphs
 def inspect(
     path: PathArg,
     as_json: Annotated[
@@ -273,6 +285,7 @@ def _state_rows(
 
 
 @checkpoints_app.command("verify")
+@_one_line_paragraphs
 def verify(path: PathArg) -> None:
     """Check every checksum of every file; exit 1 on corruption (naming file and key group)."""
     console = _console()
@@ -304,6 +317,7 @@ def verify(path: PathArg) -> None:
 
 
 @checkpoints_app.command("rollback")
+@_one_line_paragraphs
 def rollback_command(
     path: Annotated[str, typer.Argument(help="the job's checkpoint directory (or URL)")],
     to: Annotated[int, typer.Option("--to", help="the checkpoint id to go back to")],
@@ -314,7 +328,8 @@ def rollback_command(
     spark_checkpoint: Annotated[
         str | None,
         typer.Option(
-            help="Spark's streaming checkpoint (default: what the query recorded, else <dir>/spark)"
+            help="Spark's streaming checkpoint (default: the one the query recorded inside the "
+            "directory, else <dir>/spark; one recorded outside it must be named here)"
         ),
     ] = None,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="do it without asking")] = False,
@@ -403,6 +418,7 @@ class Backend(StrEnum):
 
 
 @app.command("demo")
+@_one_line_paragraphs
 def demo(
     events: Annotated[
         int | None,

@@ -125,7 +125,8 @@ class KeyedStream:
             host_bind: the address state hosts listen on for tasks of other nodes
                 (``"10.0.0.5"``, ``"0.0.0.0"``, ``"off"`` for none; default
                 ``$STREAMSTATE_HOST_BIND``, else ``$SPARK_LOCAL_IP``, else the node's address;
-                127.0.0.1 with a ``local`` master).
+                with a ``local`` master ``"off"``, hosts on Unix sockets only, unless
+                ``$STREAMSTATE_HOST_BIND`` is set).
             host_connect_timeout: seconds a task waits for the TCP connection to a host on
                 another node before it starts one on its own node (which reloads).
             spark_checkpoint: where Spark keeps its own streaming checkpoint (offsets and
