@@ -188,7 +188,7 @@ class CheckpointLog:
         if latest is None:
             if batch != 0 and self.storage.checkpoint_ids():
                 return (
-                    f"Spark's next micro-batch is {batch} but {url} has no complete checkpoint "
+                    f"Spark runs micro-batch {batch} next but {url} has no complete checkpoint "
                     "to start from (its checkpoints are incomplete or were deleted)"
                 )
             return None
@@ -199,7 +199,7 @@ class CheckpointLog:
         where = "" if consumed == cid else f" (after Spark micro-batch {consumed})"
         rollback = rollback_command(url, cid, self.spark_checkpoint)
         return (
-            f"Spark's next micro-batch is {batch} but the latest complete state checkpoint in "
+            f"Spark runs micro-batch {batch} next but the latest complete state checkpoint in "
             f"{url} is chk-{cid}{where}: the state does not match the query's progress (was "
             "the Spark checkpoint or the state directory replaced? if later checkpoints were "
             f"lost or corrupt: {rollback})"
