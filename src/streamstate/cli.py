@@ -114,7 +114,12 @@ def inspect(
         bool, typer.Option("--json", help="print one JSON document instead of tables")
     ] = False,
 ) -> None:
-    """Show checkpoints: operators, subtasks, key-group ranges, states, entries, sizes."""
+    """Show checkpoints: operators, subtasks, key-group ranges, states, entries, timers, sizes.
+
+    Entries are counted as everywhere in streamstate (one per key and namespace of a value state,
+    one per mapping of a map state, one per element of a list state), timers apart: what each
+    subtask held when its snapshot was taken, recorded in the checkpoint (n/a in checkpoints
+    written before streamstate recorded them)."""
     console = _console()
     storage, directory = open_location(path)
     dirs = _directories(storage, directory)
@@ -127,20 +132,20 @@ def inspect(
         console.print(f"[yellow]no checkpoints in {storage.url}[/]")
         raise typer.Exit(1)
     overview = Table(title=f"checkpoints in {storage.url}")
-    for col in ("directory", "id", "kind", "status", "taken", "operators", "entries", "size"):
-        overview.add_column(col, justify="right" if col in ("id", "entries", "size") else "left")
+    columns = ("directory", "id", "kind", "status", "taken", "operators", "entries", "timers")
+    for col in (*columns, "size"):
+        right = col in ("id", "entries", "timers", "size")
+        overview.add_column(col, justify="right" if right else "left")
     loaded = []
     for d in dirs:
         cp, status = _load(storage, d)
         if cp is None:
-            overview.add_row(d, "", "", f"[red]{escape(status)}[/]", "", "", "", "")
+            overview.add_row(d, "", "", f"[red]{escape(status)}[/]", "", "", "", "", "")
             continue
         loaded.append(cp)
         files = cp.metadata.files()
-        # a backend's native snapshot does not count its entries
-        native_files = any(
-            not sub.is_canonical for op in cp.metadata.operators.values() for sub in op.subtasks
-        )
+        subtasks = [sub for op in cp.metadata.operators.values() for sub in op.subtasks]
+        timers = [sub.timers for sub in subtasks]
         taken = datetime.datetime.fromtimestamp(cp.metadata.timestamp / 1000, datetime.UTC)
         overview.add_row(
             d,
@@ -149,7 +154,8 @@ def inspect(
             status if status == "complete" else f"[red]{escape(status)}[/]",
             taken.strftime("%Y-%m-%d %H:%M:%S"),
             ", ".join(f"{n} (p={o.parallelism})" for n, o in cp.metadata.operators.items()),
-            "n/a" if native_files else f"{sum(f.total_entries for f in files):,}",
+            _count(_entries(subtasks)),
+            _count(None if None in timers else sum(t for t in timers if t is not None)),
             _size(sum(f.size for f in files)),
         )
     console.print(overview)
@@ -187,9 +193,9 @@ def _inspect_document(storage: CheckpointStorage, dirs: list[str]) -> dict[str, 
                             "subtask": sub.subtask_index,
                             "key_groups": list(sub.key_group_range),
                             "files": len(sub.files()),
-                            "entries": None
-                            if native
-                            else sum(f.total_entries for f in sub.files()),
+                            "entries": _subtask_entries(sub),
+                            "state_entries": sub.entries,
+                            "timers": sub.timers,
                             "size": sum(f.size for f in sub.files()),
                             "backend": "rocksdb" if native else "canonical",
                         }
@@ -197,6 +203,7 @@ def _inspect_document(storage: CheckpointStorage, dirs: list[str]) -> dict[str, 
                     if sub.keyed and not states:
                         states.update(_state_rows(cp, name, sub))
                 entry["operators"][name] = {
+                    "entries": _entries(op.subtasks),
                     "parallelism": op.parallelism,
                     "max_parallelism": op.max_parallelism,
                     "subtasks": subtasks,
@@ -215,10 +222,27 @@ def _inspect_document(storage: CheckpointStorage, dirs: list[str]) -> dict[str, 
     return {"url": storage.url, "checkpoints": checkpoints}
 
 
+def _subtask_entries(sub: Any) -> int | None:
+    """The entries a subtask's checkpoint recorded (``streamstate.format.entries``), None in
+    checkpoints written before they were recorded."""
+    return None if sub.entries is None else sum(sub.entries.values())
+
+
+def _entries(subtasks: list[Any]) -> int | None:
+    counts = [_subtask_entries(sub) for sub in subtasks]
+    return None if None in counts else sum(c for c in counts if c is not None)
+
+
+def _count(n: int | None) -> str:
+    return "n/a" if n is None else f"{n:,}"
+
+
 def _print_checkpoint(console: Console, cp: CompletedCheckpoint) -> None:
     table = Table(title=f"{cp.directory}: subtasks")
-    for col in ("operator", "subtask", "key groups", "files", "states", "entries", "size"):
-        table.add_column(col, justify="right" if col in ("subtask", "entries", "size") else "left")
+    columns = ("operator", "subtask", "key groups", "files", "states", "entries", "timers", "size")
+    for col in columns:
+        right = col in ("subtask", "entries", "timers", "size")
+        table.add_column(col, justify="right" if right else "left")
     states: dict[tuple[str, str], StateMetaSnapshot] = {}
     for name, op in cp.metadata.operators.items():
         for sub in op.subtasks:
@@ -238,7 +262,8 @@ def _print_checkpoint(console: Console, cp: CompletedCheckpoint) -> None:
                 f"{sub.key_group_range[0]}-{sub.key_group_range[1]}",
                 chain,
                 ", ".join(names),
-                "n/a" if native else f"{sum(f.total_entries for f in sub.files()):,}",
+                _count(_subtask_entries(sub)),
+                _count(sub.timers),
                 _size(sum(f.size for f in sub.files())),
             )
             if sub.keyed and not any(k[0] == name for k in states):
