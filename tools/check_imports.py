@@ -57,7 +57,6 @@ LAYERS: list[list[list[str]]] = [
     [
         [
             "streamstate.spark.job",
-            "streamstate.spark.pickling",
             "streamstate.spark.records",
             "streamstate.spark.partials",
             "streamstate.spark.subtask",

@@ -1,5 +1,5 @@
-"""The user's record classes travel by value whole (``streamstate.spark.pickling``), and the
-driver's check of a function leaves them as it found them.
+"""The user's record classes travel by value whole (``streamstate.serializers.class_pickling``),
+and the driver's check of a function leaves them as it found them.
 
 A class of this module travels by value (tests are not an installed package), as a job script's
 does; ``detached`` loads make new classes in this process, as another process would. The
@@ -157,3 +157,12 @@ def test_the_drivers_check_leaves_the_users_classes_as_it_found_them() -> None:
     loaded = _load(pickle_function(function, detached=True))
     serializer = loaded.visits.serializer
     assert serializer.deserialize(serializer.serialize([Visit(2)]))[0].v == 2
+
+
+def test_a_pickle_serializer_carries_the_record_classes_of_the_script_whole() -> None:
+    from streamstate.serializers import PickleSerializer
+
+    msgspec.msgpack.Decoder(Visit)  # msgspec's cache in the class does not travel
+    serializer = PickleSerializer()
+    value = {"visit": Visit(1, Place("p")), "tagged": Tagged(some_a=2)}
+    assert serializer.deserialize(serializer.serialize(value)) == value

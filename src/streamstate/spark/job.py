@@ -197,10 +197,10 @@ def pickle_function(function: Any, *, detached: bool = False) -> bytes:
     state hosts need not import them — also those the function only refers to, such as a
     window operator's window function. Record classes carried by value arrive whole, and
     ``detached`` makes them new classes even when loaded in this process
-    (:mod:`streamstate.spark.pickling`)."""
+    (:mod:`streamstate.serializers.class_pickling`)."""
     import cloudpickle
 
-    from streamstate.spark.pickling import dumps
+    from streamstate.serializers.class_pickling import dumps
 
     registered: list[str] = []
     for name in _referenced_modules(function):

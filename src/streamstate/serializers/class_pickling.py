@@ -1,4 +1,5 @@
-"""How the user's function and the classes it names travel to the other Spark processes.
+"""Pickling the user's classes by value, whole: what carries a job's function (and the record
+classes it names) to the other Spark processes, and a ``PickleSerializer``'s values.
 
 cloudpickle carries a class by value when the receiving process cannot import it: a class of the
 job script (``__main__``) or of a notebook cell, a local class, or one of a module that
@@ -66,10 +67,10 @@ _STRUCT_OPTIONS = (
 )
 
 
-def dumps(obj: Any, *, detached: bool = False) -> bytes:
+def dumps(obj: Any, *, detached: bool = False, protocol: int | None = None) -> bytes:
     """``obj`` pickled by a :class:`FunctionPickler`."""
     buffer = io.BytesIO()
-    FunctionPickler(buffer, detached=detached).dump(obj)
+    FunctionPickler(buffer, detached=detached, protocol=protocol).dump(obj)
     return buffer.getvalue()
 
 
@@ -77,8 +78,8 @@ class FunctionPickler(cloudpickle.Pickler):  # type: ignore[misc]
     """cloudpickle, with the record classes it carries by value reduced whole (see the module
     docstring); ``detached``: those classes are new classes when loaded, in any process."""
 
-    def __init__(self, file: Any, *, detached: bool = False) -> None:
-        super().__init__(file)
+    def __init__(self, file: Any, *, detached: bool = False, protocol: int | None = None) -> None:
+        super().__init__(file, protocol=protocol)
         self.detached = detached
 
     def reducer_override(self, obj: Any) -> Any:
