@@ -358,7 +358,10 @@ class KeyedStreamingQuery:
         from streamstate.spark.driver.spark_log import SparkLog
 
         try:
-            spark_log = SparkLog(self.spark_checkpoint, options.storage_options)
+            # the state checkpoint's storage options are for its filesystem: a Spark checkpoint
+            # put elsewhere (a local or HDFS path) is read without them
+            storage_options = options.storage_options if default_location else None
+            spark_log = SparkLog(self.spark_checkpoint, storage_options)
             visible = spark_log.exists()
             if not visible and is_connect(self.spark) and not default_location:
                 return  # perhaps a path on the Connect server's machine
