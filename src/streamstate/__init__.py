@@ -21,6 +21,7 @@ from streamstate.backends.rocksdb.factory import RocksDBStateBackend
 from streamstate.errors import (
     CheckpointError,
     CheckpointFencedError,
+    CheckpointMismatchError,
     CheckpointNotFoundError,
     CorruptCheckpointError,
     InvalidStateNameError,
@@ -104,6 +105,7 @@ __all__ = [
     "BuiltinAggregate",
     "CheckpointError",
     "CheckpointFencedError",
+    "CheckpointMismatchError",
     "CheckpointNotFoundError",
     "ContinuousEventTimeTrigger",
     "ContinuousProcessingTimeTrigger",

@@ -9,6 +9,7 @@ from __future__ import annotations
 __all__ = [
     "CheckpointError",
     "CheckpointFencedError",
+    "CheckpointMismatchError",
     "CheckpointNotFoundError",
     "CorruptCheckpointError",
     "InvalidStateNameError",
@@ -78,6 +79,12 @@ class StateBackendError(StreamStateError, RuntimeError):
 
 class CheckpointError(StreamStateError, RuntimeError):
     """A checkpoint could not be written or read."""
+
+
+class CheckpointMismatchError(CheckpointError):
+    """The state checkpoint does not match the query's progress in Spark's checkpoint (a lost
+    latest ``_metadata``, a replaced directory): the query refuses to run, and the message names
+    the checkpoint, Spark's micro-batch and the rollback command."""
 
 
 class CheckpointNotFoundError(CheckpointError):

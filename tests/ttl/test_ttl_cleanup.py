@@ -174,6 +174,8 @@ def test_incremental_cleanup_rewrites_partly_expired_lists_and_maps(heap_backend
         state_of(backend, m, "b").get("z")
     assert table_l.map_for_key("a", 8).get("a", VOID_NAMESPACE) == [(1060, 2)]
     assert table_m.map_for_key("a", 8).get("a", VOID_NAMESPACE) == {"y": (1060, 2)}
+    # the entries the cleanup removed no longer count (streamstate.format.entries)
+    assert backend.num_entries("l") == 1 and backend.num_entries("m") == 1
 
 
 def test_incremental_cleanup_bounded_work_per_step(heap_backend, make_backend, clock):

@@ -56,6 +56,11 @@ class SubtaskStateHandle(msgspec.Struct, kw_only=True, omit_defaults=True):
     #: shared files still being written (a background full snapshot): never deleted while a
     #: retained checkpoint lists them
     pending: list[str] = []
+    #: the entries of each registered keyed state when the snapshot was taken
+    #: (``streamstate.format.entries``), and the timers; None in checkpoints written before
+    #: they were recorded
+    entries: dict[str, int] | None = None
+    timers: int | None = None
 
     @property
     def is_canonical(self) -> bool:

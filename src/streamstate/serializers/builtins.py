@@ -169,6 +169,10 @@ class MsgpackContainerSerializer(TypeSerializer[Any]):
             self._decoder = msgspec.msgpack.Decoder(self.wire_type)
         return self._decoder
 
+    def __getstate__(self) -> dict[str, Any]:
+        # msgspec's decoder does not pickle; the receiving process builds its own when needed
+        return {**self.__dict__, "_decoder": None}
+
     def serialize(self, value: Any) -> bytes:
         return self._encoder.encode(self.to_wire(value))
 

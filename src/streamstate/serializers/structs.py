@@ -111,6 +111,15 @@ class StructSerializer(TypeSerializer[Any]):
     def deserialize(self, data: bytes) -> Any:
         return self._decoder.decode(data)
 
+    def __getstate__(self) -> dict[str, Any]:
+        # a descriptor made before the function is shipped carries its serializer: msgspec's
+        # decoder does not pickle, and the receiving process builds its own from the class
+        return {k: v for k, v in self.__dict__.items() if k != "_decoder"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._decoder = msgspec.msgpack.Decoder(self.cls)
+
     def copy(self, value: Any) -> Any:
         if self.immutable or value is None:
             return value

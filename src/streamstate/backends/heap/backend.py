@@ -154,8 +154,9 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         return table.keys(namespace)
 
     def state_figures(self) -> StateFigures:
-        """Entries of every table (O(states x key groups)); with change tracking, the entries
-        written and removed that checkpoints captured since the previous call."""
+        """Entries of every table (``streamstate.format.entries``; O(states x key groups)); with
+        change tracking, the (key, namespace) entries written and removed that checkpoints
+        captured since the previous call."""
         updated = removed = None
         if self.incremental:
             updated, removed = self._rows_updated, self._rows_removed
@@ -165,8 +166,8 @@ class HeapKeyedStateBackend(KeyedStateBackend):
     def num_entries(self, state_name: str | None = None) -> int:
         if state_name is not None:
             table = self._tables.get(state_name)
-            return 0 if table is None else table.size()
-        return sum(t.size() for t in self._tables.values())
+            return 0 if table is None else table.entry_count()
+        return sum(t.entry_count() for t in self._tables.values())
 
     # ---- snapshots -----------------------------------------------------------------------------
 

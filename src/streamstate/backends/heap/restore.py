@@ -205,6 +205,7 @@ class RestoredRawStates:
         for index, block in enumerate(pending.blocks):
             if block is not None:
                 _put_section(maps[index], codec, block.data, None, table.meta.name, index)
+        table.recount()  # the entries went into the maps directly
         return True
 
 
@@ -321,6 +322,9 @@ class HeapRestoreOperation:
             if gc_was_enabled:
                 gc.enable()
         # everything was read: install
+        for how, target in plans.values():
+            if how == "eager":
+                target[0].recount()  # the entries went into the maps directly
         for name, slots in raw.items():
             state = pending.states[name]
             for i, slot in enumerate(slots):

@@ -17,7 +17,12 @@ from streamstate.api.descriptors import StateDescriptor, StateKind
 from streamstate.api.state import InternalKvState
 from streamstate.backends.base import Clock, KeyedStateBackend, RestoreInput, RestoreMode
 from streamstate.backends.figures import StateFigures
-from streamstate.backends.rocksdb.cache import MapCache, ValueCache, WriteBackCache
+from streamstate.backends.rocksdb.cache import (
+    MapCache,
+    ValueCache,
+    WriteBackCache,
+    msgpack_array_length,
+)
 from streamstate.backends.rocksdb.incremental import UploadTracker
 from streamstate.backends.rocksdb.instance import (
     DEFAULT_COLUMN_FAMILY,
@@ -150,7 +155,9 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             )
         else:
             s = descriptor.serializer
-            cache = ValueCache(cf, layout, start, n, s.serialize, s.deserialize)
+            cache = ValueCache(
+                cf, layout, start, n, s.serialize, s.deserialize, elements=kind is StateKind.LIST
+            )
         self.cache.register(cache)
         self._registered[name] = RegisteredState(meta, cf, layout, cache)
         factory = STATE_FACTORIES[kind]
@@ -245,20 +252,20 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             yield decode_key(raw)
 
     def state_figures(self) -> StateFigures:
-        """RocksDB's estimates (keys, live data plus memtables, memtables plus caches: property
-        reads, no scan) and the entries the write-back cache wrote and deleted since the previous
-        call (after a flush of what it holds). A map state's ``clear()`` deletes a range, which
-        is not counted."""
+        """The entries of every state (``streamstate.format.entries``: counted by one scan of a
+        column family the first time, then kept by the flushes, which read the stored versions
+        of what they write), RocksDB's estimates of live data plus memtables and of memtables
+        plus caches (property reads), and the entries the write-back cache wrote and deleted
+        since the previous call (after a flush of what it holds)."""
         self.flush()
-        keys, live, memtables = self.instance.estimates()
+        _, live, memtables = self.instance.estimates()
         cache = self.cache
         written, deleted = cache.written, cache.deleted()
         updated = written - deleted - self._figures_base[0]
         removed = deleted - self._figures_base[1]
         self._figures_base = (written - deleted, deleted)
         return StateFigures(
-            rows=keys,
-            rows_estimated=True,
+            rows=self._entries(),
             rows_updated=updated,
             rows_removed=removed,
             state_bytes=live + memtables,
@@ -267,23 +274,26 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
 
     def num_entries(self, state_name: str | None = None) -> int:
         self.flush()
-        if state_name is not None:
-            names = [state_name]
-        else:
-            names = [*self._registered, *self.restored.state_names()]
-        total = 0
-        for name in names:
-            found = self._column_family_and_layout(name)
-            if found is None:
+        return self._entries(state_name)
+
+    def _entries(self, state_name: str | None = None) -> int:
+        """Entries of one state or of all (registered, and restored but not registered yet),
+        the cache flushed."""
+        names = [state_name] if state_name is not None else [*self._registered]
+        total = sum(r.cache.stored_entries() for n in names if (r := self._registered.get(n)))
+        restored = self.restored.state_names() if state_name is None else [state_name]
+        for name in restored:
+            if name in self._registered:
                 continue
-            cf, layout = found
-            entry_end = layout.entry_end
-            previous = None
-            for raw in cf.scan_keys(b""):
-                entry = raw[: entry_end(raw)]
-                if entry != previous:
-                    total += 1
-                    previous = entry
+            found = self._column_family_and_layout(name)
+            meta = self.restored.state(name)
+            if found is None or meta is None:
+                continue
+            cf, _ = found
+            if meta.kind == "list":
+                total += sum(msgpack_array_length(raw) for _, raw in cf.scan(b""))
+            else:  # a value per key (map: per mapping)
+                total += sum(1 for _ in cf.scan_keys(b""))
         return total
 
     # ---- restore -----------------------------------------------------------------------------

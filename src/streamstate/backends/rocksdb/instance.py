@@ -205,6 +205,13 @@ class ColumnFamily:
         """The column family's bound point read (for hot paths; drop it when detached)."""
         return self._db().get
 
+    def multi_get(self, keys: list[bytes]) -> list[bytes | None]:
+        """The values of ``keys`` (None where absent), read in one call."""
+        if not keys:
+            return []
+        found: Any = self._db().get(list[Any](keys))
+        return list(found)
+
     def _iterator(self, start: bytes, end: bytes | None) -> Any:
         ro = ReadOptions()
         if end is not None:

@@ -44,6 +44,7 @@ from streamstate.backends.rocksdb.keys import KeyLayout, key_group_bound, key_gr
 from streamstate.backends.rocksdb.parts import RegisteredState, RocksDBParts
 from streamstate.backends.rocksdb.storage import SnapshotFileStore, crc32c_of_file
 from streamstate.errors import CheckpointError
+from streamstate.format.entries import COUNTED_BY_ELEMENT
 from streamstate.format.meta import StateMetaInfo, StateMetaSnapshot
 from streamstate.format.snapshot import KeyedStateSnapshot, SnapshotSource
 from streamstate.keygroups import KeyGroupRange
@@ -139,6 +140,9 @@ def sweep_ttl(backend: RocksDBParts, reg: RegisteredState) -> int:
     batch = backend.instance.new_batch()
     handle = cf.handle
     changed = 0
+    #: entries removed (``streamstate.format.entries``: mappings, list elements, values)
+    removed = 0
+    elements = meta.kind in COUNTED_BY_ELEMENT and not is_map
     cursor: bytes | None = None
     for raw_key, raw_value in cf.scan(hook.cursor or b"", None):
         if left <= 0:
@@ -152,6 +156,7 @@ def sweep_ttl(backend: RocksDBParts, reg: RegisteredState) -> int:
             if new is None or uk not in new:
                 batch.delete(raw_key, handle)
                 changed += 1
+                removed += 1
             elif new is not state:
                 batch.put(raw_key, value_ser.serialize(new[uk]), handle)
                 changed += 1
@@ -161,13 +166,17 @@ def sweep_ttl(backend: RocksDBParts, reg: RegisteredState) -> int:
             if new is None:
                 batch.delete(raw_key, handle)
                 changed += 1
+                removed += len(state) if elements else 1
             elif new is not state:
                 batch.put(raw_key, serializer.serialize(new), handle)
                 changed += 1
+                removed += len(state) - len(new) if elements else 0
     hook.cursor = cursor
     if changed:
         backend.instance.write(batch)
         reg.cache.clear()
+        if reg.cache.stored is not None:
+            reg.cache.stored -= removed
     return changed
 
 

@@ -105,7 +105,9 @@ def _open_function(options: Any, key_serializer: Any, declared: list[Any]) -> No
     from streamstate.runtime.operator import KeyedProcessOperator
     from streamstate.spark.job import pickle_function
 
-    function = cloudpickle.loads(pickle_function(options.function))  # as an executor gets it
+    # as an executor gets it, its classes carried by value copies of the user's, which the
+    # check leaves as it found them (msgspec caches what it learns in a class it inspects)
+    function = cloudpickle.loads(pickle_function(options.function, detached=True))
     op = KeyedProcessOperator(
         function,
         key_serializer,

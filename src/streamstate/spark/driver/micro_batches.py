@@ -18,6 +18,7 @@ from typing import Any
 
 import msgspec
 
+from streamstate.errors import CheckpointMismatchError
 from streamstate.spark.driver.commit import BatchPlan, CheckpointLog, spark_batch_of
 from streamstate.spark.driver.connect_reports import ConnectReports
 from streamstate.spark.driver.no_data import MAX_NO_DATA_BATCHES, MIN_IDLE_INTERVAL, IdleTicker
@@ -190,7 +191,9 @@ class MicroBatchRunner:
         traces; keep what was raised, for the query's await_termination() and
         process_all_available() to raise instead."""
         self.failure = original_error(exc)
-        if is_function_error(self.failure) and self.restore_logs is None:
+        if self.restore_logs is None and (
+            is_function_error(self.failure) or isinstance(self.failure, CheckpointMismatchError)
+        ):
             # raised once, by this driver: Spark need not log it with its Java frames
             self.restore_logs = quiet_query_failure_log(session)
         if self.reports is not None:  # Spark Connect: the client reads it
