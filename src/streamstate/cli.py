@@ -288,7 +288,11 @@ def verify(path: PathArg) -> None:
     for d in dirs:
         cp, status = _load(storage, d)
         if cp is None:
-            table.add_row(d, "", f"[yellow]skipped: {escape(status)}[/]")
+            if status.startswith("unreadable"):  # a _metadata that exists but is refused
+                failures += 1
+                table.add_row(d, METADATA_FILE, f"[red]{escape(status)}[/]")
+            else:
+                table.add_row(d, "", f"[yellow]skipped: {escape(status)}[/]")
             continue
         for handle in cp.metadata.files():
             problem = _verify_file(cp, handle)

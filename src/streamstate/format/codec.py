@@ -45,6 +45,7 @@ from streamstate.serializers.base import TypeSerializer
 __all__ = [
     "CHUNK",
     "CODECS",
+    "MAX_EXPANSION",
     "EntryEncodeError",
     "StateCodec",
     "compress",
@@ -96,8 +97,25 @@ def compress(codec: str, data: bytes) -> bytes:
     raise ValueError(f"unknown compression codec {codec!r}; use one of {', '.join(CODECS)}")
 
 
+#: the most bytes one stored byte can expand to, per codec (lz4's block format: 255; zstd's RLE
+#: blocks: 128 KiB from 4 bytes): a raw length beyond that is a lie, refused before anything is
+#: allocated for it
+MAX_EXPANSION = {"none": 1, "lz4": 255, "zstd": 32768}
+
+
 def decompress(codec: str, data: bytes, raw_length: int) -> bytes:
-    """Undo :func:`compress`; ``raw_length`` is the uncompressed size recorded in the file."""
+    """Undo :func:`compress`; ``raw_length`` is the uncompressed size recorded in the file.
+
+    A ``raw_length`` that ``data`` cannot hold (more than :data:`MAX_EXPANSION` times its size;
+    for ``none``, another size) raises ``ValueError`` before any buffer is allocated for it."""
+    ratio = MAX_EXPANSION.get(codec)
+    if ratio is not None and not (
+        raw_length == len(data) if codec == "none" else 0 <= raw_length <= ratio * len(data) + 64
+    ):
+        raise ValueError(
+            f"a {codec} block of {len(data)} bytes cannot hold the {raw_length} bytes its frame "
+            "says"
+        )
     if codec == "lz4":
         return lz4.block.decompress(data, uncompressed_size=raw_length)  # type: ignore[no-any-return]
     if codec == "zstd":

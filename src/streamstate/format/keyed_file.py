@@ -358,6 +358,8 @@ class KeyedSnapshotReader:
                 )
             )
         self.version = version
+        if _PREFIX.size + header_len + 4 + _TRAILER.size > file_size:
+            raise self._corrupt(f"header length {header_len} is beyond the end of the file")
         raw = f.read(header_len + 4)
         if len(raw) != header_len + 4:
             raise self._corrupt("file is truncated inside the header")

@@ -19,6 +19,7 @@ list. :class:`UploadTracker` decides which uploaded files a backend's next check
 
 from __future__ import annotations
 
+import posixpath
 import struct
 from collections.abc import Iterable
 from typing import Any
@@ -28,6 +29,7 @@ import msgspec
 
 from streamstate.errors import CorruptCheckpointError
 from streamstate.format.meta import StateMetaSnapshot
+from streamstate.format.names import SHARED_DIRECTORY, file_name, name_below
 
 __all__ = [
     "MANIFEST_KIND",
@@ -114,9 +116,29 @@ class IncrementalManifest(msgspec.Struct, kw_only=True):
         if google_crc32c.value(body) != crc:
             raise CorruptCheckpointError(f"RocksDB manifest {path!r} fails its checksum")
         try:
-            return msgspec.msgpack.decode(body, type=cls)
+            manifest = msgspec.msgpack.decode(body, type=cls)
         except msgspec.DecodeError as exc:
             raise CorruptCheckpointError(f"RocksDB manifest {path!r} is unreadable: {exc}") from exc
+        manifest.check_names(path)
+        return manifest
+
+    def check_names(self, path: str) -> None:
+        """Refuse (:class:`CorruptCheckpointError` naming the field) a file name that is not
+        one plain part, or a shared path that is not a plain name below ``shared/``
+        (``streamstate.format.names``): the names become files of a local directory and
+        paths in checkpoint storage."""
+        checkpoint = posixpath.dirname(path) or "."
+        for i, f in enumerate(self.shared):
+            file_name(f.name, checkpoint=checkpoint, file=path, field=f"shared[{i}].name")
+            name_below(
+                f.path,
+                SHARED_DIRECTORY,
+                checkpoint=checkpoint,
+                file=path,
+                field=f"shared[{i}].path",
+            )
+        for i, p in enumerate(self.private):
+            file_name(p.name, checkpoint=checkpoint, file=path, field=f"private[{i}].name")
 
 
 class IncrementalStateHandle(msgspec.Struct, kw_only=True):
