@@ -188,7 +188,9 @@ def test_a_metadata_path_outside_the_checkpoint_is_refused_not_read(
     assert str(job / "chk-1") in message and name in message
     assert reads == []
     # the tools refuse it the same way
-    result = CliRunner().invoke(app, ["checkpoints", "verify", str(job / "chk-1")])
+    result = CliRunner().invoke(
+        app, ["checkpoints", "verify", str(job / "chk-1")], env={"COLUMNS": "2000"}
+    )
     assert result.exit_code != 0
     assert "not a plain relative name" in result.output
 

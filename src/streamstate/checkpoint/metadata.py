@@ -119,7 +119,7 @@ def decode_metadata(data: bytes, path: str) -> CheckpointMetadata:
     """Parse ``_metadata``; unreadable or newer-versioned documents raise a clear error."""
     try:
         head = msgspec.json.decode(data)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise CorruptCheckpointError(f"{path} is not valid JSON ({exc})") from None
     if not isinstance(head, dict) or head.get("format") != METADATA_FORMAT:
         raise CorruptCheckpointError(f"{path} is not a streamstate checkpoint metadata file")
@@ -130,7 +130,7 @@ def decode_metadata(data: bytes, path: str) -> CheckpointMetadata:
         )
     try:
         metadata = _DECODER.decode(data)
-    except msgspec.ValidationError as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise CorruptCheckpointError(f"{path} is malformed ({exc})") from None
     check_file_names(metadata, path)
     return metadata

@@ -46,6 +46,7 @@ __all__ = [
     "CHUNK",
     "CODECS",
     "MAX_EXPANSION",
+    "UNREADABLE",
     "EntryEncodeError",
     "StateCodec",
     "compress",
@@ -53,6 +54,19 @@ __all__ = [
     "crc32c_extend",
     "decompress",
 ]
+
+#: what decoding values from bytes a checkpoint holds may raise on damaged or hostile input:
+#: msgspec's errors (a string that is not UTF-8 is a ``UnicodeDecodeError``), fixed-size
+#: encodings' ``struct.error``, values of the wrong type or size, nesting too deep; every reader
+#: turns these into a checkpoint error naming what it read
+UNREADABLE: tuple[type[Exception], ...] = (
+    msgspec.DecodeError,
+    ValueError,
+    TypeError,
+    struct.error,
+    OverflowError,
+    RecursionError,
+)
 
 CODECS = ("none", "lz4", "zstd")
 """Block compression codecs; each block of a file is compressed on its own."""
@@ -377,6 +391,7 @@ class StateCodec:
         """``(keys, namespaces, states)`` of an entries section (``namespaces`` may have one
         element shared by all entries)."""
         keys, namespaces, states = self._section_decoder.decode(data)
+        _check_columns(len(keys), len(namespaces), len(states))
         return (
             self._keys.from_wire(keys),
             self._namespaces.from_wire(namespaces),
@@ -386,4 +401,15 @@ class StateCodec:
     def decode_removed(self, data: bytes | memoryview) -> tuple[list[Any], list[Any]]:
         """``(keys, namespaces)`` of a removed section."""
         keys, namespaces = self._removed_decoder.decode(data)
+        _check_columns(len(keys), len(namespaces), len(keys))
         return self._keys.from_wire(keys), self._namespaces.from_wire(namespaces)
+
+
+def _check_columns(keys: int, namespaces: int, states: int) -> None:
+    """A section's columns have one value per entry (the namespaces one for all of them):
+    ``ValueError`` otherwise, which every reader reports as a corrupt or unreadable section."""
+    if states != keys or not (namespaces == keys or (namespaces == 1 and keys)):
+        raise ValueError(
+            f"the section's columns do not match: {keys} keys, {namespaces} namespaces, "
+            f"{states} values"
+        )

@@ -30,6 +30,7 @@ import msgspec
 from streamstate.errors import CorruptCheckpointError
 from streamstate.format.meta import StateMetaSnapshot
 from streamstate.format.names import SHARED_DIRECTORY, file_name, name_below
+from streamstate.keygroups import UPPER_BOUND_MAX_PARALLELISM
 
 __all__ = [
     "MANIFEST_KIND",
@@ -117,10 +118,30 @@ class IncrementalManifest(msgspec.Struct, kw_only=True):
             raise CorruptCheckpointError(f"RocksDB manifest {path!r} fails its checksum")
         try:
             manifest = msgspec.msgpack.decode(body, type=cls)
-        except msgspec.DecodeError as exc:
+        except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
             raise CorruptCheckpointError(f"RocksDB manifest {path!r} is unreadable: {exc}") from exc
         manifest.check_names(path)
+        manifest.check_ranges(path)
         return manifest
+
+    def check_ranges(self, path: str) -> None:
+        """Refuse a manifest whose key groups (its range, its timers') are not key groups of
+        its ``max_parallelism``."""
+        max_p = self.max_parallelism
+        start, end = self.key_group_range
+        if not 1 <= max_p <= UPPER_BOUND_MAX_PARALLELISM or not (
+            start >= 0 and end < max_p and start <= end + 1
+        ):
+            raise CorruptCheckpointError(
+                f"RocksDB manifest {path!r} is corrupt: key groups {start}-{end} of "
+                f"max_parallelism {max_p}"
+            )
+        for block in self.timers:
+            if any(not 0 <= kg < max_p for kg, _, _, _ in block.entries):
+                raise CorruptCheckpointError(
+                    f"RocksDB manifest {path!r} is corrupt: a timer of {block.meta.name!r} is in "
+                    f"no key group of max_parallelism {max_p}"
+                )
 
     def check_names(self, path: str) -> None:
         """Refuse (:class:`CorruptCheckpointError` naming the field) a file name that is not

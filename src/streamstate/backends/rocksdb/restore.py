@@ -225,7 +225,10 @@ def restore_incremental(
     instance.close_db()
     download_snapshot(store, base, instance.db_path, base_where)
     stats["base_files"] = len(base.shared)
-    instance.open()
+    try:
+        instance.open()
+    except StateBackendError as exc:  # the files verified, yet RocksDB refuses them
+        raise CorruptCheckpointError(f"{base_where} does not open as a database: {exc}") from None
     instance.drop_range_tombstones()
     n = backend.key_layout.kg_bytes
     if base_range.start < new_range.start:
