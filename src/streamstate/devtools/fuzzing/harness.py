@@ -239,6 +239,7 @@ def fuzz(
     called now and then."""
     rng = random.Random(seed)
     wanted = inputs if isinstance(inputs, Mapping) else None
+    total = inputs if isinstance(inputs, int) else None
     chosen = [
         t
         for t in targets(corpus)
@@ -255,7 +256,7 @@ def fuzz(
     os.makedirs(corpus.work_directory, exist_ok=True)
     watch = _FileWatch([corpus.directory, work])
     _FileWatch.install()
-    weights = [t.weight for t in chosen]
+    weights: list[float] = [t.weight for t in chosen]
     started = time.perf_counter()
     previous_tmp = tempfile.tempdir
     tempfile.tempdir = work
@@ -267,10 +268,10 @@ def fuzz(
         while True:
             elapsed = time.perf_counter() - started
             if wanted is not None:
-                weights = [max(wanted[t.name] - report.inputs[t.name], 0) for t in chosen]
+                weights = [max(wanted[t.name] - report.inputs[t.name], 0.0) for t in chosen]
                 if not any(weights):
                     break
-            elif inputs is not None and report.total >= inputs:
+            elif total is not None and report.total >= total:
                 break
             if seconds is not None and elapsed >= seconds:
                 break
