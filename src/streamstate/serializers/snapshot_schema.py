@@ -1,0 +1,202 @@
+"""The schema of a serializer snapshot, and values decoded from a schema alone.
+
+:func:`schema_of_snapshot` describes the values of any serializer snapshot a checkpoint holds:
+built-in serializers, window namespaces, record serializers whose snapshot carries a ``"schema"``,
+and the earlier record snapshots (:mod:`~streamstate.serializers.schema_text`). From a schema,
+:func:`decoder_type` builds a type that ``msgspec`` decodes the same msgpack bytes into (records
+become :class:`PlainRecord` structs carrying the field names), so a reader of a checkpoint never
+needs to import, or run, the code that wrote it.
+
+>>> import dataclasses, msgspec
+>>> from streamstate.serializers.schema import schema_of_type
+>>> @dataclasses.dataclass
+... class Visit:
+...     page: str
+...     clicks: int = 0
+>>> plain = msgspec.msgpack.decode(msgspec.msgpack.encode(Visit("/a", 3)),
+...                                type=decoder_type(schema_of_type(Visit)))
+>>> plain.page, plain.clicks
+('/a', 3)
+"""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import uuid
+from typing import Any, Literal, Union
+
+import msgspec
+
+from streamstate.serializers.schema import (
+    AnySchema,
+    BoolSchema,
+    BytesSchema,
+    DictSchema,
+    EnumSchema,
+    FieldSchema,
+    FloatSchema,
+    IntSchema,
+    ListSchema,
+    NoneSchema,
+    RecordSchema,
+    RefSchema,
+    StrSchema,
+    TemporalSchema,
+    TupleSchema,
+    TypeSchema,
+    UnionSchema,
+    schema_from_builtins,
+)
+from streamstate.serializers.schema_text import record_schema_of_v1_fields
+
+__all__ = ["PlainRecord", "decoder_type", "schema_of_snapshot"]
+
+
+_SNAPSHOT_SCALARS: dict[str, TypeSchema] = {
+    "int64": IntSchema(),
+    "float64": FloatSchema(),
+    "bool": BoolSchema(),
+    "str": StrSchema(),
+    "bytes": BytesSchema(),
+    "void_namespace": NoneSchema(),
+}
+_TIME_WINDOW = RecordSchema(
+    "TimeWindow", (FieldSchema("start", IntSchema()), FieldSchema("end", IntSchema())), True
+)
+_GLOBAL_WINDOW = RecordSchema("GlobalWindow", (), True)
+
+
+def schema_of_snapshot(snap: Any) -> TypeSchema | None:
+    """The schema of the values a serializer snapshot describes, or None when the snapshot
+    gives none (pickled values, an unknown serializer, a record type whose earlier snapshot
+    cannot be read). A ``ttl_value`` is its stored pair ``(last access, value)``.
+
+    >>> schema_of_snapshot({"type": "optional", "inner": {"type": "int64"}})
+    UnionSchema(types=(IntSchema(), NoneSchema()))
+    >>> schema_of_snapshot({"type": "pickle"}) is None
+    True
+    """
+    if not isinstance(snap, dict):
+        return None
+    t = snap.get("type")
+    if isinstance(t, str) and t in _SNAPSHOT_SCALARS:
+        return _SNAPSHOT_SCALARS[t]
+    if t == "time_window":
+        return _TIME_WINDOW
+    if t == "global_window":
+        return _GLOBAL_WINDOW
+    parts: list[TypeSchema | None]
+    if t == "optional":
+        parts = [schema_of_snapshot(snap.get("inner"))]
+        return None if parts[0] is None else UnionSchema((parts[0], NoneSchema()))
+    if t == "list":
+        item = schema_of_snapshot(snap.get("element"))
+        return None if item is None else ListSchema(item)
+    if t == "dict":
+        key, value = schema_of_snapshot(snap.get("key")), schema_of_snapshot(snap.get("value"))
+        return None if key is None or value is None else DictSchema(key, value)
+    if t in ("tuple", "ttl_value"):
+        subs = snap.get("fields", ()) if t == "tuple" else ({"type": "int64"}, snap.get("inner"))
+        parts = [schema_of_snapshot(s) for s in subs]
+        if any(p is None for p in parts):
+            return None
+        return TupleSchema(tuple(p for p in parts if p is not None))
+    if t == "struct":
+        return _schema_of_struct_snapshot(snap)
+    return None
+
+
+def _schema_of_struct_snapshot(snap: dict[str, Any]) -> TypeSchema | None:
+    if "schema" in snap:
+        try:
+            return schema_from_builtins(snap["schema"])
+        except msgspec.ValidationError:
+            return None
+    qual = str(snap.get("class", "")).partition(":")[2]
+    name = qual.rsplit(".", 1)[-1] or "record"
+    if "fields" not in snap:
+        return _STDLIB_CLASSES.get(str(snap.get("class", "")))
+    try:
+        return record_schema_of_v1_fields(name, snap["fields"])
+    except ValueError:
+        return None
+
+
+_STDLIB_CLASSES: dict[str, TypeSchema] = {
+    "datetime:datetime": TemporalSchema("datetime"),
+    "datetime:date": TemporalSchema("date"),
+    "datetime:time": TemporalSchema("time"),
+    "datetime:timedelta": TemporalSchema("timedelta"),
+    "decimal:Decimal": TemporalSchema("decimal"),
+    "uuid:UUID": TemporalSchema("uuid"),
+}
+
+
+class PlainRecord(msgspec.Struct, frozen=True, gc=False):
+    """The base of the record structs :func:`decoder_type` builds: field names as attributes,
+    in the schema's order (``msgspec.structs.asdict`` gives a dict)."""
+
+
+_TEMPORAL_TYPES: dict[str, type] = {
+    "datetime": datetime.datetime,
+    "date": datetime.date,
+    "time": datetime.time,
+    "timedelta": datetime.timedelta,
+    "decimal": decimal.Decimal,
+    "uuid": uuid.UUID,
+}
+
+
+def decoder_type(schema: TypeSchema) -> Any:
+    """A type hint ``msgspec`` decodes values of ``schema`` into, built without the classes
+    that wrote them: records become :class:`PlainRecord` structs of the same field and wire
+    names (fields the data may omit default to None), enums and literals their encoded values.
+    """
+    return _decoder_type(schema)
+
+
+def _decoder_type(schema: TypeSchema) -> Any:
+    simple: dict[type, Any] = {
+        AnySchema: Any,
+        NoneSchema: None,
+        BoolSchema: bool,
+        IntSchema: int,
+        FloatSchema: float,
+        StrSchema: str,
+        BytesSchema: bytes,
+        # a record inside itself: its values decode as plain msgpack (dicts, lists)
+        RefSchema: Any,
+    }
+    if type(schema) in simple:
+        return simple[type(schema)]
+    if isinstance(schema, TemporalSchema):
+        return _TEMPORAL_TYPES.get(schema.type, Any)
+    if isinstance(schema, EnumSchema):
+        return Literal[schema.values] if schema.values else Any  # type: ignore[valid-type]
+    if isinstance(schema, ListSchema):
+        item = _decoder_type(schema.item)
+        return tuple[item, ...] if schema.container == "tuple" else list[item]  # type: ignore[valid-type]
+    if isinstance(schema, TupleSchema):
+        items = tuple(_decoder_type(s) for s in schema.items)
+        return tuple[items] if items else tuple[()]  # type: ignore[valid-type]
+    if isinstance(schema, DictSchema):
+        return dict[_decoder_type(schema.key), _decoder_type(schema.value)]  # type: ignore[misc]
+    if isinstance(schema, UnionSchema):
+        return Union[tuple(_decoder_type(s) for s in schema.types)]  # noqa: UP007
+    assert isinstance(schema, RecordSchema)
+    fields: list[Any] = []
+    for f in schema.fields:
+        tp = _decoder_type(f.type)
+        fields.append((f.name, tp) if f.required else (f.name, tp | None, None))  # type: ignore[operator]
+    return msgspec.defstruct(
+        schema.name,
+        fields,
+        bases=(PlainRecord,),
+        array_like=schema.array_like,
+        tag_field=schema.tag_field or None,
+        tag=schema.tag if schema.tag_field else None,
+        rename={f.name: f.wire_name for f in schema.fields if f.encode_name} or None,
+        frozen=True,
+        gc=False,
+    )
