@@ -19,6 +19,7 @@ INPUTS = {
     "manifest": 200,
     "manifest-restore": 3,
     "manifest-native": 3,
+    "serializer-snapshot": 300,
     "channel": 120,
 }
 

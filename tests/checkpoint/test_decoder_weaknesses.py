@@ -268,6 +268,27 @@ def test_a_serializer_the_checkpoint_describes_badly_is_a_migration_error(snapsh
         serializer_from_snapshot(snapshot)
 
 
+def test_a_record_schema_a_checkpoint_gives_decodes_or_is_refused() -> None:
+    """Values of a checkpoint described by its schema alone (``read_state``'s way): a record
+    whose required field follows an optional one decodes; names no type can have are refused
+    with the project's error, a malformed description gives no schema."""
+    from streamstate.serializers.schema import FieldSchema, IntSchema, RecordSchema, StrSchema
+    from streamstate.serializers.snapshot_schema import decoder_type, schema_of_snapshot
+
+    assert schema_of_snapshot({"type": "tuple", "fields": 3}) is None
+    late = RecordSchema(
+        "Late", (FieldSchema("a", StrSchema(), False), FieldSchema("b", IntSchema()))
+    )
+    value = msgspec.msgpack.decode(msgspec.msgpack.encode({"b": 2}), type=decoder_type(late))
+    assert (value.a, value.b) == (None, 2)
+    for bad in (
+        RecordSchema("R", (FieldSchema("not a name", IntSchema()),)),
+        RecordSchema("R\x00", (FieldSchema("a", IntSchema()),)),
+    ):
+        with pytest.raises(SerializerSnapshotError, match="no type decodes"):
+            decoder_type(bad)
+
+
 def test_metadata_that_is_not_utf8_is_corrupt() -> None:
     data = b'{"format": "streamstate-checkpoint-metadata", "version": 2, "job_id": "\xff"}'
     with pytest.raises(CorruptCheckpointError, match="not valid JSON|malformed"):

@@ -9,6 +9,7 @@ reducing, aggregating; several namespaces; event- and processing-time timers) th
 * an incremental heap chain: a full file and a delta file (removed entries included);
 * a RocksDB checkpoint: manifests (``SSRI``) and the SST files they reference;
 * operator-state files (``SSOS``: split-distribute, union and broadcast state);
+* the serializer descriptions of the files' headers, and a record's;
 * the host channel's messages (HELLO, BEGIN with a real ``JobSpec``, DATA with an Arrow batch,
   END, PING).
 
@@ -21,6 +22,8 @@ import io
 import os
 import posixpath
 from typing import Any
+
+import msgspec
 
 from streamstate.api.descriptors import (
     AggregatingStateDescriptor,
@@ -138,9 +141,13 @@ def _checkpoint_seeds(corpus: Corpus, job: str, label: str) -> None:
     directory = os.path.join(job, latest)
     meta_path = os.path.join(directory, METADATA_FILE)
     meta = _read(meta_path)
+    doc = json.loads(meta)
+    # the properties a Spark step commits with (commit.py): its staged outputs
+    staged = {"path": "outputs/batch-1/part-00000-0-abc123.parquet", "size": 10, "rows": 2}
+    doc["properties"].update(outputs=[staged], side_outputs={"late": [staged]}, lineage="l")
+    meta = json.dumps(doc, indent=1).encode()
     rel = os.path.relpath(meta_path, corpus.directory)
     corpus.seeds.setdefault("metadata", []).append(Seed(meta, rel, {"label": label}))
-    doc = json.loads(meta)
     for op in doc["operators"].values():
         for sub in op["subtasks"]:
             chain: list[bytes] = []
@@ -193,6 +200,35 @@ def _operator_state_seeds(corpus: Corpus) -> None:
     corpus.seeds["operator_state"].append(Seed(out.getvalue(), "opstate-small"))
 
 
+class _Visit(msgspec.Struct):
+    page: str
+    clicks: int = 0
+    tags: list[str] | None = None
+
+
+def _serializer_snapshot_seeds(corpus: Corpus) -> None:
+    """Every serializer description the keyed files' headers hold, and a record's (whose
+    field types are text: ``serializers/schema_text.py`` reads it), as JSON."""
+    import json
+
+    from streamstate.format.keyed_file import KeyedSnapshotReader
+    from streamstate.serializers.schema import schema_of_type
+
+    found: dict[str, Any] = {}
+    for seed in corpus.seeds["keyed"]:
+        reader = KeyedSnapshotReader(io.BytesIO(seed.data), seed.origin)
+        found[json.dumps(reader.key_serializer, sort_keys=True)] = reader.key_serializer
+        for meta in reader.states:
+            for snap in (meta.namespace_serializer, meta.state_serializer):
+                found[json.dumps(snap, sort_keys=True)] = snap
+    record = serializer_for(_Visit).snapshot()
+    with_schema = {**record, "schema": msgspec.to_builtins(schema_of_type(_Visit))}
+    for snap in (*found.values(), record, with_schema):
+        corpus.seeds.setdefault("serializer_snapshot", []).append(
+            Seed(json.dumps(snap).encode(), f"snapshot {snap.get('type')}")
+        )
+
+
 def build_corpus(directory: str) -> Corpus:
     """Write the real checkpoints into ``directory`` and collect every seed (see the module
     docstring)."""
@@ -220,5 +256,6 @@ def build_corpus(directory: str) -> Corpus:
     )
     _checkpoint_seeds(corpus, job, "rocksdb")
     _operator_state_seeds(corpus)
+    _serializer_snapshot_seeds(corpus)
     corpus.seeds["channel"] = channel_seeds()
     return corpus

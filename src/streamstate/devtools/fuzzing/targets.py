@@ -47,7 +47,7 @@ from streamstate.devtools.fuzzing.mutations import (
 from streamstate.devtools.fuzzing.seeds import Corpus, Seed
 from streamstate.errors import CheckpointError, StateMigrationException, StreamStateError
 
-__all__ = ["CHECKPOINT_ERRORS", "Target", "targets"]
+__all__ = ["CHECKPOINT_ERRORS", "Target", "Unparsed", "targets"]
 
 #: what a checkpoint decoder may raise on any input (the module docstring)
 CHECKPOINT_ERRORS: tuple[type[BaseException], ...] = (CheckpointError, StateMigrationException)
@@ -192,6 +192,7 @@ def _keyed_restore(backend_factory: Callable[[Any], Any]) -> Callable[[bytes, Se
 def _metadata(corpus: Corpus) -> Callable[[bytes, Seed], Any]:
     from streamstate.checkpoint.metadata import decode_metadata
     from streamstate.checkpoint.storage import CompletedCheckpoint, FileSystemCheckpointStorage
+    from streamstate.spark.driver.commit import staged_outputs, staged_side_outputs
 
     storages: dict[str, Any] = {}
 
@@ -206,6 +207,9 @@ def _metadata(corpus: Corpus) -> Callable[[bytes, Seed], Any]:
         checkpoint = CompletedCheckpoint(storage, os.path.basename(chk), metadata)
         for f in metadata.files():
             checkpoint.resolve(f.path)
+        # what the Spark driver reads of a committed checkpoint's properties
+        staged_outputs(checkpoint)
+        staged_side_outputs(checkpoint)
         return storage.problems(checkpoint)
 
     return decode
@@ -281,6 +285,56 @@ def _manifest_decode(data: bytes, seed: Seed) -> Any:
     return IncrementalManifest.decode(data, seed.origin)
 
 
+class Unparsed(Exception):
+    """A mutated serializer description that is not JSON (no decoder sees it)."""
+
+
+def _serializer_snapshot(data: bytes, seed: Seed) -> Any:
+    """A serializer description as a restore rebuilds it (:func:`serializer_from_snapshot`) and
+    as a reader describes its values without the program's classes (its schema, and the type
+    that decodes them); the latter never raise."""
+    import json
+
+    from streamstate.serializers import serializer_from_snapshot
+    from streamstate.serializers.snapshot_schema import decoder_type, schema_of_snapshot
+
+    try:
+        snap = json.loads(data)
+    except ValueError as exc:
+        raise Unparsed(str(exc)) from None
+    schema = schema_of_snapshot(snap)
+    if schema is not None:
+        decoder_type(schema)
+    return serializer_from_snapshot(snap)
+
+
+def _text_in_json(data: bytes, rng: random.Random, seed: Seed, seeds: list[Seed]) -> bytes:
+    """One string inside a JSON document (a record field's type text) changed byte-wise."""
+    import json
+
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        return mutate_bytes(data, rng)
+    strings: list[tuple[Any, Any]] = []
+
+    def walk(node: Any) -> None:
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        for key, value in items:
+            if isinstance(value, str):
+                strings.append((node, key))
+            elif isinstance(value, dict | list):
+                walk(value)
+
+    if isinstance(doc, dict | list):
+        walk(doc)
+    if not strings:
+        return mutate_bytes(data, rng)
+    node, key = rng.choice(strings)
+    node[key] = mutate_bytes(node[key].encode(), rng).decode("utf-8", "replace")
+    return json.dumps(doc).encode()
+
+
 def _channel(data: bytes, seed: Seed) -> Any:
     return decode_channel(data, seed.context["job"])
 
@@ -338,6 +392,14 @@ def targets(corpus: Corpus) -> list[Target]:
             _manifest(corpus, native=True),
             [_manifest_body],
             weight=0.15,
+        ),
+        Target(
+            "serializer-snapshot",
+            corpus.seeds["serializer_snapshot"],
+            _serializer_snapshot,
+            [_json, _json, _text_in_json],
+            allowed=(*CHECKPOINT_ERRORS, Unparsed),
+            weight=1.0,
         ),
         Target(
             "channel",
