@@ -370,7 +370,10 @@ def _verify_file(cp: CompletedCheckpoint, handle: Any) -> str | None:
     storage = cp.storage
     resolved = cp.resolve(handle.path)
     url = storage.url_of(resolved)
-    size = storage.size(resolved)
+    try:
+        size = storage.size(resolved)
+    except CheckpointError as exc:  # a link in the checkpoint
+        return str(exc)
     if size is None:
         return f"missing file {url}"
     if size != handle.size:

@@ -295,6 +295,10 @@ def test_a_symlinked_state_file_is_refused_not_followed(tmp_path: Path, backend:
         _restore(storage, backend, 1)
     with pytest.raises(CheckpointError, match="is a symbolic link"):
         storage.open_read(os.path.relpath(inside, job))
+    result = CliRunner().invoke(
+        app, ["checkpoints", "verify", str(job / "chk-1")], env={"COLUMNS": "2000"}
+    )
+    assert result.exit_code == 1 and "is a symbolic link" in result.output, result.output
     # a directory on the way counts too
     op_dir = job / "chk-1" / "keyed-process"
     if op_dir.is_dir():

@@ -221,6 +221,17 @@ def _decode(target: Target, data: bytes, seed: Seed, limit: float) -> tuple[str,
     return "ok", None
 
 
+def _mutated(target: Target, seed: Seed, rng: random.Random) -> bytes:
+    """One mutation of ``seed`` (a byte-level one if a structured mutator cannot parse what it
+    was given: that is the mutator's limit, not a finding)."""
+    from streamstate.devtools.fuzzing.mutations import mutate_bytes
+
+    try:
+        return rng.choice(target.mutators)(seed.data, rng, seed, target.seeds)
+    except (ValueError, TypeError, KeyError, IndexError, RecursionError, OverflowError):
+        return mutate_bytes(seed.data, rng)
+
+
 def fuzz(
     corpus: Corpus,
     *,
@@ -277,7 +288,7 @@ def fuzz(
                 break
             target = rng.choices(chosen, weights)[0]
             s = rng.choice(target.seeds)
-            data = rng.choice(target.mutators)(s.data, rng, s, target.seeds)
+            data = _mutated(target, s, rng)
             traced = external or (every > 0 and report.total % every == 0)
             if traced != tracing:
                 tracing = traced

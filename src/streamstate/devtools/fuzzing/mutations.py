@@ -205,7 +205,7 @@ def mutate_msgpack(data: bytes, rng: random.Random) -> bytes:
     """``data`` decoded as msgpack, one value mutated, encoded again (bytes if undecodable)."""
     try:
         tree = msgspec.msgpack.decode(data)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
         return mutate_bytes(data, rng)
     return msgspec.msgpack.encode(mutate_tree(_plain(tree), rng, mutate_msgpack))
 
@@ -213,7 +213,7 @@ def mutate_msgpack(data: bytes, rng: random.Random) -> bytes:
 def mutate_json(data: bytes, rng: random.Random) -> bytes:
     try:
         tree = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):
         return mutate_bytes(data, rng)
     return json.dumps(mutate_tree(tree, rng, None), default=_text).encode()
 
