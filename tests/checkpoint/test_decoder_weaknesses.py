@@ -517,3 +517,86 @@ def test_the_fixed_regressions_leave_real_files_readable() -> None:
     for compression in ("none", "lz4", "zstd"):
         restore_heap(keyed_file(compression))
     assert read_operator_state(operator_file(), "o").list_states["offsets"].elements == [1, 2, 3]
+
+
+# ---- RocksDB snapshots whose files verify but do not fit ------------------------------------
+
+
+def _rocksdb_checkpoint(tmp_path: Path) -> Any:
+    from streamstate.checkpoint.storage import FileSystemCheckpointStorage
+    from streamstate.runtime.local import LocalRunner
+    from support.checkpoint import AllKinds, all_kinds_records
+
+    storage = FileSystemCheckpointStorage(str(tmp_path / "ck"), "job")
+    runner = LocalRunner(
+        AllKinds(),
+        key_selector=lambda r: r[0],
+        parallelism=1,
+        max_parallelism=128,
+        checkpoint_storage=storage,
+        state_backend="rocksdb",
+    )
+    runner.run(all_kinds_records(30), final_watermark=False)
+    runner.checkpoint()
+    runner.close()
+    return storage
+
+
+def _restore_rocksdb_checkpoint(storage: Any, backend: str) -> None:
+    from streamstate.format.keyed_file import write_keyed_snapshot
+    from streamstate.runtime.local import LocalRunner
+    from support.checkpoint import AllKinds
+
+    runner = LocalRunner(
+        AllKinds(), key_selector=lambda r: r[0], max_parallelism=128, state_backend=backend
+    )
+    try:
+        runner.restore(storage.load(1))
+        for op in runner.subtasks:  # what the next checkpoint would write
+            write_keyed_snapshot(op.keyed_backend.snapshot(2), io.BytesIO(), path="next")
+    finally:
+        runner.close()
+
+
+@pytest.mark.parametrize("backend", ["rocksdb", "heap"])
+def test_database_files_rocksdb_refuses_are_a_corrupt_checkpoint(
+    tmp_path: Path, backend: str
+) -> None:
+    """The manifest's MANIFEST file replaced by garbage with its size and CRC in order: before,
+    a RocksDB backend raised StateBackendError and the heap backend rocksdict's bare Exception."""
+    from support.tampering import edit_manifest, replaced
+
+    storage = _rocksdb_checkpoint(tmp_path)
+
+    def garbage(m: Any) -> Any:
+        private = []
+        for p in m.private:
+            if p.name.startswith("MANIFEST-"):
+                data = b"not a rocksdb manifest" * 8
+                p = replaced(p, data=data, size=len(data), crc32c=crc(data))
+            private.append(p)
+        return replaced(m, private=private)
+
+    edit_manifest(storage, "chk-1", garbage)
+    with pytest.raises(CorruptCheckpointError, match="does not open"):
+        _restore_rocksdb_checkpoint(storage, backend)
+
+
+def test_values_that_do_not_fit_the_state_described_are_a_migration_error(tmp_path: Path) -> None:
+    """The manifest says the "value" state holds lists; its SST files hold integers. Before,
+    reading them (the heap backend restores a RocksDB checkpoint through its canonical view)
+    raised msgspec's ValidationError."""
+    from support.tampering import edit_manifest, replaced
+
+    storage = _rocksdb_checkpoint(tmp_path)
+
+    def retype(m: Any) -> Any:
+        states = [
+            replaced(s, state_serializer={"type": "list", "element": {"type": "str"}}) if s.name == "value" else s
+            for s in m.states
+        ]
+        return replaced(m, states=states)
+
+    edit_manifest(storage, "chk-1", retype)
+    with pytest.raises(StateMigrationException, match="state 'value'"):
+        _restore_rocksdb_checkpoint(storage, "heap")
