@@ -592,7 +592,9 @@ def test_values_that_do_not_fit_the_state_described_are_a_migration_error(tmp_pa
 
     def retype(m: Any) -> Any:
         states = [
-            replaced(s, state_serializer={"type": "list", "element": {"type": "str"}}) if s.name == "value" else s
+            replaced(s, state_serializer={"type": "list", "element": {"type": "str"}})
+            if s.name == "value"
+            else s
             for s in m.states
         ]
         return replaced(m, states=states)

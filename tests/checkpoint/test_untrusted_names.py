@@ -124,17 +124,32 @@ def _runner(storage: Any, backend: str, p: int = 2) -> LocalRunner:
     )
 
 
-def _checkpointed(tmp_path: Path, backend: str, n: int = 1) -> tuple[Any, dict[Any, Any]]:
-    storage = FileSystemCheckpointStorage(str(tmp_path / "ck"), "job")
+def _write_job(directory: Path, backend: str, n: int) -> None:
+    storage = FileSystemCheckpointStorage(str(directory), "job")
     runner = _runner(storage, backend)
     records = all_kinds_records(60, per_key=2)
     for i in range(n):
         runner.run(records[i * 20 : (i + 1) * 20 + 60], final_watermark=False)
         runner.checkpoint()
     runner.checkpoint_coordinator.wait_for_retention()
-    content = runner_content(runner)
     runner.close()
-    return storage, content
+
+
+_PRISTINE: dict[tuple[str, int], Path] = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _pristine(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The module's checkpoints, written once: each test tampers with a copy."""
+    for backend, n in (("heap", 1), ("rocksdb", 1), ("heap", 2)):
+        directory = tmp_path_factory.mktemp(f"{backend}-{n}")
+        _write_job(directory, backend, n)
+        _PRISTINE[backend, n] = directory
+
+
+def _checkpointed(tmp_path: Path, backend: str, n: int = 1) -> tuple[Any, None]:
+    shutil.copytree(_PRISTINE[backend, n], tmp_path / "ck", symlinks=True)
+    return FileSystemCheckpointStorage(str(tmp_path / "ck"), "job"), None
 
 
 def _restore(storage: Any, backend: str, checkpoint: Any = None) -> dict[Any, Any]:
