@@ -216,6 +216,49 @@ def test_a_section_whose_columns_do_not_match_is_refused() -> None:
         restore_heap(keyed_file(section=section, count=2))
 
 
+def restore_rocksdb(data: bytes, tmp_path: Path) -> None:
+    from streamstate.backends.rocksdb.factory import RocksDBStateBackend
+
+    handle = StateFileHandle(
+        path="f", size=len(data), checksum=crc(data), kind="full", checkpoint_id=1
+    )
+    restore = FileKeyedStateRestore(_Bytes(data), handle, RANGE)
+    factory = RocksDBStateBackend(working_dir=str(tmp_path / "work"))
+    backend = factory.create_keyed_backend(StrSerializer(), 128, RANGE)
+    try:
+        backend.restore(RestoreInput([restore]))
+    finally:
+        restore.close()
+        backend.dispose()
+
+
+def test_an_int64_value_beyond_64_signed_bits_is_refused_by_both_backends(tmp_path: Path) -> None:
+    """msgpack holds integers up to 2**64 - 1: before, the heap backend took one into an int64
+    state and the RocksDB backend failed with a TypeError while storing it."""
+    from streamstate.format.codec import StateCodec
+
+    codec = StateCodec(StrSerializer(), VoidNamespaceSerializer(), Int64Serializer())
+    keys, namespaces, _ = msgspec.msgpack.decode(codec.encode([("a", VOID_NAMESPACE, 1)]))
+    section = msgspec.msgpack.encode([keys, namespaces, [2**64 - 1]])
+    data = keyed_file(section=section, count=1)
+    with pytest.raises(CHECKPOINT_ERRORS, match="state 'v', key group 7"):
+        restore_heap(data)
+    with pytest.raises(CHECKPOINT_ERRORS, match="state 'v'"):
+        restore_rocksdb(data, tmp_path)
+    # and no snapshot writes one: the file would not be read back
+    meta = StateMetaInfo("v", "value", VoidNamespaceSerializer(), Int64Serializer())
+    writer = KeyedSnapshotWriter(
+        io.BytesIO(),
+        path="f",
+        key_serializer=StrSerializer(),
+        max_parallelism=128,
+        key_group_range=RANGE,
+        states=[meta],
+    )
+    with pytest.raises(CheckpointError, match="cannot snapshot state 'v'.*18446744073709551615"):
+        writer.write_key_group(7, [(0, [("a", VOID_NAMESPACE, 2**64 - 1)])])
+
+
 @pytest.mark.parametrize(
     "edit",
     [
