@@ -545,8 +545,8 @@ def test_records_a_host_cannot_read_are_refused_before_they_are_read() -> None:
         no_kg = pa.record_batch([keys, ints], names=["k", "v"])
         with pytest.raises(ProtocolError, match="'_kg' as no such column"):
             runtime.process(no_kg)
-        other = pa.record_batch([keys, ints, kgs.cast(pa.int64())], names=["k", "v", "_kg"])
-        with pytest.raises(ProtocolError, match="'_kg' as int64"):
+        other = pa.record_batch([keys, ints, kgs.cast(pa.string())], names=["k", "v", "_kg"])
+        with pytest.raises(ProtocolError, match="'_kg' as string"):
             runtime.process(other)
         foreign = pa.record_batch([keys, ints, pa.array([3, 100], pa.int32())], ["k", "v", "_kg"])
         with pytest.raises(KeyGroupOutOfRangeError, match="key groups 3-100"):

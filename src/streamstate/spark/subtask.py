@@ -379,18 +379,23 @@ class SubtaskRuntime:
             self._collect()
 
     def _check_columns(self, batch: Any) -> None:
-        """The batch has every column the job reads, of the type of the job's input schema."""
-        expected, schema = self.input_schema, batch.schema
-        job = self.job
+        """The batch has every column the job reads, its key groups as integers. (Other types
+        are converted as the job's schema says: Spark may send a column in another physical
+        type of the same kind, such as a large string.)"""
+        import pyarrow as pa
+
+        schema, job = batch.schema, self.job
         for name in (*job.key_columns, *job.value_columns, KEY_GROUP_COLUMN):
             i = schema.get_field_index(name)
-            if i < 0 or schema.field(i).type != expected.field(name).type:
+            if i < 0 or (
+                name == KEY_GROUP_COLUMN and not pa.types.is_integer(schema.field(i).type)
+            ):
                 from streamstate.spark.wire.protocol import ProtocolError
 
                 got = "no such column" if i < 0 else str(schema.field(i).type)
                 raise ProtocolError(
-                    f"a record batch for {job.operator!r} has column {name!r} as {got}, the job "
-                    f"reads {expected.field(name).type}"
+                    f"a record batch for {job.operator!r} has column {name!r} as {got}; the job "
+                    f"reads {self.input_schema.field(name).type}"
                 )
 
     def _check_key_groups(self, column: Any) -> None:
