@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import io
 import json
 import logging
 import os
@@ -552,6 +553,7 @@ class FileSystemCheckpointStorage(CheckpointStorage):
         # other filesystems may ignore the mode, so they get the generic check-then-write
         self._conditional_put = bool({"s3", "s3a"}.intersection(protocols))
         self._local = "file" in protocols or "local" in protocols
+        self._memory = "memory" in protocols
         self._tree = LocalTree(self._root)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -636,6 +638,10 @@ class FileSystemCheckpointStorage(CheckpointStorage):
         try:
             if self._local:
                 return self._tree.open_read(path)
+            if self._memory:
+                # fsspec's memory filesystem hands every reader the same file object (one
+                # position): a retention thread reading beside a restore cut its reads short
+                return io.BytesIO(self._fs.cat_file(full))
             return self._fs.open(full, "rb")  # type: ignore[no-any-return]
         except FileNotFoundError:
             raise CheckpointError(f"checkpoint file {self.url_of(path)} is missing") from None
