@@ -326,7 +326,11 @@ def verify(path: PathArg) -> None:
     for d in dirs:
         cp, status = _load(storage, d)
         if cp is None:
-            table.add_row(d, "", f"[yellow]skipped: {escape(status)}[/]")
+            if status.startswith("unreadable"):  # a _metadata that exists but is refused
+                failures += 1
+                table.add_row(d, METADATA_FILE, f"[red]{escape(status)}[/]")
+            else:
+                table.add_row(d, "", f"[yellow]skipped: {escape(status)}[/]")
             continue
         for handle in cp.metadata.files():
             problem = _verify_file(cp, handle)
@@ -406,7 +410,10 @@ def _verify_file(cp: CompletedCheckpoint, handle: Any) -> str | None:
     storage = cp.storage
     resolved = cp.resolve(handle.path)
     url = storage.url_of(resolved)
-    size = storage.size(resolved)
+    try:
+        size = storage.size(resolved)
+    except CheckpointError as exc:  # a link in the checkpoint
+        return str(exc)
     if size is None:
         return f"missing file {url}"
     if size != handle.size:

@@ -20,6 +20,7 @@ __all__ = [
     "PickleNotAllowedError",
     "PreAggregationError",
     "RemoteError",
+    "SerializerSnapshotError",
     "StateAccessError",
     "StateBackendError",
     "StateHostError",
@@ -65,6 +66,12 @@ class StateMigrationException(StreamStateError):
 
 class PickleNotAllowedError(StateMigrationException):
     """A checkpoint needs pickle to be read but pickle was not explicitly enabled."""
+
+
+class SerializerSnapshotError(StateMigrationException, TypeError):
+    """A checkpoint describes a serializer this program cannot rebuild: an unknown type, a
+    malformed description, or a record type whose module the program has not imported (a
+    checkpoint never makes a program import code)."""
 
 
 class PreAggregationError(StreamStateError, ValueError):

@@ -28,6 +28,7 @@ from typing import Any, Literal, Union
 
 import msgspec
 
+from streamstate.errors import SerializerSnapshotError
 from streamstate.serializers.schema import (
     AnySchema,
     BoolSchema,
@@ -98,6 +99,8 @@ def schema_of_snapshot(snap: Any) -> TypeSchema | None:
         return None if key is None or value is None else DictSchema(key, value)
     if t in ("tuple", "ttl_value"):
         subs = snap.get("fields", ()) if t == "tuple" else ({"type": "int64"}, snap.get("inner"))
+        if not isinstance(subs, list | tuple):
+            return None
         parts = [schema_of_snapshot(s) for s in subs]
         if any(p is None for p in parts):
             return None
@@ -152,8 +155,15 @@ def decoder_type(schema: TypeSchema) -> Any:
     """A type hint ``msgspec`` decodes values of ``schema`` into, built without the classes
     that wrote them: records become :class:`PlainRecord` structs of the same field and wire
     names (fields the data may omit default to None), enums and literals their encoded values.
+    A schema no type can be built from (a checkpoint is input: names that are not identifiers,
+    a union of nothing) raises :class:`~streamstate.errors.SerializerSnapshotError`.
     """
-    return _decoder_type(schema)
+    try:
+        return _decoder_type(schema)
+    except (TypeError, ValueError) as exc:
+        raise SerializerSnapshotError(
+            f"no type decodes the values of the schema {schema!r:.200}: {exc}"
+        ) from None
 
 
 def _decoder_type(schema: TypeSchema) -> Any:
@@ -199,4 +209,6 @@ def _decoder_type(schema: TypeSchema) -> Any:
         rename={f.name: f.wire_name for f in schema.fields if f.encode_name} or None,
         frozen=True,
         gc=False,
+        # a field the data must hold may follow one it may omit (a keyword-only record's)
+        kw_only=True,
     )

@@ -43,7 +43,7 @@ from rocksdict import (
 )
 
 from streamstate.backends.rocksdb.keys import prefix_successor
-from streamstate.errors import InvalidStateNameError, StateBackendError
+from streamstate.errors import CorruptCheckpointError, InvalidStateNameError, StateBackendError
 
 __all__ = ["ColumnFamily", "RocksDBConfig", "RocksDBInstance", "open_read_only"]
 
@@ -328,9 +328,9 @@ class RocksDBInstance:
         if self._db is not None:
             return
         names: list[str] = []
-        if os.path.exists(os.path.join(self.db_path, "CURRENT")):
-            names = [n for n in Rdict.list_cf(self.db_path) if n != DEFAULT_COLUMN_FAMILY]
         try:
+            if os.path.exists(os.path.join(self.db_path, "CURRENT")):
+                names = [n for n in Rdict.list_cf(self.db_path) if n != DEFAULT_COLUMN_FAMILY]
             self._db = Rdict(
                 self.db_path,
                 self._options,
@@ -512,11 +512,20 @@ def open_read_only(
     the column families: rocksdict keeps the database open while they are referenced).
     """
     opts = (config or RocksDBConfig()).db_options(None)
-    names = [n for n in Rdict.list_cf(path) if n != DEFAULT_COLUMN_FAMILY]
-    db = Rdict(
-        path,
-        opts,
-        column_families={n: opts for n in names},
-        access_type=AccessType.read_only(False),
-    )
-    return db, {n: db.get_column_family(n) for n in names}
+    try:
+        names = [n for n in Rdict.list_cf(path) if n != DEFAULT_COLUMN_FAMILY]
+        db = Rdict(
+            path,
+            opts,
+            column_families={n: opts for n in names},
+            access_type=AccessType.read_only(False),
+        )
+    except Exception as exc:  # rocksdict raises Exception with RocksDB's status
+        raise CorruptCheckpointError(
+            f"the RocksDB snapshot at {path!r} does not open: {exc}"
+        ) from None
+    try:
+        return db, {n: db.get_column_family(n) for n in names}
+    except BaseException:
+        db.close()
+        raise

@@ -45,6 +45,7 @@ from streamstate.errors import (
     StateMigrationException,
 )
 from streamstate.format.meta import StateMetaSnapshot
+from streamstate.format.names import create_restored_file, file_name
 from streamstate.format.restore import KeyedStateRestore, RestoredBlock
 from streamstate.keygroups import KeyGroupRange
 from streamstate.serializers.base import TypeSerializer
@@ -164,19 +165,31 @@ def download_snapshot(
     """Download and verify every file of ``manifest`` into ``directory`` (a database opens
     there); ``where`` names the snapshot in errors."""
     os.makedirs(directory, exist_ok=True)
-    for f in manifest.shared:
-        local = os.path.join(directory, f.name)
-        store.get_file(f.path, local)
+    job = store.location
+    for i, f in enumerate(manifest.shared):
+        local = os.path.join(
+            directory, file_name(f.name, checkpoint=job, file=where, field=f"shared[{i}].name")
+        )
+        try:
+            store.get_file(f.path, local)
+        except FileExistsError:
+            raise CorruptCheckpointError(
+                f"{where}: shared[{i}].name {f.name!r} names a file that exists already in "
+                f"{directory} (a name given twice?); refused"
+            ) from None
         size, crc = crc32c_of_file(local)
         if size != f.size or crc != f.crc32c:
             raise CorruptCheckpointError(
                 f"{where}: shared file {f.path!r} is corrupt or truncated ({size} bytes, crc "
                 f"{crc:#x}; expected {f.size} bytes, crc {f.crc32c:#x})"
             )
-    for p in manifest.private:
+    for i, p in enumerate(manifest.private):
         if len(p.data) != p.size or google_crc32c.value(p.data) != p.crc32c:
             raise CorruptCheckpointError(f"{where}: private file {p.name!r} fails its checksum")
-        with open(os.path.join(directory, p.name), "wb") as out:
+        field = f"private[{i}].name"
+        with create_restored_file(
+            directory, p.name, checkpoint=job, file=where, field=field
+        ) as out:
             out.write(p.data)
 
 
@@ -212,7 +225,10 @@ def restore_incremental(
     instance.close_db()
     download_snapshot(store, base, instance.db_path, base_where)
     stats["base_files"] = len(base.shared)
-    instance.open()
+    try:
+        instance.open()
+    except StateBackendError as exc:  # the files verified, yet RocksDB refuses them
+        raise CorruptCheckpointError(f"{base_where} does not open as a database: {exc}") from None
     instance.drop_range_tombstones()
     n = backend.key_layout.kg_bytes
     if base_range.start < new_range.start:

@@ -43,7 +43,8 @@ from streamstate.backends.rocksdb.instance import ColumnFamily, RocksDBConfig, o
 from streamstate.backends.rocksdb.keys import KeyLayout, key_group_bound, key_group_prefix_bytes
 from streamstate.backends.rocksdb.parts import RegisteredState, RocksDBParts
 from streamstate.backends.rocksdb.storage import SnapshotFileStore, crc32c_of_file
-from streamstate.errors import CheckpointError
+from streamstate.errors import CheckpointError, CorruptCheckpointError, StateMigrationException
+from streamstate.format.codec import UNREADABLE
 from streamstate.format.entries import COUNTED_BY_ELEMENT
 from streamstate.format.meta import StateMetaInfo, StateMetaSnapshot
 from streamstate.format.snapshot import KeyedStateSnapshot, SnapshotSource
@@ -236,8 +237,24 @@ def decode_entries(
     """``(key, namespace, state)`` from raw RocksDB entries of one state, in key order.
 
     Map mappings of one ``(key, namespace)`` are adjacent (they share the entry prefix) and are
-    gathered into one dict.
+    gathered into one dict. An entry the state's serializers cannot read (a restored
+    checkpoint's description of the state does not fit its data) raises
+    :class:`~streamstate.errors.StateMigrationException` naming the state.
     """
+    try:
+        yield from _decode_entries(meta, layout, raw_entries)
+    except UNREADABLE as exc:
+        raise StateMigrationException(
+            f"state {meta.name!r}: a stored entry cannot be read with its serializers "
+            f"({meta.state_serializer!r}; {type(exc).__name__}: {exc})"
+        ) from None
+
+
+def _decode_entries(
+    meta: StateMetaInfo,
+    layout: KeyLayout,
+    raw_entries: Iterable[tuple[bytes, bytes]],
+) -> Iterator[tuple[Any, Any, Any]]:
     decode_key = layout.decode_key
     key_end = layout.key_end
     decode_ns = layout.decode_namespace
@@ -528,9 +545,14 @@ class _ManifestTimers(SnapshotSource):
         self._by_index: dict[int, list[tuple[Any, Any, int]]] = {}
         key, namespace = key_serializer.deserialize, ns.deserialize
         for kg, raw_key, raw_ns, timestamp in block.entries:
-            self._by_index.setdefault(kg - key_groups.start, []).append(
-                (key(raw_key), namespace(raw_ns), timestamp)
-            )
+            try:
+                timer = (key(raw_key), namespace(raw_ns), timestamp)
+            except UNREADABLE as exc:
+                raise CorruptCheckpointError(
+                    f"timer queue {d.name!r}, key group {kg}: a checkpointed timer cannot be "
+                    f"read ({type(exc).__name__}: {exc})"
+                ) from None
+            self._by_index.setdefault(kg - key_groups.start, []).append(timer)
 
     def entries(self, key_group_index: int) -> list[tuple[Any, Any, int]] | None:
         return self._by_index.get(key_group_index)

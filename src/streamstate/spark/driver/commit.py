@@ -60,13 +60,21 @@ from streamstate.errors import (
     CheckpointFencedError,
     CheckpointMismatchError,
     CheckpointNotFoundError,
+    CorruptCheckpointError,
 )
+from streamstate.format.names import name_below
 from streamstate.spark.driver.no_data import TimeProgress, due, next_watermark
 from streamstate.spark.driver.rollback import rollback_command
-from streamstate.spark.subtask import MIN_WATERMARK, BatchResult, StagedOutput
+from streamstate.spark.subtask import MIN_WATERMARK, OUTPUTS_DIR, BatchResult, StagedOutput
 from streamstate.spark.wire.step import StepTask
 
-__all__ = ["BatchPlan", "CheckpointLog", "spark_batch_of"]
+__all__ = [
+    "BatchPlan",
+    "CheckpointLog",
+    "spark_batch_of",
+    "staged_outputs",
+    "staged_side_outputs",
+]
 
 log = logging.getLogger(__name__)
 
@@ -235,11 +243,8 @@ class CheckpointLog:
             time.time_ns() // 1_000_000,
             0,
             replay=True,
-            outputs=[msgspec.convert(o, StagedOutput) for o in props.get("outputs", [])],
-            side_outputs={
-                tag: [msgspec.convert(o, StagedOutput) for o in files]
-                for tag, files in props.get("side_outputs", {}).items()
-            },
+            outputs=staged_outputs(checkpoint),
+            side_outputs=staged_side_outputs(checkpoint),
             spark_batch=spark_batch_of(checkpoint),
             no_data=bool(props.get("no_data")),
             during_batch=props.get("during_batch"),
@@ -430,3 +435,38 @@ def spark_batch_of(checkpoint: Any) -> int:
 
 def _lineage() -> str:
     return uuid.uuid4().hex
+
+
+def _staged(checkpoint: Any, values: Any, field: str) -> list[StagedOutput]:
+    """The staged outputs a committed checkpoint's properties record under ``field``: each
+    path a plain name below ``outputs/`` of the job directory (``streamstate.format.names``),
+    else :class:`CorruptCheckpointError` naming the checkpoint and the field."""
+    try:
+        staged = msgspec.convert(values, list[StagedOutput])
+    except msgspec.ValidationError as exc:
+        raise CorruptCheckpointError(
+            f"checkpoint {checkpoint.url}: {field} in _metadata is malformed ({exc})"
+        ) from None
+    for i, o in enumerate(staged):
+        name_below(
+            o.path, OUTPUTS_DIR, checkpoint=checkpoint.url, file="_metadata", field=f"{field}[{i}]"
+        )
+    return staged
+
+
+def staged_outputs(checkpoint: Any) -> list[StagedOutput]:
+    """The outputs a committed checkpoint staged (its ``outputs`` property), checked."""
+    return _staged(checkpoint, checkpoint.metadata.properties.get("outputs", []), "outputs")
+
+
+def staged_side_outputs(checkpoint: Any) -> dict[str, list[StagedOutput]]:
+    """The side outputs a committed checkpoint staged, per tag id, checked."""
+    side = checkpoint.metadata.properties.get("side_outputs", {})
+    if not isinstance(side, dict):
+        raise CorruptCheckpointError(
+            f"checkpoint {checkpoint.url}: side_outputs in _metadata is not a map"
+        )
+    return {
+        str(tag): _staged(checkpoint, files, f"side_outputs[{tag!r}]")
+        for tag, files in side.items()
+    }
