@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
+from streamstate.backends.base import check_key_type
 from streamstate.backends.timer_queues import TimerQueues, TimerRestore
 from streamstate.errors import (
     CorruptCheckpointError,
@@ -193,19 +194,49 @@ class RestoredRawStates:
     def reset_changes(self) -> None:
         return None  # encoded state never changes
 
-    def fill(self, table: StateTable, key_serializer: TypeSerializer[Any]) -> bool:
-        """Decode the pending entries of ``table``'s state into it; False if there are none."""
+    def num_entries(self, name: str | None = None) -> int:
+        """Entries (one per key and namespace) of one pending state, or of all of them."""
+        states = self.states.values() if name is None else [self.states.get(name)]
+        return sum(b.count for p in states if p is not None for b in p.blocks if b is not None)
+
+    def rename(self, old: str, new: str) -> None:
+        """Pending state ``old`` is state ``new`` from now on."""
+        pending = self.states.pop(old, None)
+        if pending is not None:
+            pending.meta = msgspec.structs.replace(pending.meta, name=new)
+            self.states[new] = pending
+
+    def fill(
+        self,
+        table: StateTable,
+        key_serializer: TypeSerializer[Any],
+        reader: TypeSerializer[Any] | None = None,
+    ) -> bool:
+        """Decode the pending entries of ``table``'s state into it; False if there are none.
+        ``reader`` reads the stored values (a migrating serializer), by default the table's."""
         pending = self.states.pop(table.meta.name, None)
         if pending is None:
             return False
         codec = StateCodec(
-            key_serializer, table.meta.namespace_serializer, table.meta.state_serializer
+            key_serializer, table.meta.namespace_serializer, reader or table.meta.state_serializer
         )
         maps = table.key_group_maps()
         for index, block in enumerate(pending.blocks):
             if block is not None:
-                _put_section(maps[index], codec, block.data, None, table.meta.name, index)
+                kg = self._start + index
+                _put_section(maps[index], codec, block.data, None, table.meta.name, kg)
         return True
+
+
+#: what decoding (and migrating) entries that do not fit the declared types raises
+_UNREADABLE = (
+    msgspec.ValidationError,
+    msgspec.DecodeError,
+    ValueError,
+    TypeError,
+    KeyError,
+    IndexError,
+)
 
 
 def _put_section(
@@ -227,7 +258,7 @@ def _put_section(
         if removed is not None:
             gone_keys, gone_nss = codec.decode_removed(removed)
             gone = (gone_keys, expand_namespaces(gone_nss, len(gone_keys)))
-    except (msgspec.ValidationError, msgspec.DecodeError, ValueError) as exc:
+    except _UNREADABLE as exc:
         raise StateMigrationException(
             f"state {state_name!r}, key group {key_group}: the checkpointed entries cannot be "
             f"read with the declared serializers ({exc})"
@@ -341,12 +372,7 @@ class HeapRestoreOperation:
                 f"has max_parallelism={backend.max_parallelism}; the number of key groups is "
                 "fixed for the life of a job"
             )
-        compat = backend.key_serializer.resolve_compatibility(f.key_serializer)
-        if compat.is_incompatible:
-            raise StateMigrationException(
-                f"{f.path}: the key serializer {backend.key_serializer!r} cannot read keys "
-                f"written by {f.key_serializer}"
-            )
+        check_key_type(f.key_serializer, backend.key_serializer, str(f.path))
 
     def _plan(
         self,

@@ -362,6 +362,15 @@ class RocksDBInstance:
     def column_family_names(self) -> list[str]:
         return list(self._column_families)
 
+    def drop_column_family(self, name: str) -> None:
+        """Drop the column family of state ``name`` with its data (a renamed state's old one,
+        once copied); nothing if there is none."""
+        cf = self._column_families.pop(name, None)
+        if cf is None:
+            return
+        cf.detach()
+        self.db.drop_column_family(name)
+
     def new_batch(self) -> WriteBatch:
         return WriteBatch(raw_mode=True)
 

@@ -31,6 +31,7 @@ from typing import Any
 
 import google_crc32c
 
+from streamstate.backends.base import check_key_type
 from streamstate.backends.rocksdb.incremental import IncrementalManifest, IncrementalStateHandle
 from streamstate.backends.rocksdb.instance import ColumnFamily, RocksDBInstance, open_read_only
 from streamstate.backends.rocksdb.keys import KeyLayout, key_group_bound
@@ -42,7 +43,6 @@ from streamstate.errors import (
     CorruptCheckpointError,
     MaxParallelismMismatchError,
     StateBackendError,
-    StateMigrationException,
 )
 from streamstate.format.meta import StateMetaSnapshot
 from streamstate.format.restore import KeyedStateRestore, RestoredBlock
@@ -52,9 +52,11 @@ from streamstate.serializers.base import TypeSerializer
 __all__ = [
     "NativeRestoreFile",
     "NativeSnapshotFile",
+    "copy_column_family",
     "download_snapshot",
     "load_manifest",
     "migrate_column_family",
+    "migrate_values",
     "restore_incremental",
 ]
 
@@ -131,11 +133,7 @@ def check_compatible(
             f"with max_parallelism={backend.max_parallelism}; the number of key groups cannot "
             "change"
         )
-    if not backend.key_serializer.resolve_compatibility(key_serializer).is_compatible_as_is:
-        raise StateMigrationException(
-            f"{where}: the key serializer {backend.key_serializer!r} cannot read keys written by "
-            f"{key_serializer}; RocksDB stores keys serialized, so it must be compatible as is"
-        )
+    check_key_type(key_serializer, backend.key_serializer, where)
 
 
 def check_fresh(backend: RocksDBParts) -> None:
@@ -308,5 +306,53 @@ def migrate_column_family(
         for raw_key, raw_value in cf.scan(b"", None):
             batch.put(raw_key, new.serialize(old.deserialize(raw_value)), handle)
             n += 1
+    instance.write(batch)
+    return n
+
+
+def migrate_values(
+    instance: RocksDBInstance,
+    cf: ColumnFamily,
+    reader: TypeSerializer[Any],
+    new: TypeSerializer[Any],
+) -> int:
+    """Rewrite every value of ``cf`` read by ``reader`` (a migrating serializer: old bytes to
+    new values) with ``new`` (a map state's: one entry per mapping, its key kept as it is).
+    Written in batches of ``restore_batch_bytes``; returns the entries rewritten."""
+    limit = instance.config.restore_batch_bytes
+    handle = cf.handle
+    read, write = reader.deserialize, new.serialize
+    batch = instance.new_batch()
+    n = size = 0
+    for raw_key, raw_value in cf.scan(b"", None):
+        value = write(read(raw_value))
+        batch.put(raw_key, value, handle)
+        n += 1
+        size += len(raw_key) + len(value)
+        if size >= limit:
+            instance.write(batch)
+            batch = instance.new_batch()
+            size = 0
+    instance.write(batch)
+    return n
+
+
+def copy_column_family(
+    instance: RocksDBInstance, source: ColumnFamily, target: ColumnFamily
+) -> int:
+    """Copy every entry of ``source`` into ``target`` (a renamed state), in batches of
+    ``restore_batch_bytes``; returns the entries copied."""
+    limit = instance.config.restore_batch_bytes
+    handle = target.handle
+    batch = instance.new_batch()
+    n = size = 0
+    for key, value in source.scan(b"", None):
+        batch.put(key, value, handle)
+        n += 1
+        size += len(key) + len(value)  # type: ignore[arg-type]
+        if size >= limit:
+            instance.write(batch)
+            batch = instance.new_batch()
+            size = 0
     instance.write(batch)
     return n

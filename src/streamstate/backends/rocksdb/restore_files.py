@@ -19,7 +19,7 @@ The entries are decoded with the canonical format's codec (``streamstate.format`
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -52,6 +52,8 @@ class BlockWriter:
         kind: str,
         namespace_serializer: TypeSerializer[Any],
         state_serializer: TypeSerializer[Any],
+        *,
+        reader: TypeSerializer[Any] | None = None,
     ) -> None:
         self.name = name
         self.instance = backend.instance
@@ -65,7 +67,9 @@ class BlockWriter:
             has_user_key=self.is_map,
         )
         self.serializer = state_serializer
-        self.codec = StateCodec(backend.key_serializer, namespace_serializer, state_serializer)
+        self.codec = StateCodec(
+            backend.key_serializer, namespace_serializer, reader or state_serializer
+        )
         self.kg_bytes = self.layout.kg_bytes
         #: key groups already written (a later full block of one replaces it)
         self.written: set[int] = set()
@@ -83,7 +87,7 @@ class BlockWriter:
                 gone = list(
                     zip(gone_keys, expand_namespaces(gone_nss, len(gone_keys)), strict=True)
                 )
-        except (msgspec.ValidationError, msgspec.DecodeError, ValueError) as exc:
+        except (msgspec.ValidationError, msgspec.DecodeError, ValueError, TypeError) as exc:
             raise CorruptCheckpointError(
                 f"{where}: state {self.name!r}, key group {kg}: the entries cannot be read with "
                 f"the declared serializers ({exc})"
@@ -183,17 +187,20 @@ def restore_deferred_state(
     kind: str,
     namespace_serializer: TypeSerializer[Any],
     state_serializer: TypeSerializer[Any],
+    reader: TypeSerializer[Any] | None = None,
 ) -> int:
-    """Decode a deferred state's blocks with the program's serializers (on registration)."""
-    files: Iterable[KeyedStateRestore] = backend.restored.take_deferred(name)
-    writer = BlockWriter(backend, name, kind, namespace_serializer, state_serializer)
+    """Decode a deferred state's blocks with the program's serializers (on registration);
+    ``reader`` reads the stored values (a migrating serializer), by default
+    ``state_serializer``."""
+    files, source = backend.restored.take_deferred(name)
+    writer = BlockWriter(backend, name, kind, namespace_serializer, state_serializer, reader=reader)
     instance = backend.instance
     batch = instance.new_batch()
     written = 0
     try:
         for f in files:
             for block in f.blocks():
-                if block.state.name == name:
+                if block.state.name == source:
                     count, batch = writer.apply(batch, block, str(f.path))
                     written += count
     except CorruptCheckpointError as exc:
