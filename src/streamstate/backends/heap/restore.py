@@ -35,6 +35,7 @@ from streamstate.errors import (
 from streamstate.format.codec import StateCodec
 from streamstate.format.meta import StateMetaInfo, StateMetaSnapshot
 from streamstate.format.restore import (
+    EncodedKeyGroup,
     KeyedStateRestore,
     RestoredSerializer,
     expand_namespaces,
@@ -81,64 +82,6 @@ class HeapRestoreTarget(Protocol):
     def install_pending_restore(self, pending: RestoredRawStates) -> None: ...
 
     def reset_change_tracking(self) -> None: ...
-
-
-_ENCODER = msgspec.msgpack.Encoder()
-_RAW_SECTION = msgspec.msgpack.Decoder(
-    tuple[list[msgspec.Raw], list[msgspec.Raw], list[msgspec.Raw]]
-)
-_RAW_REMOVED = msgspec.msgpack.Decoder(tuple[list[msgspec.Raw], list[msgspec.Raw]])
-
-
-class _RawKeyGroup:
-    """The merged, still-encoded entries of one state in one key group."""
-
-    __slots__ = ("encoded", "merged")
-
-    def __init__(self) -> None:
-        self.encoded: EncodedEntries | None = None
-        #: (key bytes, namespace bytes) -> state bytes, once a delta had to be merged in
-        self.merged: dict[tuple[bytes, bytes], bytes] | None = None
-
-    def apply(self, count: int, entries: bytes, removed: bytes | None) -> None:
-        if removed is None:  # replacement
-            self.encoded = EncodedEntries(bytes(entries), count)
-            self.merged = None
-            return
-        merged = self._materialize()
-        keys, nss, states = _RAW_SECTION.decode(entries)
-        for k, ns, s in zip(keys, expand_namespaces(nss, len(keys)), states, strict=True):
-            merged[(bytes(k), bytes(ns))] = bytes(s)
-        gone_keys, gone_nss = _RAW_REMOVED.decode(removed)
-        for k, ns in zip(gone_keys, expand_namespaces(gone_nss, len(gone_keys)), strict=True):
-            merged.pop((bytes(k), bytes(ns)), None)
-
-    def _materialize(self) -> dict[tuple[bytes, bytes], bytes]:
-        if self.merged is None:
-            self.merged = {}
-            if self.encoded is not None and self.encoded.count:
-                keys, nss, states = _RAW_SECTION.decode(self.encoded.data)
-                for k, ns, s in zip(keys, expand_namespaces(nss, len(keys)), states, strict=True):
-                    self.merged[(bytes(k), bytes(ns))] = bytes(s)
-            self.encoded = None
-        return self.merged
-
-    def result(self) -> EncodedEntries | None:
-        if self.merged is not None:
-            if not self.merged:
-                return None
-            items = list(self.merged.items())
-            data = _ENCODER.encode(
-                (
-                    [msgspec.Raw(k) for (k, _), _ in items],
-                    [msgspec.Raw(ns) for (_, ns), _ in items],
-                    [msgspec.Raw(s) for _, s in items],
-                )
-            )
-            return EncodedEntries(data, len(items))
-        if self.encoded is None or not self.encoded.count:
-            return None
-        return self.encoded
 
 
 class _PendingState:
@@ -294,7 +237,7 @@ class HeapRestoreOperation:
         kg_start = backend.key_group_range.start
         n = len(backend.key_group_range)
         pending = RestoredRawStates(kg_start, n)
-        raw: dict[str, list[_RawKeyGroup | None]] = {}
+        raw: dict[str, list[EncodedKeyGroup | None]] = {}
         timers = TimerRestore(self.timer_queues, backend.key_serializer)
         plans: dict[str, tuple[str, Any]] = {}
         gc_was_enabled = gc.isenabled()
@@ -334,7 +277,7 @@ class HeapRestoreOperation:
                         slots = raw.setdefault(name, [None] * n)
                         slot = slots[index]
                         if slot is None:
-                            slot = slots[index] = _RawKeyGroup()
+                            slot = slots[index] = EncodedKeyGroup()
                         try:
                             slot.apply(block.count, block.entries, block.removed)
                         except (msgspec.DecodeError, ValueError) as exc:
