@@ -136,9 +136,8 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         else:
             if migrating:
                 assert isinstance(reader, MigratingSerializer)
-                factory = _map_factory(self.table_kind, state_serializer, self.incremental)
                 try:
-                    table.rebuild(factory, reader.convert_values)
+                    table.replace_states(reader.convert_values)
                 except (msgspec.ValidationError, msgspec.DecodeError, ValueError) as exc:
                     raise StateMigrationException(
                         f"state {name!r}: the checkpointed values cannot be migrated to "

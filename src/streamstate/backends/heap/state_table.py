@@ -129,27 +129,13 @@ class StateTable:
         """The maps of the key groups, in key-group order (without the guard)."""
         return self.maps[:-1]
 
-    def rebuild(
-        self, map_factory: Callable[[], StateMap], convert: Callable[[list[Any]], list[Any]]
-    ) -> None:
-        """Replace every key group's map by a new one (``map_factory``) holding the same entries
-        with their states passed through ``convert`` (a whole column at a time): a restored
-        state migrating to a new type. O(entries); all or nothing (the table is unchanged if
-        ``convert`` raises)."""
-        rebuilt: list[StateMap] = []
-        for m in self.maps[:-1]:
-            keys: list[Any] = []
-            namespaces: list[Any] = []
-            states: list[Any] = []
-            for key, namespace, state in m:
-                keys.append(key)
-                namespaces.append(namespace)
-                states.append(state)
-            fresh = map_factory()
-            if keys:
-                fresh.put_all(keys, namespaces, convert(states))
-            rebuilt.append(fresh)
-        self.maps[:-1] = rebuilt
+    def replace_states(self, convert: Callable[[list[Any]], list[Any]]) -> None:
+        """Replace every entry's state by its image under ``convert`` (applied to a column of
+        states at a time): a restored state migrating to a new type. O(entries); all or
+        nothing (every key group is converted before any changes)."""
+        commits = [m.replace_states(convert) for m in self.maps[:-1]]
+        for commit in commits:
+            commit()
 
     def snapshot_maps(self) -> list[StateMapSnapshot]:
         """One snapshot per key group, in key-group order (the synchronous phase)."""

@@ -47,7 +47,7 @@ from streamstate.format.restore import KeyedStateRestore
 from streamstate.keygroups import KeyGroupRange
 from streamstate.serializers import describe_snapshot, serializer_from_snapshot
 from streamstate.serializers.base import TypeSerializer
-from streamstate.serializers.migration import migrating_serializer
+from streamstate.serializers.migration import MigratingSerializer, migrating_serializer
 
 if TYPE_CHECKING:
     from streamstate.backends.decorators.ttl_cleanup import TtlCleanupHook
@@ -187,7 +187,9 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         reader = migrating_serializer(values_old, values_new, now=self.clock.now())
         if reader is values_new:
             return  # read as it is
-        if reader is None:  # no schema: the serializer's own rules, and its own old bytes
+        if isinstance(reader, MigratingSerializer) and reader.reads_stored_bytes:
+            return  # the new serializer reads every old value from its bytes, as it is read
+        if not isinstance(reader, MigratingSerializer):  # no schema: the serializer's own rules
             compat = new.resolve_compatibility(old_snap)
             if compat.is_compatible_as_is:
                 return
@@ -203,7 +205,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             migrate_column_family(self.instance, cf, meta.kind, old, new, layout)
             return
         try:
-            migrate_values(self.instance, cf, reader, values_new)
+            migrate_values(self.instance, cf, reader)
         except (msgspec.ValidationError, msgspec.DecodeError, ValueError, TypeError) as exc:
             raise StateMigrationException(
                 f"state {name!r}: the checkpointed values cannot be migrated to "

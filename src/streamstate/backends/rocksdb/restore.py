@@ -23,6 +23,7 @@ group.
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 from abc import abstractmethod
@@ -48,6 +49,10 @@ from streamstate.format.meta import StateMetaSnapshot
 from streamstate.format.restore import KeyedStateRestore, RestoredBlock
 from streamstate.keygroups import KeyGroupRange
 from streamstate.serializers.base import TypeSerializer
+from streamstate.serializers.migration import MigratingSerializer
+
+#: values converted per call when a state migrates (bench/migration.py)
+_MIGRATION_CHUNK = 4_096
 
 __all__ = [
     "NativeRestoreFile",
@@ -310,31 +315,34 @@ def migrate_column_family(
     return n
 
 
-def migrate_values(
-    instance: RocksDBInstance,
-    cf: ColumnFamily,
-    reader: TypeSerializer[Any],
-    new: TypeSerializer[Any],
-) -> int:
-    """Rewrite every value of ``cf`` read by ``reader`` (a migrating serializer: old bytes to
-    new values) with ``new`` (a map state's: one entry per mapping, its key kept as it is).
-    Written in batches of ``restore_batch_bytes``; returns the entries rewritten."""
+def migrate_values(instance: RocksDBInstance, cf: ColumnFamily, reader: MigratingSerializer) -> int:
+    """Rewrite every value of ``cf`` (a map state's: one entry per mapping, its key kept as it
+    is) from the old serializer's bytes to the new one's, ``reader`` converting a chunk of
+    values at a time; written in batches of ``restore_batch_bytes``. Returns the entries
+    rewritten."""
     limit = instance.config.restore_batch_bytes
     handle = cf.handle
-    read, write = reader.deserialize, new.serialize
+    convert = reader.convert_stored
     batch = instance.new_batch()
     n = size = 0
-    for raw_key, raw_value in cf.scan(b"", None):
-        value = write(read(raw_value))
-        batch.put(raw_key, value, handle)
-        n += 1
-        size += len(raw_key) + len(value)
+    items = cf.items()
+    while chunk := list(itertools.islice(items, _MIGRATION_CHUNK)):
+        keys = [k for k, _ in chunk]
+        size += _put_all(batch, handle, keys, convert([v for _, v in chunk]))
+        n += len(keys)
         if size >= limit:
             instance.write(batch)
-            batch = instance.new_batch()
-            size = 0
+            batch, size = instance.new_batch(), 0
     instance.write(batch)
     return n
+
+
+def _put_all(batch: Any, handle: Any, keys: list[bytes], values: list[bytes]) -> int:
+    """Put every pair into ``batch``; returns their bytes."""
+    put = batch.put
+    for key, value in zip(keys, values, strict=True):
+        put(key, value, handle)
+    return sum(map(len, keys)) + sum(map(len, values))
 
 
 def copy_column_family(
