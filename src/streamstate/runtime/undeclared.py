@@ -8,8 +8,8 @@ code, still finds them). Nothing reads them, though: a state renamed without its
 entries, in one :class:`~streamstate.errors.UndeclaredStateWarning`.
 
 >>> print(undeclared_message("keyed-process", {"minute-counts": 1122}))  # doctest: +ELLIPSIS
-operator 'keyed-process': the checkpoint holds keyed state the program does not declare: \
-'minute-counts' (1,122 entries). It is kept, unread, ...
+operator 'keyed-process': the checkpoint holds keyed state the program does not declare when \
+it opens: 'minute-counts' (1,122 entries). It is kept, unread, ...
 """
 
 from __future__ import annotations
@@ -29,10 +29,11 @@ def undeclared_message(operator: str, counts: Mapping[str, int]) -> str:
     )
     return (
         f"operator {operator!r}: the checkpoint holds keyed state the program does not "
-        f"declare: {states}. It is kept, unread, in every later checkpoint. If a state was "
-        "renamed, declare it with previous_name=<its old name> to keep its entries (docs: "
-        '"Upgrading a job"); a state that is gone for good can be dropped with a savepoint '
-        "rewrite"
+        f"declare when it opens: {states}. It is kept, unread, in every later checkpoint. If "
+        "a state was renamed, declare it with previous_name=<its old name> to keep its entries "
+        '(docs: "Upgrading a job"); a state that is gone for good can be dropped with a '
+        "savepoint rewrite; a state the function creates later, on its first use (a window "
+        "trigger's, say), is read again once it does"
     )
 
 
