@@ -9,8 +9,8 @@ snapshot) and restores again, at another parallelism. A refused change raises
 ``StateMigrationException`` at the restore naming the state, both types in the user's words and
 the remedy; the old code then still restores the checkpoint, values intact.
 
-Backends: heap with full checkpoints, heap with incremental checkpoints, RocksDB (native
-incremental checkpoints).
+Backends: heap with full checkpoints, heap with incremental checkpoints, RocksDB from its native
+incremental checkpoints, and RocksDB from a savepoint (the usual upgrade: canonical files).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from streamstate import ValueStateDescriptor
 from streamstate.backends.base import Clock
 from streamstate.backends.heap.factory import HeapStateBackend
 from streamstate.checkpoint.restore import keyed_file_restore
@@ -57,7 +58,9 @@ from support.evolution_types import (
 )
 
 KINDS = ("value", "list", "map", "reducing", "aggregating")
-BACKENDS = ("heap", "heap-incremental", "rocksdb")
+#: heap with full checkpoints, heap with incremental ones, RocksDB from its native checkpoint,
+#: RocksDB from a savepoint (canonical files: states wait in them until registered)
+BACKENDS = ("heap", "heap-incremental", "rocksdb", "rocksdb-savepoint")
 KEYS = [f"k{i}" for i in range(6)]
 WRITTEN_AT = 0  # the old job's processing time
 RESTORED_AT = 10_000  # the new job's, at the restore: later than WRITTEN_AT + TTL_MS
@@ -82,7 +85,7 @@ def _runner(
     clock: ManualClock | None = None,
     key_type: Any = None,
 ) -> LocalRunner:
-    state_backend: Any = "rocksdb" if backend == "rocksdb" else HeapStateBackend()
+    state_backend: Any = "rocksdb" if backend.startswith("rocksdb") else HeapStateBackend()
     return LocalRunner(
         Job(specs),
         key_selector=lambda r: r[0],
@@ -94,6 +97,11 @@ def _runner(
         clock=clock or ManualClock(WRITTEN_AT),
         key_type=key_type,
     )
+
+
+def _taken(runner: LocalRunner, backend: str) -> Any:
+    """The old job's checkpoint, or its savepoint."""
+    return runner.savepoint() if backend.endswith("savepoint") else runner.checkpoint()
 
 
 def _read(runner: LocalRunner, keys: list[Any]) -> dict[Any, dict[str, Any]]:
@@ -320,7 +328,7 @@ def test_a_compatible_change_restores_every_state_kind_migrated(
     if backend == "heap-incremental":  # a chain: a full snapshot, then a delta
         writer.checkpoint()
         writer.run(_writes(change, names)[:2], final_watermark=False)
-    first = writer.checkpoint()
+    first = _taken(writer, backend)
     writer.close()
 
     clock = ManualClock(change.restored_at)
@@ -361,7 +369,7 @@ def test_a_refused_change_names_the_state_and_types_and_leaves_the_checkpoint(
     old = [Spec(kind, kind, change.old) for kind in KINDS]
     writer = _runner(old, backend, storage)
     writer.run(_writes(change, names), final_watermark=False)
-    first = writer.checkpoint()
+    first = _taken(writer, backend)
     writer.close()
 
     for kind in KINDS:
@@ -393,7 +401,7 @@ def test_a_changed_key_type_is_refused_at_the_restore(backend: str, tmp_path: Pa
     old = [Spec(kind, kind, int) for kind in KINDS]
     writer = _runner(old, backend, storage)
     writer.run(_writes(change, names), final_watermark=False)
-    first = writer.checkpoint()
+    first = _taken(writer, backend)
     writer.close()
     runner = _runner(old, backend, storage, key_type=int)
     with pytest.raises(StateMigrationException) as e:
@@ -422,7 +430,7 @@ def test_a_state_renamed_with_its_previous_name_keeps_its_entries(
     writer.run(_writes(change, old_names), final_watermark=False)
     if backend == "heap-incremental":
         writer.checkpoint()
-    first = writer.checkpoint()
+    first = _taken(writer, backend)
     writer.close()
     reader = _runner(new, backend, storage)
     with warnings.catch_warnings():
@@ -447,7 +455,7 @@ def test_states_no_longer_declared_are_kept_and_reported_once(backend: str, tmp_
     old = [Spec(kind, kind, change.old) for kind in KINDS]
     writer = _runner(old, backend, storage)
     writer.run(_writes(change, names), final_watermark=False)
-    first = writer.checkpoint()
+    first = _taken(writer, backend)
     writer.close()
     # the new code declares only the value state, under a new name without previous_name
     renamed = [Spec("value-v2", "value", change.old)]
@@ -468,3 +476,12 @@ def test_states_no_longer_declared_are_kept_and_reported_once(backend: str, tmp_
     back.restore(second)
     assert not _mismatches(_read(back, KEYS), lambda k, i: _old_value(change, k, i), names)
     back.close()
+
+
+def test_a_previous_name_must_differ_from_the_name() -> None:
+    from streamstate.errors import InvalidStateNameError
+
+    with pytest.raises(InvalidStateNameError, match="previous_name must differ"):
+        ValueStateDescriptor("a", int, previous_name="a")
+    with pytest.raises(InvalidStateNameError, match="previous state name"):
+        ValueStateDescriptor("a", int, previous_name="x/y")

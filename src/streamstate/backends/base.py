@@ -25,6 +25,7 @@ from streamstate.errors import (
     StateAccessError,
     StateBackendError,
     StateMigrationException,
+    StreamStateError,
     UnsupportedKeyTypeError,
 )
 from streamstate.format.meta import StateMetaSnapshot
@@ -436,14 +437,19 @@ class KeyedStateBackend(ABC):
         reader = migrating_serializer(meta.state_serializer, serializer, now=self.clock.now())
         return serializer if reader is None else reader
 
-    def undeclared_states(self) -> dict[str, int]:
+    def undeclared_states(self) -> dict[str, int | None]:
         """The restored keyed states the program has not registered, each with its entries
-        (one per key and namespace): carried into every checkpoint, unread. Timers aside."""
-        return {
-            name: self.num_entries(name)
-            for name in sorted(self._restored_meta)
-            if name not in self._states
-        }
+        (one per key and namespace; None when they cannot be counted without the program's
+        serializers): carried into every checkpoint, unread. Timers aside."""
+        out: dict[str, int | None] = {}
+        for name in sorted(self._restored_meta):
+            if name in self._states:
+                continue
+            try:
+                out[name] = self.num_entries(name)
+            except StreamStateError:
+                out[name] = None
+        return out
 
     def restored_state_meta(self, name: str) -> StateMetaSnapshot | None:
         """What the restored checkpoint says about state ``name`` (the snapshot form of its meta

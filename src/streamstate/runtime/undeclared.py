@@ -22,11 +22,10 @@ from streamstate.errors import UndeclaredStateWarning
 __all__ = ["merge_counts", "undeclared_message", "warn_undeclared_states"]
 
 
-def undeclared_message(operator: str, counts: Mapping[str, int]) -> str:
-    """The warning's text for the undeclared states ``counts`` (name → entries)."""
-    states = ", ".join(
-        f"{name!r} ({n:,} {'entry' if n == 1 else 'entries'})" for name, n in sorted(counts.items())
-    )
+def undeclared_message(operator: str, counts: Mapping[str, int | None]) -> str:
+    """The warning's text for the undeclared states ``counts`` (name → entries, None when
+    not counted)."""
+    states = ", ".join(f"{name!r} ({_entries(n)})" for name, n in sorted(counts.items()))
     return (
         f"operator {operator!r}: the checkpoint holds keyed state the program does not "
         f"declare when it opens: {states}. It is kept, unread, in every later checkpoint. If "
@@ -37,18 +36,25 @@ def undeclared_message(operator: str, counts: Mapping[str, int]) -> str:
     )
 
 
-def merge_counts(parts: Iterable[Mapping[str, int]]) -> dict[str, int]:
-    """The entries per state over every subtask."""
-    total: dict[str, int] = {}
+def _entries(n: int | None) -> str:
+    if n is None:
+        return "entries not counted"
+    return f"{n:,} {'entry' if n == 1 else 'entries'}"
+
+
+def merge_counts(parts: Iterable[Mapping[str, int | None]]) -> dict[str, int | None]:
+    """The entries per state over every subtask (None if a subtask could not count them)."""
+    total: dict[str, int | None] = {}
     for part in parts:
         for name, n in part.items():
-            total[name] = total.get(name, 0) + n
+            before = total.get(name, 0)
+            total[name] = None if before is None or n is None else before + n
     return total
 
 
-def warn_undeclared_states(operator: str, counts: Mapping[str, int]) -> None:
+def warn_undeclared_states(operator: str, counts: Mapping[str, int | None]) -> None:
     """Warn once about the undeclared states of ``counts`` that hold entries (an empty one
     loses nothing; nothing is said when none holds any)."""
-    holding = {name: n for name, n in counts.items() if n}
+    holding = {name: n for name, n in counts.items() if n != 0}
     if holding:
         warnings.warn(undeclared_message(operator, holding), UndeclaredStateWarning, stacklevel=3)

@@ -36,7 +36,11 @@ from streamstate.backends.rocksdb.restore import (
     migrate_values,
     restore_incremental,
 )
-from streamstate.backends.rocksdb.restore_files import restore_deferred_state, restore_files
+from streamstate.backends.rocksdb.restore_files import (
+    materialize_deferred_state,
+    restore_deferred_state,
+    restore_files,
+)
 from streamstate.backends.rocksdb.restored import RestoredStates
 from streamstate.backends.rocksdb.snapshot import RocksDBKeyedStateSnapshot, take_snapshot
 from streamstate.backends.rocksdb.states import STATE_FACTORIES, CurrentKeyBytes
@@ -255,6 +259,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         restored = self.restored.state(name)
         if restored is None:
             return None
+        if self.restored.is_deferred(name):  # still in its files: written as they stored it
+            materialize_deferred_state(self, name)
         try:
             ns_serializer = serializer_from_snapshot(restored.namespace_serializer)
         except Exception as exc:
