@@ -121,7 +121,7 @@ def resolve_schema_change(old: Any, new: Any) -> SchemaChange:
     >>> old = {"type": "list", "element": {"type": "int64"}}
     >>> new = {"type": "list", "element": {"type": "ttl_value", "inner": {"type": "float64"}}}
     >>> change = resolve_schema_change(old, new)
-    >>> change.changes, change.direct
+    >>> change.describe(), change.direct
     ('time-to-live turned on (entries count as accessed at the restore); int → float', False)
     >>> change.converter()([1, 2], 7)
     [[7, 1], [7, 2]]

@@ -108,11 +108,9 @@ class StructSerializer(TypeSerializer[Any]):
             )
         self.cls = cls
         self.value_class = cls
-        #: the record's schema as stored in the snapshot (None for a type msgspec encodes that
-        #: has none: an extension type)
-        self._schema: dict[str, Any] | None = None
-        with contextlib.suppress(TypeError):
-            self._schema = schema_to_builtins(schema_of_type(cls))
+        #: the record's schema as the snapshot stores it, made on first use (None for a type
+        #: msgspec encodes that has none: an extension type)
+        self._schema: dict[str, Any] | None | bool = False
         self.immutable = _is_frozen(cls) and _all_fields_immutable(cls)
 
     @property
@@ -132,7 +130,11 @@ class StructSerializer(TypeSerializer[Any]):
 
     def params(self) -> dict[str, Any]:
         out: dict[str, Any] = {"class": _qualified_name(self.cls)}
-        if self._schema is not None:
+        if self._schema is False:  # once: a serializer may be made per use, its schema not
+            self._schema = None
+            with contextlib.suppress(TypeError):
+                self._schema = schema_to_builtins(schema_of_type(self.cls))
+        if isinstance(self._schema, dict):
             out["schema"] = self._schema
         return out
 
