@@ -99,9 +99,18 @@ def _runner(
     )
 
 
-def _taken(runner: LocalRunner, backend: str) -> Any:
-    """The old job's checkpoint, or its savepoint."""
-    return runner.savepoint() if backend.endswith("savepoint") else runner.checkpoint()
+def _written(change: Change, old: list[Spec], backend: str, storage: Any) -> Any:
+    """The old job's checkpoint (a heap chain: a full snapshot, then a delta), or savepoint,
+    of every key's values."""
+    names = {spec.kind: spec.name for spec in old}
+    writer = _runner(old, backend, storage)
+    writer.run(_writes(change, names), final_watermark=False)
+    if backend == "heap-incremental":
+        writer.checkpoint()
+        writer.run(_writes(change, names)[:2], final_watermark=False)
+    taken = writer.savepoint() if backend.endswith("savepoint") else writer.checkpoint()
+    writer.close()
+    return taken
 
 
 def _read(runner: LocalRunner, keys: list[Any]) -> dict[Any, dict[str, Any]]:
@@ -323,13 +332,7 @@ def test_a_compatible_change_restores_every_state_kind_migrated(
     storage = FileSystemCheckpointStorage(str(tmp_path))
     old = [Spec(kind, kind, change.old, change.old_ttl) for kind in KINDS]
     new = [Spec(kind, kind, change.new, change.new_ttl) for kind in KINDS]
-    writer = _runner(old, backend, storage)
-    writer.run(_writes(change, names), final_watermark=False)
-    if backend == "heap-incremental":  # a chain: a full snapshot, then a delta
-        writer.checkpoint()
-        writer.run(_writes(change, names)[:2], final_watermark=False)
-    first = _taken(writer, backend)
-    writer.close()
+    first = _written(change, old, backend, storage)
 
     clock = ManualClock(change.restored_at)
     reader = _runner(new, backend, storage, clock=clock)
@@ -367,10 +370,7 @@ def test_a_refused_change_names_the_state_and_types_and_leaves_the_checkpoint(
     names = {kind: kind for kind in KINDS}
     storage = FileSystemCheckpointStorage(str(tmp_path))
     old = [Spec(kind, kind, change.old) for kind in KINDS]
-    writer = _runner(old, backend, storage)
-    writer.run(_writes(change, names), final_watermark=False)
-    first = _taken(writer, backend)
-    writer.close()
+    first = _written(change, old, backend, storage)
 
     for kind in KINDS:
         runner = _runner([Spec(kind, kind, change.new)], backend, storage)
@@ -399,10 +399,7 @@ def test_a_changed_key_type_is_refused_at_the_restore(backend: str, tmp_path: Pa
     names = {kind: kind for kind in KINDS}
     storage = FileSystemCheckpointStorage(str(tmp_path))
     old = [Spec(kind, kind, int) for kind in KINDS]
-    writer = _runner(old, backend, storage)
-    writer.run(_writes(change, names), final_watermark=False)
-    first = _taken(writer, backend)
-    writer.close()
+    first = _written(change, old, backend, storage)
     runner = _runner(old, backend, storage, key_type=int)
     with pytest.raises(StateMigrationException) as e:
         runner.restore(first)
@@ -421,17 +418,11 @@ def test_a_state_renamed_with_its_previous_name_keeps_its_entries(
     backend: str, tmp_path: Path
 ) -> None:
     change = COMPATIBLE[4]  # and a record field added on the way
-    old_names = {kind: kind for kind in KINDS}
     new_names = {kind: f"{kind}-v2" for kind in KINDS}
     storage = FileSystemCheckpointStorage(str(tmp_path))
     old = [Spec(kind, kind, change.old) for kind in KINDS]
     new = [Spec(f"{kind}-v2", kind, change.new, previous_name=kind) for kind in KINDS]
-    writer = _runner(old, backend, storage)
-    writer.run(_writes(change, old_names), final_watermark=False)
-    if backend == "heap-incremental":
-        writer.checkpoint()
-    first = _taken(writer, backend)
-    writer.close()
+    first = _written(change, old, backend, storage)
     reader = _runner(new, backend, storage)
     with warnings.catch_warnings():
         warnings.simplefilter("error", UndeclaredStateWarning)
@@ -453,10 +444,7 @@ def test_states_no_longer_declared_are_kept_and_reported_once(backend: str, tmp_
     names = {kind: kind for kind in KINDS}
     storage = FileSystemCheckpointStorage(str(tmp_path))
     old = [Spec(kind, kind, change.old) for kind in KINDS]
-    writer = _runner(old, backend, storage)
-    writer.run(_writes(change, names), final_watermark=False)
-    first = _taken(writer, backend)
-    writer.close()
+    first = _written(change, old, backend, storage)
     # the new code declares only the value state, under a new name without previous_name
     renamed = [Spec("value-v2", "value", change.old)]
     reader = _runner(renamed, backend, storage, parallelism=2)
