@@ -110,7 +110,7 @@ class StructSerializer(TypeSerializer[Any]):
         self.value_class = cls
         #: the record's schema as the snapshot stores it, made on first use (None for a type
         #: msgspec encodes that has none: an extension type)
-        self._schema: dict[str, Any] | None | bool = False
+        self._schema: dict[str, Any] | bool | None = False
         self.immutable = _is_frozen(cls) and _all_fields_immutable(cls)
 
     @property
