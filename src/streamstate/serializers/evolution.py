@@ -523,9 +523,16 @@ def _record_converter(
                 out[new_tag[0]] = new_tag[1]
             return out
         values: list[Any] = []
-        for wire, _ in sorted(order.items(), key=lambda item: item[1]):
-            if wire not in out:
-                break  # the rest take their defaults
+        wires = [wire for wire, _ in sorted(order.items(), key=lambda item: item[1])]
+        for j, wire in enumerate(wires):
+            if wire not in out:  # the rest take their defaults, if none of them is stored
+                later = [w for w in wires[j + 1 :] if w in out]
+                if later:
+                    raise ValueError(
+                        f"record {new.name}: field {wire!r} is not stored (its default was left "
+                        f"out) but {later[0]!r}, after it, is: an array-like record needs both"
+                    )
+                break
             values.append(out[wire])
         return [new_tag[1], *values] if new_tag is not None else values
 
