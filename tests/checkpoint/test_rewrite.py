@@ -55,7 +55,7 @@ def test_a_key_type_and_record_type_rewrite_continues_as_a_replay_of_the_new_cod
     backend: str, tmp_path: Path
 ) -> None:
     before, after = payment_records(7, 6, 0), payment_records(7, 5, 1_000)
-    storage = FileSystemCheckpointStorage(str(tmp_path / "old"))
+    storage = FileSystemCheckpointStorage(str(tmp_path / "old"), durable=False)
     old = _runner(Payments(), backend, storage, 2)
     old.run(before, final_watermark=False)
     checkpoint = old.checkpoint()
@@ -81,13 +81,21 @@ def test_a_key_type_and_record_type_rewrite_continues_as_a_replay_of_the_new_cod
     assert savepoint.is_savepoint
 
     new = _runner(
-        PaymentsV2(), backend, FileSystemCheckpointStorage(str(tmp_path / "new")), 3, key_type=int
+        PaymentsV2(),
+        backend,
+        FileSystemCheckpointStorage(str(tmp_path / "new"), durable=False),
+        3,
+        key_type=int,
     )
     new.restore(savepoint)
     continued = new.run(after)
     restored_state = new
     replay = _runner(
-        PaymentsV2(), backend, FileSystemCheckpointStorage(str(tmp_path / "r")), 1, key_type=int
+        PaymentsV2(),
+        backend,
+        FileSystemCheckpointStorage(str(tmp_path / "r"), durable=False),
+        1,
+        key_type=int,
     )
     replay.run([(int(r[0]), *r[1:]) for r in before], final_watermark=False)
     replayed = replay.run([(int(r[0]), *r[1:]) for r in after])
@@ -126,7 +134,7 @@ def _operator_files(checkpoint: Any) -> list[bytes]:
 def test_what_a_rewrite_does_not_touch_is_carried_byte_for_byte(
     backend: str, tmp_path: Path
 ) -> None:
-    storage = FileSystemCheckpointStorage(str(tmp_path / "old"))
+    storage = FileSystemCheckpointStorage(str(tmp_path / "old"), durable=False)
     old = _runner(Payments(), backend, storage, 2)
     old.run(payment_records(9, 4, 0), final_watermark=False)
     source = old.savepoint()
@@ -158,7 +166,9 @@ def test_what_a_rewrite_does_not_touch_is_carried_byte_for_byte(
             super().open(ctx)
             self.recent = ctx.get_list_state(ListStateDescriptor("recent-amounts", int))
 
-    reader = _runner(Renamed(), backend, FileSystemCheckpointStorage(str(tmp_path / "n")), 3)
+    reader = _runner(
+        Renamed(), backend, FileSystemCheckpointStorage(str(tmp_path / "n"), durable=False), 3
+    )
     reader.restore(rewritten)
     got = _states(reader)
     reader.close()
@@ -173,7 +183,7 @@ def test_what_a_rewrite_does_not_touch_is_carried_byte_for_byte(
 
 
 def test_a_rewrite_names_what_it_cannot_do(tmp_path: Path) -> None:
-    storage = FileSystemCheckpointStorage(str(tmp_path / "old"))
+    storage = FileSystemCheckpointStorage(str(tmp_path / "old"), durable=False)
     old = _runner(Payments(), "heap", storage, 2)
     old.run(payment_records(5, 2, 0), final_watermark=False)
     source = old.checkpoint()

@@ -329,7 +329,7 @@ def test_a_compatible_change_restores_every_state_kind_migrated(
     change: Change, backend: str, tmp_path: Path
 ) -> None:
     names = {kind: kind for kind in KINDS}
-    storage = FileSystemCheckpointStorage(str(tmp_path))
+    storage = FileSystemCheckpointStorage(str(tmp_path), durable=False)
     old = [Spec(kind, kind, change.old, change.old_ttl) for kind in KINDS]
     new = [Spec(kind, kind, change.new, change.new_ttl) for kind in KINDS]
     first = _written(change, old, backend, storage)
@@ -368,7 +368,7 @@ def test_a_refused_change_names_the_state_and_types_and_leaves_the_checkpoint(
     change: Change, backend: str, tmp_path: Path
 ) -> None:
     names = {kind: kind for kind in KINDS}
-    storage = FileSystemCheckpointStorage(str(tmp_path))
+    storage = FileSystemCheckpointStorage(str(tmp_path), durable=False)
     old = [Spec(kind, kind, change.old) for kind in KINDS]
     first = _written(change, old, backend, storage)
 
@@ -397,7 +397,7 @@ def test_a_refused_change_names_the_state_and_types_and_leaves_the_checkpoint(
 def test_a_changed_key_type_is_refused_at_the_restore(backend: str, tmp_path: Path) -> None:
     change = COMPATIBLE[0]
     names = {kind: kind for kind in KINDS}
-    storage = FileSystemCheckpointStorage(str(tmp_path))
+    storage = FileSystemCheckpointStorage(str(tmp_path), durable=False)
     old = [Spec(kind, kind, int) for kind in KINDS]
     first = _written(change, old, backend, storage)
     runner = _runner(old, backend, storage, key_type=int)
@@ -419,7 +419,7 @@ def test_a_state_renamed_with_its_previous_name_keeps_its_entries(
 ) -> None:
     change = COMPATIBLE[4]  # and a record field added on the way
     new_names = {kind: f"{kind}-v2" for kind in KINDS}
-    storage = FileSystemCheckpointStorage(str(tmp_path))
+    storage = FileSystemCheckpointStorage(str(tmp_path), durable=False)
     old = [Spec(kind, kind, change.old) for kind in KINDS]
     new = [Spec(f"{kind}-v2", kind, change.new, previous_name=kind) for kind in KINDS]
     first = _written(change, old, backend, storage)
@@ -442,7 +442,7 @@ def test_a_state_renamed_with_its_previous_name_keeps_its_entries(
 def test_states_no_longer_declared_are_kept_and_reported_once(backend: str, tmp_path: Path) -> None:
     change = COMPATIBLE[4]
     names = {kind: kind for kind in KINDS}
-    storage = FileSystemCheckpointStorage(str(tmp_path))
+    storage = FileSystemCheckpointStorage(str(tmp_path), durable=False)
     old = [Spec(kind, kind, change.old) for kind in KINDS]
     first = _written(change, old, backend, storage)
     # the new code declares only the value state, under a new name without previous_name

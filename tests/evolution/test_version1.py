@@ -41,7 +41,7 @@ def _runner(cls: Any, backend: str, path: Path, p: int) -> LocalRunner:
         parallelism=p,
         max_parallelism=16,
         state_backend=backend,
-        checkpoint_storage=FileSystemCheckpointStorage(str(path)),
+        checkpoint_storage=FileSystemCheckpointStorage(str(path), durable=False),
     )
 
 

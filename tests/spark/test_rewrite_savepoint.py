@@ -24,7 +24,7 @@ def _runner(function: Any, backend: str, path: Path, p: int, **kw: Any) -> Local
         parallelism=p,
         max_parallelism=32,
         state_backend=backend,
-        checkpoint_storage=FileSystemCheckpointStorage(str(path)),
+        checkpoint_storage=FileSystemCheckpointStorage(str(path), durable=False),
         timestamp_assigner=lambda r: r[2],
         watermark_delay=10,
         **kw,
