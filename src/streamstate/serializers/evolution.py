@@ -2,36 +2,25 @@
 type a program declares now (SPEC §14.1).
 
 :func:`resolve_schema_change` compares two serializer snapshots by the schemas they describe
-(:mod:`~streamstate.serializers.schema`), never by a class's qualified name, and returns a
+(``streamstate.serializers.schema``), never by a class's qualified name, and returns a
 :class:`SchemaChange`: compatible as is, compatible after migration, or incompatible; what
 changed, in the words of Python type hints; and how to convert the stored values.
 
 The rules (the union of Flink 2.x's and Spark 4's):
 
-=========================================  ==================================================
-change                                     outcome
-=========================================  ==================================================
-same schema (a record renamed or moved     as is
-to another module, fields unchanged)
-record field added with a default,         after migration
-removed, or fields reordered
-``int`` → ``float``; ``str`` → ``bytes``;  after migration (widening), in record fields,
-``bytes`` → ``str`` (UTF-8); ``T`` →       values, list elements, map values, tuples and
-``T | None``, ``A`` → ``A | B``; an enum   nested records alike
-or ``Literal`` gaining values; any type
-→ ``Any``
-time-to-live turned on or off              after migration (entries turned on count as
-                                           accessed at the restore)
-anything else: a field added without a     incompatible
-default, a narrowing (``float`` → ``int``,
-``T | None`` → ``T``), another type
-(``str`` → ``int``), a map's key type,
-a container's kind
-=========================================  ==================================================
+* as is: the same schema (a record renamed or moved to another module with the same fields;
+  its fields reordered);
+* after migration: a record field added with a default, or removed; a widening: ``int`` →
+  ``float``, ``str`` → ``bytes``, ``bytes`` → ``str`` (UTF-8), ``T`` → ``T | None``, ``A`` →
+  ``A | B``, an enum or ``Literal`` gaining values, any type → ``Any``; in record fields, values,
+  list elements, map values, tuples and nested records alike; time-to-live turned on (entries
+  count as accessed at the restore) or off;
+* refused: a field added without a default, a narrowing (``float`` → ``int``, ``T | None`` →
+  ``T``), another type (``str`` → ``int``), a map's key type, a container's kind.
 
 Most migrations need no conversion of the stored bytes: msgpack data of the old type *is* data
 of the new one for msgspec (a map record with a field more or less, an ``int`` read as a
-``float``), so the new serializer reads it as it is (:attr:`SchemaChange.direct`). The others
+``float``), so the new serializer reads it as it is (``SchemaChange.direct``). The others
 (time-to-live turned on or off, ``str`` ↔ ``bytes``, a record's layout changed: array-like, tag,
 wire names) convert the decoded msgpack values first (:meth:`SchemaChange.converter`).
 
@@ -103,11 +92,11 @@ class SchemaChange:
     _convert: Converter | None = None
 
     def converter(self) -> Converter | None:
-        """The conversion of decoded old values (None when :attr:`direct`)."""
+        """The conversion of decoded old values (None when ``direct``)."""
         return self._convert
 
     def describe(self) -> str:
-        """The differences, refused ones first, separated by ``; ``."""
+        """The differences (the refused ones, if any), separated by semicolons."""
         return "; ".join(self.refused or self.changes)
 
 

@@ -2,7 +2,7 @@
 
 Values are msgpack-encoded and decoded against the class, so a checkpoint holds data only, never
 code. The snapshot (version 2) stores the record's schema field by field
-(:mod:`~streamstate.serializers.schema`), and compatibility is judged by it
+(``streamstate.serializers.schema``), and compatibility is judged by it
 (:mod:`~streamstate.serializers.evolution`): a field added with a default, removed, reordered or
 widened, or a class renamed or moved with the same fields, still reads old data. Version-1
 snapshots (the class's qualified name and each field's type as text) are read too.
