@@ -176,7 +176,8 @@ def migrating_serializer(
     """What reads values written under ``old`` as values of ``new``: ``new`` itself when it
     reads them as they are, a :class:`MigratingSerializer` when the rules of schema evolution
     say how to migrate them, None when neither snapshot describes a schema (the serializer's
-    own :meth:`~streamstate.serializers.base.TypeSerializer.resolve_compatibility` decides, and ``new`` reads the old bytes).
+    own :meth:`~streamstate.serializers.base.TypeSerializer.resolve_compatibility` decides,
+    and ``new`` reads the old bytes).
 
     Raises ``ValueError`` when the change is incompatible (the restore checks refused it
     before).
