@@ -64,7 +64,7 @@ LAYERS: list[list[list[str]]] = [
         ]
     ],
     [["streamstate.spark.host"], ["streamstate.spark.task"]],
-    [["streamstate.spark.driver"]],
+    [["streamstate.spark.driver", "streamstate.spark.offline"]],
     [["streamstate.spark"]],
     # the local cluster, Connect server and network namespaces: above every runtime module,
     # so none imports them

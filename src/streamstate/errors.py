@@ -26,6 +26,7 @@ __all__ = [
     "StateHostError",
     "StateMigrationException",
     "StreamStateError",
+    "UndeclaredStateWarning",
     "UnsupportedKeyTypeError",
     "UnsupportedStateTypeError",
 ]
@@ -62,6 +63,11 @@ class UnsupportedStateTypeError(StreamStateError, TypeError):
 
 class StateMigrationException(StreamStateError):
     """A restored state cannot be read with the serializer or kind the program now declares."""
+
+
+class UndeclaredStateWarning(UserWarning):
+    """A restored checkpoint holds keyed state the program no longer declares: it is carried
+    into every later checkpoint, unread (the warning names each such state and its entries)."""
 
 
 class PickleNotAllowedError(StateMigrationException):

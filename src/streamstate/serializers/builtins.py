@@ -228,6 +228,9 @@ class OptionalSerializer(MsgpackContainerSerializer):
         return {"inner": self.inner.snapshot()}
 
     def resolve_compatibility(self, old: SerializerSnapshot) -> Compatibility:
+        found = self.schema_compatibility(old)
+        if found is not None:
+            return found
         if old.get("type") == self.type_name:
             return self.inner.resolve_compatibility(old["inner"])
         inner = self.inner.resolve_compatibility(old)
@@ -271,6 +274,9 @@ class TupleSerializer(MsgpackContainerSerializer):
         return {"fields": [f.snapshot() for f in self.fields]}
 
     def resolve_compatibility(self, old: SerializerSnapshot) -> Compatibility:
+        found = self.schema_compatibility(old)
+        if found is not None:
+            return found
         if old.get("type") != self.type_name or len(old.get("fields", ())) != len(self.fields):
             return Compatibility.INCOMPATIBLE
         return _combine(
@@ -317,6 +323,9 @@ class ListSerializer(MsgpackContainerSerializer):
         return {"element": self.element.snapshot()}
 
     def resolve_compatibility(self, old: SerializerSnapshot) -> Compatibility:
+        found = self.schema_compatibility(old)
+        if found is not None:
+            return found
         if old.get("type") != self.type_name:
             return Compatibility.INCOMPATIBLE
         return self.element.resolve_compatibility(old["element"])
@@ -362,6 +371,9 @@ class DictSerializer(MsgpackContainerSerializer):
         return {"key": self.key.snapshot(), "value": self.value.snapshot()}
 
     def resolve_compatibility(self, old: SerializerSnapshot) -> Compatibility:
+        found = self.schema_compatibility(old)
+        if found is not None:
+            return found
         if old.get("type") != self.type_name:
             return Compatibility.INCOMPATIBLE
         return _combine(

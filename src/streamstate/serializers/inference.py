@@ -43,6 +43,8 @@ class VoidNamespaceSerializer(StructSerializer):
     """The serializer of :data:`~streamstate.namespace.VOID_NAMESPACE`."""
 
     type_name = "void_namespace"
+    #: built in: the snapshot keeps its first form (version 1)
+    version = 1
 
     def __init__(self) -> None:
         super().__init__(VoidNamespace)

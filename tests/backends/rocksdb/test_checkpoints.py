@@ -268,7 +268,7 @@ def test_key_serializer_must_stay_compatible(make_rocks: Any, store: Any) -> Non
     b = make_rocks()
     _fill([b], range(10), p=1)
     handles = checkpoint([b], store, 1)
-    with pytest.raises(StateMigrationException, match="key serializer"):
+    with pytest.raises(StateMigrationException, match="the key type was checkpointed as"):
         restore_native(make_rocks(key_type=str, name="r"), store, handles)
 
 

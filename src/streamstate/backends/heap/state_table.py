@@ -146,6 +146,14 @@ class StateTable:
         """The maps of the key groups, in key-group order (without the guard)."""
         return self.maps[:-1]
 
+    def replace_states(self, convert: Callable[[list[Any]], list[Any]]) -> None:
+        """Replace every entry's state by its image under ``convert`` (applied to a column of
+        states at a time): a restored state migrating to a new type. O(entries); all or
+        nothing (every key group is converted before any changes)."""
+        commits = [m.replace_states(convert) for m in self.maps[:-1]]
+        for commit in commits:
+            commit()
+
     def snapshot_maps(self) -> list[StateMapSnapshot]:
         """One snapshot per key group, in key-group order (the synchronous phase)."""
         return [m.snapshot() for m in self.maps[:-1]]

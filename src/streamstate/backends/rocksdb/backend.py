@@ -13,6 +13,8 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from streamstate.api.descriptors import StateDescriptor, StateKind
 from streamstate.api.state import InternalKvState
 from streamstate.backends.base import Clock, KeyedStateBackend, RestoreInput, RestoreMode
@@ -34,10 +36,16 @@ from streamstate.backends.rocksdb.keys import KeyLayout
 from streamstate.backends.rocksdb.parts import RegisteredState
 from streamstate.backends.rocksdb.restore import (
     NativeSnapshotFile,
+    copy_column_family,
     migrate_column_family,
+    migrate_values,
     restore_incremental,
 )
-from streamstate.backends.rocksdb.restore_files import restore_deferred_state, restore_files
+from streamstate.backends.rocksdb.restore_files import (
+    materialize_deferred_state,
+    restore_deferred_state,
+    restore_files,
+)
 from streamstate.backends.rocksdb.restored import RestoredStates
 from streamstate.backends.rocksdb.snapshot import RocksDBKeyedStateSnapshot, take_snapshot
 from streamstate.backends.rocksdb.states import STATE_FACTORIES, CurrentKeyBytes
@@ -46,8 +54,9 @@ from streamstate.errors import InvalidStateNameError, StateBackendError, StateMi
 from streamstate.format.meta import StateMetaInfo, StateMetaSnapshot
 from streamstate.format.restore import KeyedStateRestore
 from streamstate.keygroups import KeyGroupRange
-from streamstate.serializers import serializer_from_snapshot
+from streamstate.serializers import describe_snapshot, serializer_from_snapshot
 from streamstate.serializers.base import TypeSerializer
+from streamstate.serializers.migration import MigratingSerializer, migrating_serializer
 
 if TYPE_CHECKING:
     from streamstate.backends.decorators.ttl_cleanup import TtlCleanupHook
@@ -139,9 +148,10 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         layout = self._layout_for(namespace_serializer, has_user_key=is_map)
         cf = self.instance.column_family(name)
         restored = self.restored.take_state(name)
+        reader = self.restored_value_reader(name, descriptor.serializer)
         if self.restored.is_deferred(name):
             restore_deferred_state(
-                self, name, kind.value, namespace_serializer, meta.state_serializer
+                self, name, kind.value, namespace_serializer, meta.state_serializer, reader
             )
         elif restored is not None:
             self._migrate_if_needed(name, restored, meta, cf, layout)
@@ -173,21 +183,58 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         cf: ColumnFamily,
         layout: KeyLayout,
     ) -> None:
-        """Rewrite a restored state whose serializer changed compatibly (Flink's migration)."""
+        """Rewrite a restored state whose declaration changed compatibly (Flink's migration):
+        every stored value read as the checkpoint wrote it and written as the program declares
+        it now, once, before the state is used. A map's keys keep their type (the rules of
+        schema evolution refuse a changed key type), so only its values are rewritten."""
         new = meta.state_serializer
-        compat = new.resolve_compatibility(restored.state_serializer)
-        if compat.is_compatible_as_is:
+        if restored.state_serializer == new.snapshot():
             return
-        if compat.is_incompatible:  # _check_restored already refused; keep the guard
-            raise StateMigrationException(f"state {name!r}: incompatible serializer")
+        old_snap = restored.state_serializer
+        values_old, values_new = old_snap, new
+        if meta.kind == "map":
+            values_old = old_snap.get("value", {})
+            values_new = new.value  # type: ignore[attr-defined]
+        reader = migrating_serializer(values_old, values_new, now=self.clock.now())
+        if reader is values_new:
+            return  # read as it is
+        if isinstance(reader, MigratingSerializer) and reader.reads_stored_bytes:
+            return  # the new serializer reads every old value from its bytes, as it is read
+        if not isinstance(reader, MigratingSerializer):  # no schema: the serializer's own rules
+            compat = new.resolve_compatibility(old_snap)
+            if compat.is_compatible_as_is:
+                return
+            if compat.is_incompatible:  # _check_restored already refused; keep the guard
+                raise StateMigrationException(f"state {name!r}: incompatible serializer")
+            try:
+                old = serializer_from_snapshot(old_snap)
+            except Exception as exc:
+                raise StateMigrationException(
+                    f"state {name!r} needs migration but its checkpointed serializer cannot be "
+                    f"rebuilt: {exc}"
+                ) from exc
+            migrate_column_family(self.instance, cf, meta.kind, old, new, layout)
+            return
         try:
-            old = serializer_from_snapshot(restored.state_serializer)
-        except Exception as exc:
+            migrate_values(self.instance, cf, reader)
+        except (msgspec.ValidationError, msgspec.DecodeError, ValueError, TypeError) as exc:
             raise StateMigrationException(
-                f"state {name!r} needs migration but its checkpointed serializer cannot be "
-                f"rebuilt: {exc}"
-            ) from exc
-        migrate_column_family(self.instance, cf, meta.kind, old, new, layout)
+                f"state {name!r}: the checkpointed values cannot be migrated to "
+                f"{describe_snapshot(new.snapshot())} ({exc})"
+            ) from None
+
+    def rename_restored_state(self, old: str, new: str) -> None:
+        """Restored state ``old`` becomes ``new``: its column family's entries are copied into
+        the column family of ``new`` and the old one is dropped (still-encoded state deferred
+        to snapshot files just changes its name)."""
+        super().rename_restored_state(old, new)
+        native = old in self.instance.column_family_names() and not self.restored.is_deferred(old)
+        self.restored.rename(old, new)
+        if native:
+            copy_column_family(
+                self.instance, self.instance.column_family(old), self.instance.column_family(new)
+            )
+            self.instance.drop_column_family(old)
 
     def register_ttl_cleanup(self, hook: TtlCleanupHook) -> Callable[[], object] | None:
         """Called by the TTL decorator (``create_ttl_state``) for every TTL state: the hook's
@@ -219,6 +266,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         restored = self.restored.state(name)
         if restored is None:
             return None
+        if self.restored.is_deferred(name):  # still in its files: written as they stored it
+            materialize_deferred_state(self, name)
         try:
             ns_serializer = serializer_from_snapshot(restored.namespace_serializer)
         except Exception as exc:

@@ -42,6 +42,7 @@ from streamstate.backends.rocksdb.incremental import (
 from streamstate.backends.rocksdb.instance import ColumnFamily, RocksDBConfig, open_read_only
 from streamstate.backends.rocksdb.keys import KeyLayout, key_group_bound, key_group_prefix_bytes
 from streamstate.backends.rocksdb.parts import RegisteredState, RocksDBParts
+from streamstate.backends.rocksdb.restore_files import materialize_deferred_state
 from streamstate.backends.rocksdb.storage import SnapshotFileStore, crc32c_of_file
 from streamstate.errors import CheckpointError, CorruptCheckpointError, StateMigrationException
 from streamstate.format.codec import UNREADABLE
@@ -64,13 +65,8 @@ _SUBTASK_FILE = re.compile(r"^(?:.*/)?chk-\d+/([^/]+)/(\d+)-(\d+)(?:-[0-9a-f]+)?
 
 def take_snapshot(backend: RocksDBParts, checkpoint_id: int) -> RocksDBKeyedStateSnapshot:
     """The synchronous phase of a snapshot of ``backend`` (see the module docstring)."""
-    deferred = backend.restored.deferred_names()
-    if deferred:
-        raise CheckpointError(
-            f"states {deferred} were restored from snapshot files but are "
-            "not registered yet (their serializers are not built in, so they are decoded with the "
-            "program's serializers on registration); register them before the next checkpoint"
-        )
+    for name in backend.restored.deferred_names():  # never registered: kept as stored
+        materialize_deferred_state(backend, name)
     unbound = backend.timer_queues.unbound_names()
     if unbound:
         raise CheckpointError(
