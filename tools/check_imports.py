@@ -44,6 +44,7 @@ DRIVER_BASE = [
     "streamstate.spark.driver.environment",
     "streamstate.spark.driver.sinks",
     "streamstate.spark.driver.reports",
+    "streamstate.spark.driver.spark_checkpoint",
 ]
 
 #: bottom first; a layer is a list of parts, each a list of module prefixes; the parts of one
@@ -75,6 +76,8 @@ LAYERS: list[list[list[str]]] = [
             "streamstate.spark.partials",
             "streamstate.spark.partial_fold",
             "streamstate.spark.columns",
+            "streamstate.spark.record_batches",
+            "streamstate.spark.staging",
             "streamstate.spark.subtask",
             "streamstate.spark.failures",
         ]
@@ -82,9 +85,9 @@ LAYERS: list[list[list[str]]] = [
     [["streamstate.spark.host"], ["streamstate.spark.task"]],
     # the driver by the life of a micro-batch (docs/architecture.md, "The driver"): the modules
     # directly in driver/ that all of it and the offline tools use (the session's kind, the
-    # workers' Python, the sinks, the reports' interfaces), then what is planned once at start,
-    # what is measured, the steps of each micro-batch, and the public query API beside the
-    # offline tools (independent: neither imports the other)
+    # workers' Python, the sinks, the reports' interfaces, Spark's checkpoint), then what is
+    # planned once at start, what is measured, the steps of each micro-batch, and the public
+    # query API beside the offline tools (independent: neither imports the other)
     [DRIVER_BASE],
     [["streamstate.spark.driver.plan"]],
     [["streamstate.spark.driver.monitor"]],

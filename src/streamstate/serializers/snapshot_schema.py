@@ -28,6 +28,7 @@ from typing import Any, Literal, Union
 
 import msgspec
 
+from streamstate.errors import SerializerSnapshotError
 from streamstate.serializers.schema import (
     AnySchema,
     BoolSchema,
@@ -67,10 +68,12 @@ _TIME_WINDOW = RecordSchema(
 _GLOBAL_WINDOW = RecordSchema("GlobalWindow", (), True)
 
 
-def schema_of_snapshot(snap: Any) -> TypeSchema | None:
+def schema_of_snapshot(snap: Any, *, v1_records: set[int] | None = None) -> TypeSchema | None:
     """The schema of the values a serializer snapshot describes, or None when the snapshot
     gives none (pickled values, an unknown serializer, a record type whose earlier snapshot
     cannot be read). A ``ttl_value`` is its stored pair ``(last access, value)``.
+    ``v1_records`` (if given) receives the ids of the record schemas read from version-1
+    snapshot text, whose own layout (array-like, tag, wire names) that text did not keep.
 
     >>> schema_of_snapshot({"type": "optional", "inner": {"type": "int64"}})
     UnionSchema(types=(IntSchema(), NoneSchema()))
@@ -88,26 +91,31 @@ def schema_of_snapshot(snap: Any) -> TypeSchema | None:
         return _GLOBAL_WINDOW
     parts: list[TypeSchema | None]
     if t == "optional":
-        parts = [schema_of_snapshot(snap.get("inner"))]
+        parts = [schema_of_snapshot(snap.get("inner"), v1_records=v1_records)]
         return None if parts[0] is None else UnionSchema((parts[0], NoneSchema()))
     if t == "list":
-        item = schema_of_snapshot(snap.get("element"))
+        item = schema_of_snapshot(snap.get("element"), v1_records=v1_records)
         return None if item is None else ListSchema(item)
     if t == "dict":
-        key, value = schema_of_snapshot(snap.get("key")), schema_of_snapshot(snap.get("value"))
+        key = schema_of_snapshot(snap.get("key"), v1_records=v1_records)
+        value = schema_of_snapshot(snap.get("value"), v1_records=v1_records)
         return None if key is None or value is None else DictSchema(key, value)
     if t in ("tuple", "ttl_value"):
         subs = snap.get("fields", ()) if t == "tuple" else ({"type": "int64"}, snap.get("inner"))
-        parts = [schema_of_snapshot(s) for s in subs]
+        if not isinstance(subs, list | tuple):
+            return None
+        parts = [schema_of_snapshot(s, v1_records=v1_records) for s in subs]
         if any(p is None for p in parts):
             return None
         return TupleSchema(tuple(p for p in parts if p is not None))
     if t == "struct":
-        return _schema_of_struct_snapshot(snap)
+        return _schema_of_struct_snapshot(snap, v1_records)
     return None
 
 
-def _schema_of_struct_snapshot(snap: dict[str, Any]) -> TypeSchema | None:
+def _schema_of_struct_snapshot(
+    snap: dict[str, Any], v1_records: set[int] | None
+) -> TypeSchema | None:
     if "schema" in snap:
         try:
             return schema_from_builtins(snap["schema"])
@@ -118,9 +126,12 @@ def _schema_of_struct_snapshot(snap: dict[str, Any]) -> TypeSchema | None:
     if "fields" not in snap:
         return _STDLIB_CLASSES.get(str(snap.get("class", "")))
     try:
-        return record_schema_of_v1_fields(name, snap["fields"])
+        schema = record_schema_of_v1_fields(name, snap["fields"])
     except ValueError:
         return None
+    if v1_records is not None:
+        v1_records.add(id(schema))
+    return schema
 
 
 _STDLIB_CLASSES: dict[str, TypeSchema] = {
@@ -152,8 +163,15 @@ def decoder_type(schema: TypeSchema) -> Any:
     """A type hint ``msgspec`` decodes values of ``schema`` into, built without the classes
     that wrote them: records become :class:`PlainRecord` structs of the same field and wire
     names (fields the data may omit default to None), enums and literals their encoded values.
+    A schema no type can be built from (a checkpoint is input: names that are not identifiers,
+    a union of nothing) raises :class:`~streamstate.errors.SerializerSnapshotError`.
     """
-    return _decoder_type(schema)
+    try:
+        return _decoder_type(schema)
+    except (TypeError, ValueError) as exc:
+        raise SerializerSnapshotError(
+            f"no type decodes the values of the schema {schema!r:.200}: {exc}"
+        ) from None
 
 
 def _decoder_type(schema: TypeSchema) -> Any:
@@ -199,4 +217,6 @@ def _decoder_type(schema: TypeSchema) -> Any:
         rename={f.name: f.wire_name for f in schema.fields if f.encode_name} or None,
         frozen=True,
         gc=False,
+        # a field the data must hold may follow one it may omit (a keyword-only record's)
+        kw_only=True,
     )

@@ -18,6 +18,8 @@ Spark moves the data; streamstate keeps the state (SPEC §11, ``docs/spark/index
   per-subtask state hosts; a restart with another ``parallelism`` rescales by key group.
 * sinks: ``"parquet"`` (exactly-once), ``"memory"``, ``"console"``, ``"foreach_batch"``.
 * :func:`read_state`: a checkpoint's or savepoint's state as a DataFrame.
+* :func:`rewrite_savepoint`: a new savepoint with states replaced from DataFrames, renamed,
+  dropped or re-keyed, everything else carried over (docs: "Upgrading a job").
 * :func:`original_error`: the error a function raised in a task, from the exception Spark
   raised (a batch-mode DataFrame's ``collect()``; streaming queries raise it themselves).
 
@@ -46,6 +48,7 @@ if TYPE_CHECKING:
     )
     from streamstate.spark.failures import original_error
     from streamstate.spark.offline.reader import read_state
+    from streamstate.spark.offline.rewrite import rewrite_savepoint
     from streamstate.spark.records import Row
 
 __all__ = [
@@ -64,6 +67,7 @@ __all__ = [
     "keyed_process",
     "original_error",
     "read_state",
+    "rewrite_savepoint",
 ]
 
 #: where each public name lives
@@ -71,6 +75,7 @@ _MODULES = {
     "WorkerPythonError": "streamstate.spark.driver.environment",
     "keyed_process": "streamstate.spark.driver.query.keyed",
     "read_state": "streamstate.spark.offline.reader",
+    "rewrite_savepoint": "streamstate.spark.offline.rewrite",
     "ConsoleSink": "streamstate.spark.driver.sinks",
     "FileSink": "streamstate.spark.driver.sinks",
     "ForeachBatchSink": "streamstate.spark.driver.sinks",

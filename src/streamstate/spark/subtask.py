@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-import uuid
 from collections.abc import Iterator
 from itertools import repeat
 from typing import Any
@@ -36,7 +35,9 @@ from streamstate.spark.job import (
     arrow_schema_from_bytes,
     key_serializer_for,
 )
+from streamstate.spark.record_batches import check_columns, check_key_groups, check_well_formed
 from streamstate.spark.records import OutputConverter, row_class
+from streamstate.spark.staging import side_output_directory, write_staged
 from streamstate.spark.wire.results import BatchResult, StagedOutput
 
 __all__ = [
@@ -279,20 +280,28 @@ class SubtaskRuntime:
         self._collect()
 
     def process(self, batch: Any) -> None:
-        """Process one Arrow batch of this subtask's records (value columns plus ``_kg``)."""
+        """Process one Arrow batch of this subtask's records (value columns plus ``_kg``).
+
+        The batch is checked first (:mod:`streamstate.spark.record_batches`): it crossed a
+        process boundary. A malformed one raises ``ProtocolError``, records of key groups this
+        subtask does not own ``KeyGroupOutOfRangeError``."""
         job = self.job
         n = batch.num_rows
         if not n:
             return
+        check_well_formed(batch)
         if job.pre_aggregation:
             self._process_partials(batch)
             return
+        check_columns(batch, job, self.input_schema)
+        kg_column = batch.column(KEY_GROUP_COLUMN)
+        check_key_groups(kg_column, self.op.key_group_range, self.index, job.operator)
         self._rows += n
         if len(job.key_columns) == 1:
             keys: Any = batch.column(job.key_columns[0]).to_pylist()
         else:
             keys = list(zip(*(batch.column(c).to_pylist() for c in job.key_columns), strict=True))
-        kgs = batch.column(KEY_GROUP_COLUMN).to_pylist()
+        kgs = kg_column.to_pylist()
         timestamps: Any = repeat(None)
         if job.event_time is not None:
             ts = event_time_ms(batch.column(job.event_time))
@@ -433,6 +442,11 @@ class SubtaskRuntime:
         directory = f"{savepoint}/{OUTPUTS_DIR}" if savepoint else f"{OUTPUTS_DIR}/batch-{batch_id}"
         return self._write_staged(pending, self.converter.schema, directory, attempt)
 
+    def _write_staged(
+        self, batches: list[Any], schema: Any, directory: str, attempt: int
+    ) -> StagedOutput | None:
+        return write_staged(self._storage(), batches, schema, directory, self.index, attempt)
+
     def _stage_side(
         self, batch_id: int, attempt: int, savepoint: str | None
     ) -> dict[str, StagedOutput]:
@@ -442,27 +456,11 @@ class SubtaskRuntime:
         base = f"{savepoint}/{OUTPUTS_DIR}" if savepoint else f"{OUTPUTS_DIR}/batch-{batch_id}"
         staged = {}
         for tag, batches in pending.items():
-            directory = f"{base}/side-{_safe_name(tag)}"
+            directory = side_output_directory(base, tag)
             out = self._write_staged(batches, self.side_converters[tag].schema, directory, attempt)
             if out is not None:
                 staged[tag] = out
         return staged
-
-    def _write_staged(
-        self, pending: list[Any], schema: Any, directory: str, attempt: int
-    ) -> StagedOutput | None:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        rows = sum(b.num_rows for b in pending)
-        if not rows:
-            return None
-        token = uuid.uuid4().hex[:6]
-        path = f"{directory}/part-{self.index:05d}-{attempt}-{token}.parquet"
-        storage = self._storage()
-        with storage.open_write(path) as f:
-            pq.write_table(pa.Table.from_batches(pending, schema=schema), f)
-        return StagedOutput(path=path, size=storage.size(path) or 0, rows=rows)
 
 
 def resident_bytes() -> int | None:
@@ -474,18 +472,6 @@ def resident_bytes() -> int | None:
     except (OSError, ValueError, IndexError):
         return None
     return pages * os.sysconf("SC_PAGE_SIZE")
-
-
-def _safe_name(tag: str) -> str:
-    """A side-output tag id as a file-name part (other characters become ``_`` plus a short
-    digest, so that two tags never share a directory)."""
-    import hashlib
-    import re
-
-    clean = re.sub(r"[^A-Za-z0-9_.-]", "_", tag)
-    if clean == tag:
-        return tag
-    return f"{clean}-{hashlib.sha1(tag.encode()).hexdigest()[:8]}"
 
 
 def _max(column: Any) -> int | None:

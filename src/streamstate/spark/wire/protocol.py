@@ -96,7 +96,7 @@ def _kind(head: bytes) -> str:
     """What a header that did not decode into its type calls itself (for the error only)."""
     try:
         header = msgspec.msgpack.decode(head)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
         return "message"
     kind = header.get("t") if isinstance(header, dict) else None
     return str(kind)[:40] if isinstance(kind, str) else "message"
@@ -152,7 +152,7 @@ class Connection:
             return self._decode(head), body
         except msgspec.ValidationError as exc:
             raise MalformedMessage(f"malformed {_kind(head)}: {exc}") from exc
-        except msgspec.DecodeError as exc:
+        except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
             raise MalformedMessage(f"malformed message header: {exc}") from exc
 
     def close(self) -> None:

@@ -120,7 +120,7 @@ class ConnectReports(StepReports, QueryReports):
         ``_START_PAUSE`` s before the second, twice that before the third, ...). A Spark
         checkpoint location (``where``) on a scheme the server's Hadoop has no filesystem for
         is reported as a ValueError, as a classic session reports it before starting
-        (plan/locations.py)."""
+        (spark_checkpoint.py)."""
         for attempt in range(1, _START_ATTEMPTS + 1):
             try:
                 return _start_once(writer, where)

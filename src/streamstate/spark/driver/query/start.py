@@ -5,6 +5,8 @@
 * :func:`bind_for`: where the run's state hosts listen;
 * :func:`local_jvm` and :class:`Prespawn`: with a ``local`` master, the hosts started ahead of
   the first micro-batch, and the driver's own delivery of pre-aggregated rows;
+* :func:`check_progress`: the state checkpoint compared with Spark's offset and commit logs
+  before the query takes the job over;
 * :func:`reports_for`: how the query and its micro-batches learn of each other, chosen once
   for the session's kind (:mod:`streamstate.spark.driver.reports`).
 """
@@ -12,6 +14,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
 import sys
@@ -22,11 +25,15 @@ from streamstate.spark.driver.monitor.figures import Spans
 from streamstate.spark.driver.plan.options import KeyedOptions
 from streamstate.spark.driver.session import is_connect, is_local
 from streamstate.spark.driver.sinks import Sink
+from streamstate.spark.driver.spark_checkpoint import SparkLog
+from streamstate.spark.driver.step.commit import CheckpointLog
 from streamstate.spark.driver.step.host_fleet import HostFleet
 from streamstate.spark.job import FUNCTIONS_DIR, JobSpec, pickle_function
 from streamstate.spark.subtask import job_storage
 
-__all__ = ["Prespawn", "bind_for", "local_jvm", "reports_for", "ship_function"]
+__all__ = ["Prespawn", "bind_for", "check_progress", "local_jvm", "reports_for", "ship_function"]
+
+log = logging.getLogger(__name__)
 
 
 def ship_function(options: KeyedOptions) -> tuple[JobSpec, tuple[bytes, str]]:
@@ -120,3 +127,34 @@ def reports_for(spark: Any, storage: Any, run_id: str, sinks: dict[str, Sink]) -
     from streamstate.spark.driver.query.classic import ClassicReports
 
     return ClassicReports(spark)
+
+
+def check_progress(
+    spark: Any, storage: Any, options: KeyedOptions, location: str, given: str | None
+) -> None:
+    """Compare the state checkpoint in ``storage`` with the offset and commit logs of Spark's
+    checkpoint at ``location`` (``given``: what ``spark_checkpoint=`` said, None for the
+    default) before the query starts, and before it takes the job over: a state behind Spark's
+    log (a lost latest ``_metadata``) raises :class:`~streamstate.errors.CheckpointMismatchError`
+    with the rollback command now, whether or not input is waiting; otherwise Spark would run
+    nothing (no input) or fail inside its first micro-batch.
+
+    The driver reads Spark's logs through fsspec. Where it cannot (a scheme fsspec does not
+    reach from here, or a Spark Connect server's local ``spark_checkpoint`` that this client
+    does not see), the first micro-batch makes the same check."""
+    default_location = given is None
+    try:
+        # the state checkpoint's storage options are for its filesystem: a Spark checkpoint
+        # put elsewhere (a local or HDFS path) is read without them
+        storage_options = options.storage_options if default_location else None
+        spark_log = SparkLog(location, storage_options)
+        visible = spark_log.exists()
+        if not visible and is_connect(spark) and not default_location:
+            return  # perhaps a path on the Connect server's machine
+        next_batch = spark_log.next_batch()
+    except Exception as exc:  # no fsspec filesystem for it here: the first batch checks
+        log.info("could not read Spark's checkpoint %s: %r", location, exc)
+        return
+    CheckpointLog(
+        storage, options.operator_name, options.parallelism, spark_checkpoint=location
+    ).check_start(spark_log, next_batch)

@@ -51,12 +51,13 @@ from typing import Any
 
 import msgspec
 
+from streamstate.errors import CheckpointMismatchError
 from streamstate.spark.driver.monitor.figures import Spans
-from streamstate.spark.driver.plan.locations import spark_checkpoint_location
 from streamstate.spark.driver.plan.options import KeyedOptions
 from streamstate.spark.driver.query.start import (
     Prespawn,
     bind_for,
+    check_progress,
     local_jvm,
     reports_for,
     ship_function,
@@ -64,6 +65,11 @@ from streamstate.spark.driver.query.start import (
 from streamstate.spark.driver.reports import QueryReports
 from streamstate.spark.driver.session import conf
 from streamstate.spark.driver.sinks import Sink, sink_from
+from streamstate.spark.driver.spark_checkpoint import (
+    DEFAULT_SPARK_CHECKPOINT,
+    recorded_spark_checkpoint,
+    spark_checkpoint_location,
+)
 from streamstate.spark.driver.step.commit import CheckpointLog
 from streamstate.spark.driver.step.host_fleet import HostFleet
 from streamstate.spark.driver.step.micro_batches import RunParts
@@ -78,7 +84,6 @@ __all__ = ["KeyedStream", "KeyedStreamingQuery"]
 
 log = logging.getLogger(__name__)
 
-SPARK_CHECKPOINT_DIR = "spark"
 #: Spark's switch for its own no-data micro-batches: ``write_stream(no_data_batches=None)``
 #: follows it
 NO_DATA_CONF = "spark.sql.streaming.noDataMicroBatches.enabled"
@@ -126,7 +131,8 @@ class KeyedStream:
             host_bind: the address state hosts listen on for tasks of other nodes
                 (``"10.0.0.5"``, ``"0.0.0.0"``, ``"off"`` for none; default
                 ``$STREAMSTATE_HOST_BIND``, else ``$SPARK_LOCAL_IP``, else the node's address;
-                127.0.0.1 with a ``local`` master).
+                with a ``local`` master ``"off"``, hosts on Unix sockets only, unless
+                ``$STREAMSTATE_HOST_BIND`` is set).
             host_connect_timeout: seconds a task waits for the TCP connection to a host on
                 another node before it starts one on its own node (which reloads).
             spark_checkpoint: where Spark keeps its own streaming checkpoint (offsets and
@@ -273,12 +279,20 @@ class KeyedStreamingQuery:
         )
         self.storage = job_storage(self.job)
         self.spark_checkpoint = spark_checkpoint_location(
-            self.spark, self.storage.url_of(SPARK_CHECKPOINT_DIR), spark_checkpoint, checkpoint
+            self.spark, self.storage.url_of(DEFAULT_SPARK_CHECKPOINT), spark_checkpoint, checkpoint
         )
         with self._spans.span("epoch"):
-            #: this query's epoch: starting takes the job over from any earlier query
+            check_progress(
+                self.spark, self.storage, options, self.spark_checkpoint, spark_checkpoint
+            )
+            #: this query's epoch: starting takes the job over from any earlier query. The
+            #: Spark checkpoint is recorded relative to the job directory when inside it, so
+            #: that a copy of the directory never names the original's
             self.epoch = self.storage.acquire_epoch(
-                operator=options.operator_name, spark_checkpoint=self.spark_checkpoint
+                operator=options.operator_name,
+                spark_checkpoint=recorded_spark_checkpoint(
+                    self.spark_checkpoint, self.storage.url_of("")
+                ),
             )
             self.log = CheckpointLog(
                 self.storage,
@@ -287,6 +301,7 @@ class KeyedStreamingQuery:
                 watermark_delay=options.watermark_delay,
                 retained=options.retained_checkpoints,
                 epoch=self.epoch,
+                spark_checkpoint=self.spark_checkpoint,
             )
         delivery_jvm = self._delivery_jvm()
         plain = options.without_input()
@@ -410,9 +425,10 @@ class KeyedStreamingQuery:
         failure = self.reports.failure(exc)
         if failure is None or failure is exc:
             raise exc
-        if is_function_error(failure):
-            # the function's own error, once: Spark's exception (query.exception()) only
-            # repeats it with Java frames
+        if is_function_error(failure) or isinstance(failure, CheckpointMismatchError):
+            # the function's own error, once (or the refusal of a state that does not match
+            # Spark's progress, which says all there is): Spark's exception (query.exception())
+            # only repeats it with Java frames and the query's plan
             raise failure.with_traceback(None) from None
         raise failure from exc
 

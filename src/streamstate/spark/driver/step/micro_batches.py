@@ -20,6 +20,7 @@ import threading
 import time
 from typing import Any
 
+from streamstate.errors import CheckpointMismatchError
 from streamstate.spark.driver.monitor.figures import Spans, step_entry
 from streamstate.spark.driver.plan.options import KeyedOptions
 from streamstate.spark.driver.reports import StepReports
@@ -141,7 +142,9 @@ class MicroBatchRunner:
         traces; keep what was raised, for the query's await_termination() and
         process_all_available() to raise instead."""
         self.failure = original_error(exc)
-        if is_function_error(self.failure) and self.restore_logs is None:
+        if self.restore_logs is None and (
+            is_function_error(self.failure) or isinstance(self.failure, CheckpointMismatchError)
+        ):
             # raised once, by this driver: Spark need not log it with its Java frames
             self.restore_logs = quiet_query_failure_log(session)
         self.reports.failed(self.failure, batch_id, self.parts.options.operator_name)
@@ -241,7 +244,7 @@ class MicroBatchRunner:
         results = [a.result for a in acks if a.result is not None]
         with self.spans.span("commit"):
             completed = self.log.commit(plan, results)
-        outputs = committed_outputs(plan, results, completed.metadata.properties)
+        outputs = committed_outputs(plan, results, completed)
         with self.spans.span("sink"):
             side = self.parts.outputs.deliver(session, plan, outputs)
         self._finish(plan, due=due, acks=acks, side_outputs=side)

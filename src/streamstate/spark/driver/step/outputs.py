@@ -11,11 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import msgspec
-
 from streamstate.spark.driver.plan.options import KeyedOptions
 from streamstate.spark.driver.sinks import Sink, StagedBatch
 from streamstate.spark.driver.step.commit import BatchPlan
+from streamstate.spark.driver.step.staged import staged_outputs, staged_side_outputs
 from streamstate.spark.subtask import OUTPUTS_DIR
 from streamstate.spark.wire.results import BatchResult, StagedOutput
 
@@ -25,20 +24,13 @@ __all__ = ["OutputDelivery", "StepOutputs", "committed_outputs"]
 StepOutputs = tuple[list[StagedOutput], dict[str, list[StagedOutput]]]
 
 
-def committed_outputs(
-    plan: BatchPlan, results: list[BatchResult], properties: dict[str, Any]
-) -> StepOutputs:
-    """The staged outputs of a step just committed with ``properties``: the subtasks' (by
-    subtask), or, if an older run committed the step just before this query took over
-    (``commit.CheckpointLog._adopt``), the ones that run committed."""
-    if properties.get("lineage") != plan.new_lineage:
-        return (
-            [msgspec.convert(o, StagedOutput) for o in properties.get("outputs", [])],
-            {
-                tag: [msgspec.convert(o, StagedOutput) for o in staged]
-                for tag, staged in properties.get("side_outputs", {}).items()
-            },
-        )
+def committed_outputs(plan: BatchPlan, results: list[BatchResult], completed: Any) -> StepOutputs:
+    """The staged outputs of a step just committed as checkpoint ``completed``: the subtasks'
+    (by subtask), or, if an older run committed the step just before this query took over
+    (``commit.CheckpointLog._adopt``), the ones that run committed (checked as any checkpoint's
+    are, :mod:`~streamstate.spark.driver.step.staged`)."""
+    if completed.metadata.properties.get("lineage") != plan.new_lineage:
+        return staged_outputs(completed), staged_side_outputs(completed)
     files = [r.outputs for r in results if r.outputs is not None]
     side_files: dict[str, list[StagedOutput]] = {}
     for r in sorted(results, key=lambda r: r.subtask):
