@@ -73,6 +73,7 @@ LAYERS: list[list[list[str]]] = [
         [
             "streamstate.spark.job",
             "streamstate.spark.records",
+            "streamstate.spark.output_columns",
             "streamstate.spark.partials",
             "streamstate.spark.partial_fold",
             "streamstate.spark.columns",
