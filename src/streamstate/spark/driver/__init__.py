@@ -1,8 +1,9 @@
 """The Spark driver's side of a keyed operator, by the life of a micro-batch.
 
 * the modules here: what every part of the driver (and the offline tools) uses: the session's
-  kind (``session``), the workers' Python (``environment``), the sinks (``sinks``), and the
-  interfaces through which a query and its micro-batches learn of each other (``reports``);
+  kind (``session``), the workers' Python (``environment``), the sinks (``sinks``), the
+  interfaces through which a query and its micro-batches learn of each other (``reports``), and
+  Spark's own checkpoint: where it is and what its logs say (``spark_checkpoint``);
 * ``plan/``: what is planned once, when a job starts;
 * ``monitor/``: what is measured, and the figures made of it;
 * ``step/``: what runs per micro-batch (plan, tasks, commit, delivery, no-data steps, hosts);
