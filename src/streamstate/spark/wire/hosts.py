@@ -64,8 +64,9 @@ class HostSpec(msgspec.Struct, frozen=True, kw_only=True):
     bind: str | None = None
     #: seconds a connection has to complete the handshake, from its accept (one deadline)
     auth_timeout: float = 5.0
-    #: handshakes pending at once: from one source address, and in all (beyond: the oldest
-    #: is dropped, :mod:`streamstate.spark.host.acceptor`)
+    #: handshakes pending at once: of those that have sent part of an answer, from one source
+    #: address (beyond: its oldest is dropped), and in all (beyond: the oldest that has sent
+    #: nothing is dropped, wherever it comes from; :mod:`streamstate.spark.host.acceptor`)
     max_pending_per_address: int = 16
     max_pending: int = 256
     #: refusals logged per 10 s (beyond: one line says how many were not)
