@@ -227,7 +227,7 @@ class PickledSetAndCount(PickledSet):
 
 
 def test_reading_one_state_converts_only_that_state(tmp_path: Path) -> None:
-    from streamstate.spark.driver.reader import _plan, _read_subtask
+    from streamstate.spark.offline.reader import _plan, _read_subtask
 
     storage = FileSystemCheckpointStorage(str(tmp_path))
     runner = _runner(storage, p=1, fn=PickledSetAndCount())

@@ -28,12 +28,15 @@ import sys
 from typing import Any
 
 from streamstate.errors import StreamStateError
+from streamstate.spark.driver.session import is_connect
+from streamstate.spark.job import src_path
 
 __all__ = [
     "WORKER_MODULES",
     "WorkerPythonError",
     "check_connect_server_python",
     "check_worker_python",
+    "ensure_worker_path",
 ]
 
 #: what a worker (and the state hosts it starts) imports
@@ -57,8 +60,6 @@ class WorkerPythonError(StreamStateError, RuntimeError):
 def check_worker_python(spark: Any, pythonpath: str = "") -> None:
     """Raise :class:`WorkerPythonError` if the Python that Spark's workers run on this machine
     cannot import what streamstate needs (local masters only; cached per interpreter)."""
-    from streamstate.spark.driver.session import is_connect
-
     if is_connect(spark):
         check_connect_server_python(spark)  # the workers run on the server, with its Python
         return
@@ -189,3 +190,19 @@ def check_connect_server_python(spark: Any) -> None:
             f"({report['missing'][0][1]}). {remedy}"
         )
     _CHECKED_SESSIONS.add(session)
+
+
+def ensure_worker_path(spark: Any) -> None:
+    """Make Python workers find this ``streamstate`` (a source checkout is not installed):
+    functions created from now on carry its directory in their PYTHONPATH."""
+    if is_connect(spark):
+        # no sparkContext: the server's Python workers must import streamstate themselves
+        # (installed there; docs/spark/connect.md), which is checked once
+        check_worker_python(spark)
+        return
+    sc = spark.sparkContext
+    here = src_path()
+    current = sc.environment.get("PYTHONPATH", "")
+    if here not in current.split(os.pathsep):
+        sc.environment["PYTHONPATH"] = os.pathsep.join(p for p in (here, current) if p)
+    check_worker_python(spark, sc.environment["PYTHONPATH"])
