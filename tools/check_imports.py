@@ -64,6 +64,10 @@ LAYERS: list[list[list[str]]] = [
         ]
     ],
     [["streamstate.spark.host"], ["streamstate.spark.task"]],
+    # reading checkpoints offline (the state formats): run by the driver's and the executors'
+    # Python workers that Spark starts for a data source, so below the driver, which registers
+    # them
+    [["streamstate.spark.offline"]],
     [["streamstate.spark.driver"]],
     [["streamstate.spark"]],
     # the local cluster, Connect server and network namespaces: above every runtime module,

@@ -24,6 +24,7 @@ from __future__ import annotations
 import datetime
 import decimal
 import uuid
+from collections.abc import Callable
 from typing import Any, Literal, Union
 
 import msgspec
@@ -67,16 +68,31 @@ _TIME_WINDOW = RecordSchema(
 _GLOBAL_WINDOW = RecordSchema("GlobalWindow", (), True)
 
 
-def schema_of_snapshot(snap: Any) -> TypeSchema | None:
+def schema_of_snapshot(
+    snap: Any, unknown: Callable[[Any], TypeSchema | None] | None = None
+) -> TypeSchema | None:
     """The schema of the values a serializer snapshot describes, or None when the snapshot
     gives none (pickled values, an unknown serializer, a record type whose earlier snapshot
     cannot be read). A ``ttl_value`` is its stored pair ``(last access, value)``.
+
+    ``unknown``, when given, is asked for the schema of each such part instead (a snapshot
+    nested in a list, a dict, ...), so that the rest of the schema is still described.
 
     >>> schema_of_snapshot({"type": "optional", "inner": {"type": "int64"}})
     UnionSchema(types=(IntSchema(), NoneSchema()))
     >>> schema_of_snapshot({"type": "pickle"}) is None
     True
+    >>> schema_of_snapshot({"type": "list", "element": {"type": "pickle"}},
+    ...                    unknown=lambda snap: BytesSchema())
+    ListSchema(item=BytesSchema(), container='list')
     """
+    schema = _described(snap, unknown)
+    if schema is None and unknown is not None:
+        return unknown(snap)
+    return schema
+
+
+def _described(snap: Any, unknown: Callable[[Any], TypeSchema | None] | None) -> TypeSchema | None:
     if not isinstance(snap, dict):
         return None
     t = snap.get("type")
@@ -88,17 +104,18 @@ def schema_of_snapshot(snap: Any) -> TypeSchema | None:
         return _GLOBAL_WINDOW
     parts: list[TypeSchema | None]
     if t == "optional":
-        parts = [schema_of_snapshot(snap.get("inner"))]
+        parts = [schema_of_snapshot(snap.get("inner"), unknown)]
         return None if parts[0] is None else UnionSchema((parts[0], NoneSchema()))
     if t == "list":
-        item = schema_of_snapshot(snap.get("element"))
+        item = schema_of_snapshot(snap.get("element"), unknown)
         return None if item is None else ListSchema(item)
     if t == "dict":
-        key, value = schema_of_snapshot(snap.get("key")), schema_of_snapshot(snap.get("value"))
+        key = schema_of_snapshot(snap.get("key"), unknown)
+        value = schema_of_snapshot(snap.get("value"), unknown)
         return None if key is None or value is None else DictSchema(key, value)
     if t in ("tuple", "ttl_value"):
         subs = snap.get("fields", ()) if t == "tuple" else ({"type": "int64"}, snap.get("inner"))
-        parts = [schema_of_snapshot(s) for s in subs]
+        parts = [schema_of_snapshot(s, unknown) for s in subs]
         if any(p is None for p in parts):
             return None
         return TupleSchema(tuple(p for p in parts if p is not None))
