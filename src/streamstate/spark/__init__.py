@@ -17,7 +17,9 @@ Spark moves the data; streamstate keeps the state (SPEC §11, ``docs/spark.md``)
   the driver commits after every subtask finished, with the state kept hot between batches in
   per-subtask state hosts; a restart with another ``parallelism`` rescales by key group.
 * sinks: ``"parquet"`` (exactly-once), ``"memory"``, ``"console"``, ``"foreach_batch"``.
-* :func:`read_state`: a checkpoint's or savepoint's state as a DataFrame.
+* :func:`read_state`: a checkpoint's or savepoint's state as a DataFrame; :func:`register`
+  puts the formats ``"streamstate"`` and ``"streamstate-metadata"`` (``spark.read.format``) in
+  a session (``keyed_process`` and ``read_state`` do it themselves).
 * :func:`original_error`: the error a function raised in a task, from the exception Spark
   raised (a batch-mode DataFrame's ``collect()``; streaming queries raise it themselves).
 
@@ -35,7 +37,7 @@ from streamstate.lazy_exports import lazy_getattr
 if TYPE_CHECKING:
     from streamstate.spark.driver.environment import WorkerPythonError
     from streamstate.spark.driver.keyed import keyed_process
-    from streamstate.spark.driver.reader import read_state
+    from streamstate.spark.driver.reader import read_state, register
     from streamstate.spark.driver.sinks import (
         ConsoleSink,
         FileSink,
@@ -64,6 +66,7 @@ __all__ = [
     "keyed_process",
     "original_error",
     "read_state",
+    "register",
 ]
 
 #: where each public name lives
@@ -71,6 +74,7 @@ _MODULES = {
     "WorkerPythonError": "streamstate.spark.driver.environment",
     "keyed_process": "streamstate.spark.driver.keyed",
     "read_state": "streamstate.spark.driver.reader",
+    "register": "streamstate.spark.driver.reader",
     "ConsoleSink": "streamstate.spark.driver.sinks",
     "FileSink": "streamstate.spark.driver.sinks",
     "ForeachBatchSink": "streamstate.spark.driver.sinks",

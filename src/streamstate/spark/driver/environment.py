@@ -34,6 +34,7 @@ __all__ = [
     "WorkerPythonError",
     "check_connect_server_python",
     "check_worker_python",
+    "ensure_worker_path",
 ]
 
 #: what a worker (and the state hosts it starts) imports
@@ -52,6 +53,26 @@ WORKER_MODULES = (
 
 class WorkerPythonError(StreamStateError, RuntimeError):
     """Spark's Python workers run an interpreter that cannot run streamstate."""
+
+
+def ensure_worker_path(spark: Any) -> None:
+    """Make Python workers find this ``streamstate`` (a source checkout is not installed):
+    functions (and data sources) created from now on carry its directory in their
+    PYTHONPATH."""
+    from streamstate.spark.driver.session import is_connect
+    from streamstate.spark.job import src_path
+
+    if is_connect(spark):
+        # no sparkContext: the server's Python workers must import streamstate themselves
+        # (installed there; docs/spark.md "Spark Connect"), which is checked once
+        check_worker_python(spark)
+        return
+    sc = spark.sparkContext
+    here = src_path()
+    current = sc.environment.get("PYTHONPATH", "")
+    if here not in current.split(os.pathsep):
+        sc.environment["PYTHONPATH"] = os.pathsep.join(p for p in (here, current) if p)
+    check_worker_python(spark, sc.environment["PYTHONPATH"])
 
 
 def check_worker_python(spark: Any, pythonpath: str = "") -> None:

@@ -14,13 +14,12 @@ from streamstate.errors import CheckpointNotFoundError, MaxParallelismMismatchEr
 from streamstate.keygroups import compute_default_max_parallelism
 from streamstate.spark.driver.batch import run_bounded
 from streamstate.spark.driver.checks import check_before_first_job
+from streamstate.spark.driver.environment import ensure_worker_path
 from streamstate.spark.driver.options import KeyedOptions
 from streamstate.spark.driver.pre_aggregation import plan_pre_aggregation
-from streamstate.spark.driver.session import default_parallelism, is_connect, parse_ddl
+from streamstate.spark.driver.reader import register
+from streamstate.spark.driver.session import default_parallelism, parse_ddl
 from streamstate.spark.driver.streaming import KeyedStream
-from streamstate.spark.job import (
-    src_path,
-)
 
 __all__ = ["EXECUTION_MODES", "checkpointed_backend", "keyed_process", "resolve_execution_mode"]
 
@@ -338,6 +337,7 @@ def keyed_process(
         pre_aggregation=pre_aggregation,
     )
     ensure_worker_path(df.sparkSession)
+    register(df.sparkSession)  # the state formats, to read what the job checkpoints
     check_before_first_job(options, restored)
     if streaming:
         return KeyedStream(options)
@@ -383,21 +383,3 @@ def _side_output_structs(
             )
         out[tag_id] = struct
     return out
-
-
-def ensure_worker_path(spark: Any) -> None:
-    """Make Python workers find this ``streamstate`` (a source checkout is not installed):
-    functions created from now on carry its directory in their PYTHONPATH."""
-    from streamstate.spark.driver.environment import check_worker_python
-
-    if is_connect(spark):
-        # no sparkContext: the server's Python workers must import streamstate themselves
-        # (installed there; docs/spark.md "Spark Connect"), which is checked once
-        check_worker_python(spark)
-        return
-    sc = spark.sparkContext
-    here = src_path()
-    current = sc.environment.get("PYTHONPATH", "")
-    if here not in current.split(os.pathsep):
-        sc.environment["PYTHONPATH"] = os.pathsep.join(p for p in (here, current) if p)
-    check_worker_python(spark, sc.environment["PYTHONPATH"])

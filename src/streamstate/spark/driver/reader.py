@@ -30,7 +30,8 @@ def register(spark: Any) -> None:
     Python data source its filters only with ``spark.sql.python.filterPushdown.enabled``, which
     this turns on unless the session set it (set to ``false``, reads are the same, unnarrowed).
     """
-    from streamstate.spark.driver.keyed import ensure_worker_path, is_connect
+    from streamstate.spark.driver.environment import ensure_worker_path
+    from streamstate.spark.driver.session import is_connect
     from streamstate.spark.offline.source import (
         StateDataSource,
         StateMetadataDataSource,

@@ -74,7 +74,8 @@ def candidate_key_groups(
         canonical = bool(sub.keyed) and sub.keyed[0].kind in CANONICAL_KINDS
         if canonical and chain[: len(prev_chain)] == prev_chain:
             for handle in sub.keyed[len(prev_chain) :]:
-                out.update(kg for kg, n in handle.entries if n and wanted.contains(kg))
+                # every key group with a block (removals only: no upsert, still a block)
+                out.update(kg for kg, _ in handle.entries if wanted.contains(kg))
         elif not canonical and not ref.is_timer and chain[1:] == prev_chain[1:]:
             continue  # the same SST files: the same keyed state (timers are in the manifest)
         else:

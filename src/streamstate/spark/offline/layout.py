@@ -170,13 +170,20 @@ class StateLayout:
         return self.now - self.ttl if self.now < _LONG_MAX else _LONG_MAX
 
     def visible(self, stored: Any) -> tuple[Any, ...] | None:
-        """The value columns of one stored state: ``(value,)``, with TTL ``(value,
-        last_access)`` without what expired (unless expired entries are kept); a timer's
-        ``(timestamp, time_domain)``. None when nothing is left."""
+        """The value columns of one stored state: ``(value,)``, with TTL and expired entries
+        kept ``(value, last_access)``, without what expired (unless expired entries are
+        kept); a timer's ``(timestamp, time_domain)``. None when nothing is left."""
         if self.is_timer:
             return (stored, time_domain_of(self.name))
         if self.ttl is None:
             return None if stored is None else (stored,)
+        shown = self._unexpired(stored)
+        if shown is None or self.include_expired:
+            return shown
+        return shown[:1]
+
+    def _unexpired(self, stored: Any) -> tuple[Any, Any] | None:
+        """``(value, last_access)`` of a TTL state's stored value without what expired."""
         if stored is None:
             return None
         cutoff = self._cutoff()
