@@ -111,12 +111,12 @@ def _decoded_rows(
     """``(key, namespace, row values or None)`` of some encoded entries."""
     if not picked:
         return []
-    entries = EncodedEntries(
-        kg,
+    columns = (
         [msgspec.Raw(k) for (k, _), _ in picked],
         [msgspec.Raw(n) for (_, n), _ in picked],
         [s for _, s in picked],
     )
+    entries = EncodedEntries(kg, len(picked), columns=columns)
     keys, namespaces, states = entries.decode(layout)
     return [
         (k, layout.namespace_value(n), layout.visible(s))
@@ -158,9 +158,10 @@ def _timer_changes(
     def timers(entries: EncodedEntries | None) -> set[tuple[bytes, bytes, bytes]]:
         if entries is None:
             return set()
+        keys, namespaces, timestamps = entries.columns()
         return {
             (bytes(k), bytes(n), bytes(t))
-            for k, n, t in zip(entries.keys, entries.namespaces, entries.states, strict=True)
+            for k, n, t in zip(keys, namespaces, timestamps, strict=True)
         }
 
     old, new = timers(before), timers(after)
@@ -214,4 +215,4 @@ def _batch(
 ) -> Any:
     changes, keys, namespaces, rows = columns
     prefix = [(FEED_COLUMNS[0], [checkpoint_id] * len(changes)), (FEED_COLUMNS[1], changes)]
-    return layout.batch(arrow_schema, keys, namespaces, rows, prefix)
+    return layout.batch(arrow_schema, keys, namespaces, layout.value_lists(rows), prefix)

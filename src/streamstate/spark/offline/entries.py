@@ -39,48 +39,53 @@ _ENCODER = msgspec.msgpack.Encoder()
 
 
 class EncodedEntries:
-    """One state's entries in one key group, still encoded: ``keys``, ``namespaces`` (one per
-    key) and ``states`` (for a timer queue, the timestamps), each a list of msgpack values."""
+    """One state's entries in one key group, still encoded: an entries section as a file holds
+    it, or the columns of msgpack values ``keys``, ``namespaces`` (one per key) and ``states``
+    (for a timer queue, the timestamps) that a delta's merge left."""
 
-    __slots__ = ("key_group", "keys", "namespaces", "section", "states")
+    __slots__ = ("_columns", "count", "key_group", "section")
 
     def __init__(
         self,
         key_group: int,
-        keys: list[Any],
-        namespaces: list[Any],
-        states: list[Any],
+        count: int,
         section: Any = None,
+        columns: tuple[list[Any], list[Any], list[Any]] | None = None,
     ) -> None:
         self.key_group = key_group
-        self.keys = keys
-        self.namespaces = namespaces
-        self.states = states
-        #: the entries section these columns were split from, when it holds exactly them
+        self.count = count
+        #: the entries section holding exactly these entries (None: only ``columns``)
         self.section = section
+        self._columns = columns
 
     def __len__(self) -> int:
-        return len(self.keys)
+        return self.count
+
+    def columns(self) -> tuple[list[Any], list[Any], list[Any]]:
+        """``(keys, namespaces, states)``, encoded, one of each per entry."""
+        if self._columns is None:
+            keys, namespaces, states = _RAW_SECTION.decode(self.section)
+            self._columns = (keys, expand_namespaces(namespaces, len(keys)), states)
+        return self._columns
 
     def by_entry(self) -> dict[tuple[bytes, bytes], Any]:
         """``(encoded key, encoded namespace) -> encoded state``."""
-        return {
-            (bytes(k), bytes(n)): s
-            for k, n, s in zip(self.keys, self.namespaces, self.states, strict=True)
-        }
+        keys, namespaces, states = self.columns()
+        return {(bytes(k), bytes(n)): s for k, n, s in zip(keys, namespaces, states, strict=True)}
 
     def decode(self, layout: StateLayout) -> tuple[list[Any], list[Any], list[Any]]:
         """``(keys, namespaces, states)`` decoded with the layout's plain serializers (in one
-        ``msgspec`` call per column; one for the whole section when it is intact)."""
+        ``msgspec`` call per column; one for the whole section when it is intact), namespaces
+        one per key or, from an intact section, possibly one for all."""
         k, n, s = layout.key_serializer, layout.namespace_serializer, layout.state_serializer
         if self.section is not None:
             decoder = _section_decoder(k.wire_type, n.wire_type, s.wire_type)
             keys, namespaces, states = decoder.decode(self.section)
-            namespaces = expand_namespaces(namespaces, len(keys))
         else:
-            keys = _column(self.keys, k.wire_type)
-            namespaces = _column(self.namespaces, n.wire_type)
-            states = _column(self.states, s.wire_type)
+            raw_keys, raw_namespaces, raw_states = self.columns()
+            keys = _column(raw_keys, k.wire_type)
+            namespaces = _column(raw_namespaces, n.wire_type)
+            states = _column(raw_states, s.wire_type)
         return (
             keys if k.wire_native else [k.from_wire(x) for x in keys],
             namespaces if n.wire_native else [n.from_wire(x) for x in namespaces],
@@ -171,13 +176,9 @@ def _ordered_blocks(files: list[KeyedStateRestore]) -> Iterator[tuple[int, list[
 def _applied(key_group: int, blocks: list[RestoredBlock]) -> EncodedEntries:
     """The content of a key group after its blocks, in order (full, then deltas)."""
     if len(blocks) == 1 and blocks[0].removed is None:
-        keys, namespaces, states = _RAW_SECTION.decode(blocks[0].entries)
-        namespaces = expand_namespaces(namespaces, len(keys))
-        return EncodedEntries(key_group, keys, namespaces, states, blocks[0].entries)
+        return EncodedEntries(key_group, blocks[0].count, blocks[0].entries)
     content: dict[tuple[bytes, bytes], Any] = {}
     for block in blocks:
-        keys, namespaces, states = _RAW_SECTION.decode(block.entries)
-        namespaces = expand_namespaces(namespaces, len(keys))
         if block.removed is None:  # the block replaces the key group's content
             content = {}
         else:
@@ -186,24 +187,20 @@ def _applied(key_group: int, blocks: list[RestoredBlock]) -> EncodedEntries:
                 gone_keys, expand_namespaces(gone_namespaces, len(gone_keys)), strict=True
             ):
                 content.pop((bytes(k), bytes(n)), None)
-        for k, n, s in zip(keys, namespaces, states, strict=True):
-            content[(bytes(k), bytes(n))] = s
+        content.update(EncodedEntries(key_group, block.count, block.entries).by_entry())
     pairs = list(content)
-    return EncodedEntries(
-        key_group,
+    columns = (
         [msgspec.Raw(k) for k, _ in pairs],
         [msgspec.Raw(n) for _, n in pairs],
         list(content.values()),
     )
+    return EncodedEntries(key_group, len(pairs), columns=columns)
 
 
 def _applied_timers(key_group: int, blocks: list[RestoredBlock]) -> EncodedEntries:
     """A timer queue's key group: the last block replaces the others (timers are written whole
     per key group, also in delta files), and one ``(key, namespace)`` may hold many timers."""
-    last = blocks[-1]
-    keys, namespaces, states = _RAW_SECTION.decode(last.entries)
-    namespaces = expand_namespaces(namespaces, len(keys))
-    return EncodedEntries(key_group, keys, namespaces, states, last.entries)
+    return EncodedEntries(key_group, blocks[-1].count, blocks[-1].entries)
 
 
 def key_group_entries(files: KeyedStateFiles) -> Iterator[EncodedEntries]:

@@ -30,14 +30,15 @@ def keyed_batches(
     state's rows in ``key_groups`` (and in ``only``, when given: no other key group is read)."""
     keys: list[Any] = []
     namespaces: list[Any] = []
-    values: list[tuple[Any, ...]] = []
+    values: list[list[Any]] = [[] for _ in layout.value_columns]
     for entries in key_group_entries(KeyedStateFiles(checkpoint, ref, key_groups, only)):
         k, n, v = layout.rows(*entries.decode(layout))
         keys += k
         namespaces += n
-        values += v
+        for column, more in zip(values, v, strict=True):
+            column += more
         if len(keys) >= BATCH_ROWS:
             yield layout.batch(arrow_schema, keys, namespaces, values)
-            keys, namespaces, values = [], [], []
+            keys, namespaces, values = [], [], [[] for _ in layout.value_columns]
     if keys:
         yield layout.batch(arrow_schema, keys, namespaces, values)

@@ -29,7 +29,7 @@ Keys, namespaces and values have the Spark types of :mod:`~streamstate.spark.off
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from pyspark.sql.types import StringType, StructField, StructType
@@ -208,16 +208,16 @@ class StateLayout:
 
     def rows(
         self, keys: list[Any], namespaces: list[Any], states: list[Any]
-    ) -> tuple[list[Any], list[Any], list[tuple[Any, ...]]]:
-        """``(keys, namespaces, value columns per row)`` of decoded entries, without those
+    ) -> tuple[list[Any], list[Any], list[list[Any]]]:
+        """``(keys, namespaces, value columns)`` of decoded entries, without those
         :meth:`visible` leaves out. ``namespaces`` has one per key, or one for all."""
         if len(namespaces) == 1 and len(keys) != 1:
-            shared = self.namespace_value(namespaces[0])
-            ns_column = [shared] * len(keys)
+            ns_column = [self.namespace_value(namespaces[0])] * len(keys)
         else:
-            ns_column = [self.namespace_value(n) for n in namespaces]
+            void = VoidNamespace
+            ns_column = [None if isinstance(n, void) else n for n in namespaces]
         if self.ttl is None and not self.is_timer:
-            return keys, ns_column, [(s,) for s in states]
+            return keys, ns_column, [states]
         out_k, out_n, out_v = [], [], []
         for k, n, s in zip(keys, ns_column, states, strict=True):
             shown = self.visible(s)
@@ -225,27 +225,34 @@ class StateLayout:
                 out_k.append(k)
                 out_n.append(n)
                 out_v.append(shown)
-        return out_k, out_n, out_v
+        return out_k, out_n, self.value_lists(out_v)
+
+    def value_lists(self, rows: Sequence[tuple[Any, ...] | None]) -> list[list[Any]]:
+        """Rows of value columns (None: a row without values, a delete) as columns."""
+        return [
+            [None if row is None else row[i] for row in rows]
+            for i in range(len(self.value_columns))
+        ]
 
     def batch(
         self,
         arrow_schema: Any,
         keys: list[Any],
         namespaces: list[Any],
-        values: list[tuple[Any, ...]],
+        values: list[list[Any]],
         prefix: list[tuple[Column, list[Any]]] = (),  # type: ignore[assignment]
     ) -> Any:
-        """An Arrow record batch of ``arrow_schema`` (the Arrow form of :meth:`struct`) from row
-        columns (``prefix``: leading columns with their values)."""
+        """An Arrow record batch of ``arrow_schema`` (the Arrow form of :meth:`struct`) from
+        columns: keys, namespaces, one list per value column (``prefix``: leading columns with
+        their values)."""
         import pyarrow as pa
 
         columns: list[tuple[Column, list[Any]]] = [
             *prefix,
             (self.entry_columns[0], keys),
             (self.entry_columns[1], namespaces),
+            *zip(self.value_columns, values, strict=True),
         ]
-        for i, column in enumerate(self.value_columns):
-            columns.append((column, [None if v is None else v[i] for v in values]))
         arrays = [
             column.array(data, field.type)
             for (column, data), field in zip(columns, arrow_schema, strict=True)

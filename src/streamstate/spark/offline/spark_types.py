@@ -28,6 +28,7 @@ record inside itself, a record without fields)  text; a record without fields as
 
 from __future__ import annotations
 
+import functools
 import operator
 from typing import Any
 
@@ -208,7 +209,7 @@ def arrow_array(values: list[Any], schema: TypeSchema, arrow_type: Any) -> Any:
         return pa.array([None if v is None else schema.name for v in values], arrow_type)
     if isinstance(schema, EnumSchema) and len({type(v) for v in schema.values}) == 1:
         return pa.array(values, arrow_type)
-    if spark_ddl(schema) == "string":
+    if _as_text(schema):
         convert = _text if isinstance(schema, TemporalSchema) else json_text
         return pa.array([convert(v) for v in values], arrow_type)
     if isinstance(schema, ListSchema):
@@ -222,6 +223,12 @@ def arrow_array(values: list[Any], schema: TypeSchema, arrow_type: Any) -> Any:
         by_name: list[Any] = [operator.attrgetter(f.name) for f in schema.fields]
         return _struct_array(values, [f.type for f in schema.fields], by_name, arrow_type)
     return pa.array(values, arrow_type)  # temporal types, enums
+
+
+@functools.lru_cache(maxsize=256)
+def _as_text(schema: TypeSchema) -> bool:
+    """Whether values of ``schema`` are a string column of their text (JSON, ISO)."""
+    return isinstance(spark_type(schema), StringType) and not isinstance(schema, StrSchema)
 
 
 def _is_flat(schema: TypeSchema) -> bool:
@@ -274,19 +281,15 @@ def _struct_array(
 ) -> Any:
     import pyarrow as pa
 
-    mask = [v is None for v in values]
-    present = values if not any(mask) else None
+    nulls = values.count(None)
+    mask = [v is None for v in values] if nulls else None
     children = []
     for i, (field, get) in enumerate(zip(fields, getters, strict=True)):
         column = (
-            list(map(get, present))
-            if present is not None
-            else [None if v is None else get(v) for v in values]
+            list(map(get, values)) if not nulls else [None if v is None else get(v) for v in values]
         )
         children.append(arrow_array(column, field, arrow_type.field(i).type))
-    return pa.StructArray.from_arrays(
-        children, fields=list(arrow_type), mask=_mask(mask if any(mask) else None)
-    )
+    return pa.StructArray.from_arrays(children, fields=list(arrow_type), mask=_mask(mask))
 
 
 def _mask(mask: list[bool] | None) -> Any:
