@@ -17,7 +17,7 @@ import pytest
 
 from streamstate import KeyedProcessFunction, LocalRunner, ValueStateDescriptor
 from streamstate.checkpoint.storage import FileSystemCheckpointStorage
-from streamstate.errors import CorruptCheckpointError
+from streamstate.errors import CheckpointError, CorruptCheckpointError
 from streamstate.keygroups import assign_to_key_group
 
 MODULE = "read_state_job_types"
@@ -106,7 +106,7 @@ def read_state_rows(spark: Any, path: str) -> list[Any]:
 
 
 def test_the_formats_from_a_connect_client_with_a_filter(any_spark: Any, tmp_path: Path) -> None:
-    from streamstate.spark import register
+    from streamstate.spark import original_error, register
 
     spark = any_spark
     path = _job(tmp_path, "heap")
@@ -128,6 +128,13 @@ def test_the_formats_from_a_connect_client_with_a_filter(any_spark: Any, tmp_pat
     assert sorted((r.checkpoint_id, r.change_type, r.key, r.value) for r in feed.collect()) == [
         (1, "update", f"u{k}", 6 if k < 5 else 5) for k in range(7)
     ]
+    # a state the checkpoint does not hold fails the plan (Spark's AnalysisException), and
+    # original_error gives streamstate's error
+    with pytest.raises(Exception) as failed:
+        spark.read.format("streamstate").option("state", "nope").load(path).collect()
+    error = original_error(failed.value)
+    assert isinstance(error, CheckpointError)
+    assert "no keyed state 'nope'" in str(error) and "'last'" in str(error)
 
 
 def _damage_all_blocks_but(path: str, keep: int) -> None:
