@@ -17,8 +17,8 @@ FILTER_PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
 """Spark's switch for Python data sources that take filters; :func:`register` turns it on
 unless the session set it."""
 
-#: the sessions the formats were registered in (classic sessions; a Connect session's
-#: registration lives on its server and is cheap to repeat)
+#: the sessions the formats were registered in (classic and Spark Connect sessions alike: a
+#: Connect session's registration lives in its session on the server)
 _REGISTERED: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
@@ -31,15 +31,13 @@ def register(spark: Any) -> None:
     this turns on unless the session set it (set to ``false``, reads are the same, unnarrowed).
     """
     from streamstate.spark.driver.environment import ensure_worker_path
-    from streamstate.spark.driver.session import is_connect
     from streamstate.spark.offline.source import (
         StateDataSource,
         StateMetadataDataSource,
         UnfilteredStateDataSource,
     )
 
-    connect = is_connect(spark)
-    if not connect and spark in _REGISTERED:
+    if spark in _REGISTERED:
         return
     # the formats' Python workers import streamstate (a source checkout is not installed)
     ensure_worker_path(spark)
@@ -49,8 +47,7 @@ def register(spark: Any) -> None:
     filtered = setting is None or str(setting).lower() == "true"
     spark.dataSource.register(StateDataSource if filtered else UnfilteredStateDataSource)
     spark.dataSource.register(StateMetadataDataSource)
-    if not connect:
-        _REGISTERED.add(spark)
+    _REGISTERED.add(spark)
 
 
 def read_state(
