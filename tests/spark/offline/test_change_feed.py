@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -31,6 +32,7 @@ from streamstate import (
 from streamstate.backends.base import Clock
 from streamstate.checkpoint.storage import FileSystemCheckpointStorage
 from streamstate.errors import CheckpointError
+from streamstate.keygroups import KeyGroupRange
 
 STATES = ["value", "list", "map", "touched", "_timers.user.event"]
 TTL_MS = 2_500
@@ -223,3 +225,31 @@ def test_a_feed_needs_the_checkpoint_before_its_start(tmp_path: Path) -> None:
         _feed(job, "value", 3, 4, 0)
     with pytest.raises(ValueError, match="job's checkpoint directory, not the checkpoint"):
         _feed(job + "/chk-4", "value", 4, 4, 0)
+
+
+@pytest.mark.parametrize("backend", ["heap", "rocksdb"])
+def test_a_feed_reads_only_what_the_incremental_files_say_changed(
+    tmp_path: Path, backend: str
+) -> None:
+    """Checkpoint 2 changes one key: its feed reads one subtask's partition and, on the heap,
+    only the key group of the key (the delta file's); checkpoint 3 changes nothing: no
+    partition at all."""
+    from offline_reads import state_reader
+
+    from streamstate.keygroups import assign_to_key_group
+    from streamstate.spark.offline.plan import ReadPartition
+
+    batches = [[(k, "set", 1) for k in "abcd"], [("a", "set", 5)], []]
+    job, now = _run(tmp_path, backend, True, batches)
+    reader = state_reader(
+        job, state="value", readChangeFeed="true", changeStartCheckpointId=2, now=now
+    )
+    parts = [msgspec.msgpack.decode(p.value, type=ReadPartition) for p in reader.partitions()]
+    assert [(p.step.checkpoint.checkpoint_id if p.step else None) for p in parts] == [2]
+    group = assign_to_key_group("a", 8)
+    assert KeyGroupRange(*parts[0].key_groups).contains(group)
+    if backend == "heap":
+        assert parts[0].only == [group]
+    assert [(r["checkpoint_id"], r["key"], r["value"]) for r in _feed(job, "value", 2, 3, now)] == [
+        (2, "a", 5)
+    ]

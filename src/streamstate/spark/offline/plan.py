@@ -5,8 +5,8 @@ the checkpoints of the feed (each with the one before it); :meth:`ReadPlan.parti
 read like the job that wrote it: one partition per checkpointed subtask (its key-group range; its
 operator-state file), per checkpoint of a change feed. A filter on ``key`` narrows the read to the
 key groups that can hold the keys (:meth:`ReadPlan.partitions` ``keys``): a partition without any
-of them is dropped, the others read only those key groups. A change feed drops the partitions
-whose files did not change between the two checkpoints.
+of them is dropped, the others read only those key groups. A change feed reads only the key groups
+whose files may differ between the two checkpoints, and drops the partitions without any.
 
 Everything a task needs travels in its :class:`ReadPartition`, one typed message.
 """
@@ -22,7 +22,7 @@ import msgspec
 from streamstate.checkpoint.restore import operator_metadata
 from streamstate.checkpoint.storage import CompletedCheckpoint, open_location
 from streamstate.errors import CheckpointError
-from streamstate.keygroups import KeyGroupRange, assign_to_key_group
+from streamstate.keygroups import assign_to_key_group
 from streamstate.spark.offline.catalog import (
     CheckpointRef,
     KeyedStateRef,
@@ -32,6 +32,7 @@ from streamstate.spark.offline.catalog import (
     operator_state,
     subtask_range,
 )
+from streamstate.spark.offline.changes import candidate_key_groups
 from streamstate.spark.offline.options import ReadOptions
 
 __all__ = ["FeedStep", "ReadPartition", "ReadPlan", "plan_read"]
@@ -100,42 +101,21 @@ def _keyed_partitions(
     step: FeedStep | None,
     previous: CompletedCheckpoint | None = None,
 ) -> list[ReadPartition]:
+    """One partition per checkpointed subtask of ``cp`` holding any key group of ``wanted``
+    (None: any); for a change feed, only the key groups that may have changed since
+    ``previous`` (``changes.candidate_key_groups``), none of a subtask that changed nothing."""
     out = []
     for sub in operator_metadata(cp, operator).subtasks:
         kgs = subtask_range(sub)
         only = None if wanted is None else [kg for kg in wanted if kgs.contains(kg)]
+        if step is not None and step.state is not None and previous is not None:
+            changed = candidate_key_groups(previous, cp, step.state, kgs)
+            if changed is not None:
+                only = sorted(changed if only is None else changed.intersection(only))
         if only == []:
-            continue
-        if step is not None and previous is not None and _unchanged(previous, cp, operator, kgs):
             continue
         out.append(ReadPartition(kgs.to_tuple(), only, sub.subtask_index, step))
     return out
-
-
-def _files_meeting(
-    cp: CompletedCheckpoint, operator: str, key_groups: KeyGroupRange
-) -> list[tuple[tuple[int, int], list[tuple[str, int, int]]]]:
-    """The keyed files of the old subtasks meeting ``key_groups``: path, size, checksum."""
-    out = []
-    op = cp.metadata.operators.get(operator)
-    for sub in op.subtasks if op is not None else ():
-        if subtask_range(sub).intersection(key_groups):
-            files = [(cp.resolve(h.path), h.size, h.checksum) for h in sub.keyed]
-            out.append((tuple(sub.key_group_range), files))
-    return out  # type: ignore[return-value]
-
-
-def _unchanged(
-    before: CompletedCheckpoint,
-    after: CompletedCheckpoint,
-    operator: str,
-    key_groups: KeyGroupRange,
-) -> bool:
-    """Whether the keyed files holding ``key_groups`` are the same files in both checkpoints
-    (an incremental checkpoint of subtasks that changed nothing): nothing there changed."""
-    return _files_meeting(before, operator, key_groups) == _files_meeting(
-        after, operator, key_groups
-    )
 
 
 def _check_choice(options: ReadOptions) -> None:

@@ -29,7 +29,7 @@ from pyspark.sql.datasource import (
 
 from streamstate.keygroups import KeyGroupRange
 from streamstate.spark.offline.catalog import CheckpointRef, open_checkpoint
-from streamstate.spark.offline.changes import FEED_COLUMNS, candidate_key_groups, change_batches
+from streamstate.spark.offline.changes import FEED_COLUMNS, change_batches
 from streamstate.spark.offline.entries import KeyedStateFiles
 from streamstate.spark.offline.keyed_rows import keyed_batches
 from streamstate.spark.offline.layout import StateLayout
@@ -138,12 +138,6 @@ class UnfilteredStateReader(DataSourceReader):
         expired = plan.options.include_expired
         cp = step.checkpoint.open()
         previous = None if step.previous is None else step.previous.open()
-        if previous is not None and step.state is not None:
-            candidates = candidate_key_groups(previous, cp, step.state, key_groups)
-            if candidates is not None:
-                only = candidates if only is None else only & candidates
-                if not only:
-                    return
         sides: list[tuple[KeyedStateFiles, StateLayout] | None] = []
         for checkpoint, ref in ((previous, step.previous_state), (cp, step.state)):
             if checkpoint is None or ref is None:
