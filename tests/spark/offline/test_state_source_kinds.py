@@ -259,3 +259,34 @@ def test_options_that_do_not_fit_are_refused(visits: str) -> None:
         read_rows(visits, operatorState="seen", readChangeFeed="true", changeStartCheckpointId=1)
     with pytest.raises(ValueError, match="no option state"):
         metadata_rows(visits, state="count")
+
+
+class LateState(KeyedProcessFunction):
+    """Registers state ``late`` only when a record asks for it (after the first checkpoint)."""
+
+    def open(self, ctx: Any) -> None:
+        self.ctx = ctx
+        self.n = ctx.get_state(ValueStateDescriptor("n", int, default=0))
+
+    def process_element(self, value: Any, ctx: Any) -> Any:
+        self.n.update(self.n.value() + 1)
+        if value[1]:
+            self.ctx.get_state(ValueStateDescriptor("late", str)).update(value[1])
+        return None
+
+
+def test_a_state_first_written_in_a_delta_file_is_read(tmp_path: Path) -> None:
+    runner = LocalRunner(
+        LateState(),
+        key_selector=lambda r: r[0],
+        incremental_checkpoints=True,
+        checkpoint_storage=str(tmp_path),
+    )
+    runner.run([("a", None), ("b", None)], final_watermark=False)
+    runner.checkpoint()  # a full file without 'late'
+    runner.run([("a", "x")], final_watermark=False)
+    runner.checkpoint()  # a delta file holds it
+    runner.close()
+    job = str(tmp_path / "job")
+    assert [(r["key"], r["value"]) for r in read_rows(job, state="late")] == [("a", "x")]
+    assert "late" in {r["state"] for r in metadata_rows(job)}

@@ -29,7 +29,9 @@ from streamstate.checkpoint.storage import (
     open_location,
 )
 from streamstate.errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError
+from streamstate.format.handles import CANONICAL_KINDS
 from streamstate.format.meta import TIMER_STATE_KIND, StateMetaSnapshot
+from streamstate.format.restore import FileKeyedStateRestore
 from streamstate.keygroups import KeyGroupRange
 from streamstate.spark.offline.options import ReadOptions
 
@@ -129,14 +131,23 @@ class OperatorStateRef(msgspec.Struct, frozen=True):
 
 
 def _file_states(cp: CompletedCheckpoint, sub: SubtaskStateHandle) -> list[StateMetaSnapshot]:
-    """The states of an old subtask's snapshot, from the header of its first file."""
+    """The states of an old subtask's snapshot, from its files' headers: a canonical chain's
+    full file and deltas (a state registered after the full file is in the deltas' only; the
+    latest file's description of a state wins), or a backend's own snapshot's entry file."""
     if not sub.keyed:
         return []
-    restore = keyed_file_restore(cp, [sub.keyed[0]], subtask_range(sub))[0]
-    try:
-        return list(restore.states)
-    finally:
-        restore.close()
+    key_groups = subtask_range(sub)
+    if sub.keyed[0].kind not in CANONICAL_KINDS:
+        files = keyed_file_restore(cp, list(sub.keyed), key_groups)
+    else:
+        files = [FileKeyedStateRestore(cp, h, key_groups) for h in sub.keyed]
+    found: dict[str, StateMetaSnapshot] = {}
+    for f in files:
+        try:
+            found.update((m.name, m) for m in f.states)
+        finally:
+            f.close()
+    return list(found.values())
 
 
 def _key_serializer(cp: CompletedCheckpoint, op: OperatorMetadata) -> dict[str, Any]:
