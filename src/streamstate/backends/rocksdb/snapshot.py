@@ -47,6 +47,7 @@ from streamstate.errors import CheckpointError
 from streamstate.format.meta import StateMetaInfo, StateMetaSnapshot
 from streamstate.format.snapshot import KeyedStateSnapshot, SnapshotSource
 from streamstate.keygroups import KeyGroupRange
+from streamstate.namespace import VOID_NAMESPACE
 from streamstate.serializers import serializer_from_snapshot
 from streamstate.serializers.base import SerializerSnapshot, TypeSerializer
 
@@ -235,6 +236,12 @@ def decode_entries(
     decode_key = layout.decode_key
     key_end = layout.key_end
     decode_ns = layout.decode_namespace
+    if meta.kind != "map" and layout.ns_void:
+        # the common case, without a namespace to find (a third of the time per entry)
+        deserialize = meta.state_serializer.deserialize
+        for raw_key, raw_value in raw_entries:
+            yield decode_key(raw_key), VOID_NAMESPACE, deserialize(raw_value)
+        return
     if meta.kind != "map":
         deserialize = meta.state_serializer.deserialize
         for raw_key, raw_value in raw_entries:
