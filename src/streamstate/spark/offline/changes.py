@@ -10,7 +10,7 @@ the state read at ``a - 1`` with the feed of ``[a, b]`` applied in order is the 
 
 Only what may differ is decoded: entries are compared encoded first (an entry whose stored bytes
 did not change did not change), and only the others are decoded and compared as rows. Only key
-groups that may differ are read: :func:`candidate_key_groups` asks the checkpoints' files — a
+groups that may differ are read: ``candidate_key_groups`` asks the checkpoints' files — a
 subtask whose files are the same in both checkpoints changed nothing, a heap subtask whose chain
 only grew by delta files changed only the key groups those deltas hold, and a RocksDB subtask
 whose SST files are the same changed no keyed state (its timers live in its manifest).

@@ -2,8 +2,8 @@
 format, the same on every backend.
 
 A state's stored entries are ``(key, namespace, stored value)``; a timer queue's are ``(key,
-namespace, timestamp)``. :class:`StateLayout` decodes them with serializers rebuilt from the
-checkpoint alone (:mod:`~streamstate.serializers.plain`: no class of the program is needed) and
+namespace, timestamp)``. ``StateLayout`` decodes them with serializers rebuilt from the
+checkpoint alone (``serializers/plain.py``: no class of the program is needed) and
 turns them into columns:
 
 ========================================  ======================================================

@@ -1,12 +1,12 @@
 """State as a Spark data source (PySpark's Python Data Source API): the formats ``streamstate``
 (one state of one operator, or its change feed) and ``streamstate-metadata`` (every state).
 
-Spark calls a data source in three places: :meth:`StateDataSource.schema` and the reader's
+Spark calls a data source in three places: ``StateDataSource.schema`` and the reader's
 ``pushFilters`` / ``partitions`` in a Python worker of the driver while it plans the read (the
 checkpoint's metadata and one file header are read there: an unknown state fails the plan), and
 the reader's ``read`` in a Python worker of an executor, one per partition. A task needs nothing
 of the program that wrote the checkpoint: it reads files and decodes them with serializers
-rebuilt from the checkpoint (:mod:`~streamstate.spark.offline.layout`).
+rebuilt from the checkpoint (``layout.py``).
 
 ``streamstate.spark.register(spark)`` registers both formats in a session.
 """

@@ -1,8 +1,8 @@
 """Checkpointed values as Spark columns: the Spark type of a schema, and Arrow arrays of values.
 
-A value's :data:`~streamstate.serializers.schema.TypeSchema` (what the checkpoint says about it)
+A value's ``TypeSchema`` (``serializers/schema.py``: what the checkpoint says about it)
 gives its Spark type; the values a reader decoded without the program's classes
-(:mod:`~streamstate.serializers.plain`) become an Arrow array of that type:
+(``serializers/plain.py``) become an Arrow array of that type:
 
 ==============================================  ============================================
 value                                           Spark type
