@@ -68,11 +68,12 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy src
 	$(PY) tools/check_imports.py
 
-# the API reference (docs/api, Sphinx) into build/docs; a warning (a broken reference) fails it.
-# tests/docs/test_api_reference.py builds it too, so `make test` (CI) checks it.
+# the documentation site (docs/: the guide in MyST Markdown and the API reference from the
+# docstrings, Sphinx) into build/docs; a warning (a broken link or reference) fails it.
+# tests/docs/test_site.py builds it too, so `make test` (CI) checks it.
 docs: $(STAMP)
-	$(PY) -m sphinx -E -W --keep-going -n -q -b html docs/api build/docs
-	@echo "API reference: build/docs/index.html"
+	$(PY) -m sphinx -E -W --keep-going -n -q -b html docs build/docs
+	@echo "documentation: build/docs/index.html"
 
 bench: $(STAMP)
 	$(PY) bench/state_access.py

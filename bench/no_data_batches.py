@@ -1,6 +1,6 @@
 """What timely firing costs: the time of a no-data micro-batch against a micro-batch with input,
-and an ``availableNow`` run with and without them (SPEC §13.1, ``docs/spark.md``, "Timely
-firing").
+and an ``availableNow`` run with and without them (SPEC §13.1, ``docs/spark/streaming.md``,
+"Timely firing").
 
 The demo's job — views per app per hour of event time, ``watermark_delay`` 5 minutes — over
 ``--files`` Parquet files of ``--events`` generated page views (20 minutes of event time per

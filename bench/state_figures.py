@@ -1,4 +1,4 @@
-"""What the state figures in Spark's progress cost (SPEC §13.5, ``docs/spark.md``, "Monitoring").
+"""What the state figures in Spark's progress cost (SPEC §13.5, ``docs/spark/monitoring.md``).
 
 Question 1, ``subtask``: the per-micro-batch cost of taking the figures in a subtask (the
 backend's ``state_figures()``: table sizes and change counts on the heap backend, property reads

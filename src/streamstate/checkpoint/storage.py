@@ -654,7 +654,8 @@ class FileSystemCheckpointStorage(CheckpointStorage):
                 return self._link_if_absent(full, data)
             if self._conditional_put:
                 # one conditional PUT (If-None-Match: *): S3 and moto refuse it atomically when
-                # the key exists; a server that ignores the header overwrites (docs/spark.md)
+                # the key exists; a server that ignores the header overwrites
+                # (docs/checkpoints/storage.md)
                 try:
                     self._fs.pipe_file(full, data, mode="create")
                 except FileExistsError:
@@ -662,7 +663,7 @@ class FileSystemCheckpointStorage(CheckpointStorage):
                 return True
             with _ABSENT_LOCK:
                 # no exclusive create in fsspec's generic API (memory://, hdfs://, ...): check,
-                # then write; the window between the two is documented (docs/spark.md)
+                # then write; the window between the two is documented (docs/checkpoints/storage.md)
                 self._fresh(full)
                 if self._fs.exists(full):
                     return False

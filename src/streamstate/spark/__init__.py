@@ -1,6 +1,6 @@
 """streamstate on PySpark: keyed functions with Flink's state model, batch and streaming.
 
-Spark moves the data; streamstate keeps the state (SPEC §11, ``docs/spark.md``):
+Spark moves the data; streamstate keeps the state (SPEC §11, ``docs/spark/index.md``):
 
 .. code-block:: python
 

@@ -226,7 +226,7 @@ def test_window_namespaces_are_structs_of_start_and_end(tmp_path: Path, backend:
     runner.close()
     path = str(tmp_path / "job")
     windowed = [r for r in metadata_rows(path) if r["namespace_type"] is not None]
-    assert {r["namespace_type"] for r in windowed} == {"struct<`start`:bigint,`end`:bigint>"}
+    assert {r["namespace_type"] for r in windowed} == {"struct<start:bigint,end:bigint>"}
     state = next(r["state"] for r in windowed if r["kind"] == "aggregating")
     rows = read_rows(path, state=state)
     assert sorted(

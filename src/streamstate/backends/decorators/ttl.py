@@ -342,7 +342,7 @@ class TtlListState(_TtlState, InternalListState[Any]):
             elif policy.update_on_read:
                 original.update_internal([(now, e[1]) for e in live])
             return [e[1] for e in stored]
-        # cleanup on read: the expired elements are removed (see docs/state.md, deviations)
+        # cleanup on read: the expired elements are removed (see docs/concepts/ttl.md, deviations)
         original.update_internal([(now, e[1]) for e in live] if policy.update_on_read else live)
         return [e[1] for e in live]
 

@@ -8,8 +8,8 @@ inside a worker, behind some 200 lines of Java and Python traces. :func:`check_w
 finds this before the first job: on a local master (where the workers run on this machine) it
 asks the worker interpreter, once per driver process, to import what streamstate needs, and
 raises :class:`WorkerPythonError` naming the interpreter, what it lacks and ``PYSPARK_PYTHON``.
-On a cluster the executors' Python cannot be checked from here (docs/spark.md, "Running on a
-cluster").
+On a cluster the executors' Python cannot be checked from here (docs/spark/clusters.md, "Executors
+need the Python side").
 
 Through Spark Connect the workers (and a streaming query's ``foreachBatch`` process) run the
 *server's* Python: a server started with ``sbin/start-connect-server.sh`` and no
@@ -64,7 +64,7 @@ def ensure_worker_path(spark: Any) -> None:
 
     if is_connect(spark):
         # no sparkContext: the server's Python workers must import streamstate themselves
-        # (installed there; docs/spark.md "Spark Connect"), which is checked once
+        # (installed there; docs/spark/connect.md), which is checked once
         check_worker_python(spark)
         return
     sc = spark.sparkContext
@@ -181,8 +181,8 @@ def check_connect_server_python(spark: Any) -> None:
     remedy = (
         "Start the server with PYSPARK_PYTHON set to a Python that has streamstate and its "
         "dependencies installed (e.g. PYSPARK_PYTHON=/opt/venv/bin/python "
-        "$SPARK_HOME/sbin/start-connect-server.sh; docs/spark.md, 'Starting a Spark Connect "
-        "server for streamstate')"
+        "$SPARK_HOME/sbin/start-connect-server.sh; docs/spark/connect.md, 'Starting a Spark "
+        "Connect server for streamstate')"
     )
     try:
         rows = spark.range(1).select(probe("id").alias("report")).collect()

@@ -222,7 +222,7 @@ def keyed_process(
             records end: Flink's BATCH runtime) or ``"streaming"`` (every key's state in
             ``state_backend`` until the input ends). With ``"automatic"``, a window aggregate
             that is folded before the shuffle (``pre_aggregate``) runs its folded rows through
-            the streaming operator; ``"batch"`` never folds. See docs/spark.md, "Batch mode".
+            the streaming operator; ``"batch"`` never folds. See docs/spark/batch.md.
         pre_aggregate: fold a window aggregate (``window(...).aggregate(...)``/``.reduce(...)``)
             per key and window before the shuffle (SPEC §13.2; a built-in aggregate such as
             ``count()`` in Spark SQL's own partial aggregation). None (default): wherever the

@@ -33,7 +33,7 @@ own progress events (listeners, the UI) carry none there.
 
 The figure names follow Spark's ``StateOperatorProgress`` where one exists (``numRowsTotal``,
 ``numRowsUpdated``, ``numRowsRemoved``, ``memoryUsedBytes``, ``numRowsDroppedByWatermark``);
-docs/spark.md lists them all.
+docs/spark/monitoring.md lists them all.
 """
 
 from __future__ import annotations

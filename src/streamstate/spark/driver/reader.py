@@ -63,7 +63,7 @@ def read_state(
     """The entries of keyed state ``state`` of ``operator`` as a DataFrame ``(key, namespace,
     value)``, or the timers of a timer pseudo-state as ``(key, namespace, timestamp,
     time_domain)``: ``spark.read.format("streamstate")`` with these options
-    (docs/state-source.md).
+    (docs/checkpoints/state-source.md).
 
     Parameters:
         path: a job's checkpoint directory (its latest complete checkpoint is read), a

@@ -312,7 +312,7 @@ class KeyedStreamingQuery:
     def batches(self) -> list[dict[str, Any]]:
         """One dict of figures per step this query run ran: ``batch`` (Spark's micro-batch),
         ``checkpoint``, ``no_data`` (with ``due`` and ``idle``), ``replayed``, rows, outputs,
-        watermark, restores, routes and timings (docs/spark.md)."""
+        watermark, restores, routes and timings (docs/spark/monitoring.md)."""
         return self.runner.batches
 
     # ---- set-up --------------------------------------------------------------------------------
@@ -432,7 +432,7 @@ class KeyedStreamingQuery:
     def last_progress(self) -> Any:
         """Spark's last ``StreamingQueryProgress`` (a dict), whose
         ``observedMetrics["streamstate"]`` holds the micro-batch's state figures
-        (:mod:`streamstate.spark.driver.progress`, docs/spark.md "Monitoring")."""
+        (:mod:`streamstate.spark.driver.progress`, docs/spark/monitoring.md)."""
         progress = self.query.lastProgress
         if self.reports is not None and progress is not None:
             self._sync_from_server(sinks=False)

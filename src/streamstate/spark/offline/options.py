@@ -26,7 +26,7 @@ _STORAGE_PREFIX = "storage."
 
 
 class ReadOptions(msgspec.Struct, frozen=True, kw_only=True):
-    """What to read (see docs/state-source.md for each option)."""
+    """What to read (see docs/checkpoints/state-source.md for each option)."""
 
     #: a job's checkpoint directory, a ``chk-<id>`` directory or a savepoint directory
     path: str

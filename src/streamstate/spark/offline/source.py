@@ -64,8 +64,8 @@ def output_struct(plan: ReadPlan) -> Any:
 
 
 class StateDataSource(DataSource):
-    """The ``streamstate`` format (docs/state-source.md): ``load(PATH)`` with ``state`` or
-    ``operatorState`` and the other options of :mod:`~streamstate.spark.offline.options`."""
+    """The ``streamstate`` format (docs/checkpoints/state-source.md): ``load(PATH)`` with
+    ``state`` or ``operatorState`` and the other options of ``options.py``."""
 
     @classmethod
     def name(cls) -> str:
@@ -192,7 +192,7 @@ def key_filter_values(plan: ReadPlan, filters: list[Filter]) -> list[Any] | None
 
 class StateMetadataDataSource(DataSource):
     """The ``streamstate-metadata`` format: ``load(PATH)``, options ``checkpointId`` and the
-    storage options (docs/state-source.md)."""
+    storage options (docs/checkpoints/state-source.md)."""
 
     @classmethod
     def name(cls) -> str:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import operator
+import re
 from typing import Any
 
 import msgspec
@@ -127,15 +128,21 @@ _SIMPLE_TYPES: dict[str, Any] = {
 }
 
 
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
 def _quote(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
+    """A struct field's name as DDL writes it: quoted unless it is a plain identifier."""
+    return name if _IDENTIFIER.match(name) else "`" + name.replace("`", "``") + "`"
 
 
 def ddl_of(data_type: Any) -> str:
-    """A Spark type as DDL text (struct field names quoted).
+    """A Spark type as DDL text (struct field names quoted where they need it).
 
     >>> ddl_of(MapType(StringType(), StructType([StructField("end", LongType())])))
-    'map<string,struct<`end`:bigint>>'
+    'map<string,struct<end:bigint>>'
+    >>> ddl_of(StructType([StructField("first name", LongType())]))
+    'struct<`first name`:bigint>'
     """
     if isinstance(data_type, StructType):
         return (
@@ -154,7 +161,7 @@ def spark_ddl(schema: TypeSchema) -> str:
     >>> from streamstate.serializers.schema import FieldSchema
     >>> spark_ddl(RecordSchema("TimeWindow", (FieldSchema("start", IntSchema()),
     ...                                       FieldSchema("end", IntSchema()))))
-    'struct<`start`:bigint,`end`:bigint>'
+    'struct<start:bigint,end:bigint>'
     """
     return ddl_of(spark_type(schema))
 

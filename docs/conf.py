@@ -1,22 +1,32 @@
-"""Sphinx configuration of the API reference (``make docs``; checked by
-tests/docs/test_api_reference.py). Built from the docstrings with autodoc; every
-cross-reference to streamstate must resolve (nitpicky), references to other libraries' types
-are left as text (no network: no intersphinx)."""
+"""Sphinx configuration of the documentation site (``make docs``; built in the tests by
+tests/docs/test_site.py): the user guide in MyST Markdown and the API reference, generated from
+the docstrings by autodoc (``api/*.rst``: autodoc's directives take reStructuredText). Every
+cross-reference must resolve (nitpicky, and ``make docs`` turns warnings into errors): links
+between pages and to their headings (MyST anchors, GitHub's slugs), and references to
+streamstate's names; references to other libraries' types are left as text (no network: no
+intersphinx)."""
 
 from __future__ import annotations
 
 import os
 import sys
 
-sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "src")))
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "src")))
 
 project = "streamstate"
 author = "streamstate"
-extensions = ["sphinx.ext.autodoc"]
+extensions = ["myst_parser", "sphinx.ext.autodoc"]
 root_doc = "index"
+source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
 exclude_patterns = ["_build"]
-html_theme = "alabaster"
+html_theme = "furo"
+html_title = "streamstate"
+html_show_copyright = False
 html_static_path: list[str] = []
+
+#: ``[text](page.md#a-heading)`` links resolve to headings of levels 1 to 4, by GitHub's slugs
+#: (the same links work on the repository's pages)
+myst_heading_anchors = 4
 
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
