@@ -2,9 +2,13 @@
 
 * ``streamstate.backends.heap._entry``: the copy-on-write state map's entry in C (64 bytes and
   untracked by the cyclic GC, against 80 for the pure-Python entry);
+* ``streamstate.backends.heap._value_state``: the heap value state's ``value()`` and
+  ``update()`` on their common path;
+* ``streamstate.runtime._record_loop``: the record loop (per record the current key, the call
+  of ``process_element`` and its outputs collected);
 * ``streamstate.backends.decorators._sampling``: the metrics decorators' unsampled path.
 
-Both are optional: if one cannot be compiled the install still succeeds and its pure-Python
+All are optional: if one cannot be compiled the install still succeeds and its pure-Python
 reference is used (``STREAMSTATE_PURE_PYTHON=1`` forces the references).
 """
 
@@ -15,6 +19,18 @@ setup(
         Extension(
             "streamstate.backends.heap._entry",
             ["src/streamstate/backends/heap/_entry.c"],
+            depends=["src/streamstate/backends/heap/_entry.h"],
+            optional=True,
+        ),
+        Extension(
+            "streamstate.backends.heap._value_state",
+            ["src/streamstate/backends/heap/_value_state.c"],
+            depends=["src/streamstate/backends/heap/_entry.h"],
+            optional=True,
+        ),
+        Extension(
+            "streamstate.runtime._record_loop",
+            ["src/streamstate/runtime/_record_loop.c"],
             optional=True,
         ),
         Extension(

@@ -1,16 +1,21 @@
-"""Per-record cost of the in-process path: a LocalRunner value-state count vs a dict loop.
+"""Per-record cost of the in-process path: a LocalRunner value-state count vs the floor.
 
 The contender is ``LocalRunner(Count(), key_selector=...).run(events)``: per record, the key
-selector, the key group (cached per distinct key), routing to the subtask, ``set_current_key``,
-the function's ``process_element`` generator, ``value()`` and ``update()`` on a value state, and
-the output collected. The baseline does the same logical work on a plain ``dict``: select the key,
-read the count, write it back, append ``(key, count)`` to the outputs. Runs are interleaved and
-repeated; the medians and their ratio are printed and written to
+selector, the key group (cached per distinct key), routing to the subtask, the current key, the
+function's ``process_element`` generator, ``value()`` and ``update()`` on a value state, and the
+output collected, at parallelism 1 and 2. The baseline is the interpreter's floor for any
+per-record Python API: a loop that selects the key and calls a generator per record, which reads
+and writes a ``dict`` and yields ``(key, count)``; the outputs are collected the same way. A plain
+dict loop (no generator) is shown too. Runs are interleaved and repeated; the medians and their
+ratios to the floor (and RocksDB's to the heap's) are printed and written to
 ``bench/results/local_runner.json``. Two more rows show what the key-group cache buys: the key
 group of every record computed with ``assign_to_key_group`` vs looked up in a dict.
 
     python bench/local_runner.py [--events 300000] [--keys 10000] [--repeat 5]
-                                 [--backends heap,rocksdb]
+                                 [--backends heap,rocksdb] [--parallelism 1,2] [--reference]
+
+``--reference`` adds each runner on the pure-Python reference path (``STREAMSTATE_PURE_PYTHON``'s
+record loop and value state, switched in this process: ``streamstate.runtime.record_path``).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import numpy as np
 from streamstate import KeyedProcessFunction, LocalRunner, ValueStateDescriptor
 from streamstate.backends.rocksdb.factory import RocksDBStateBackend
 from streamstate.keygroups import assign_to_key_group
+from streamstate.runtime.record_path import COMPILED_PATH_AVAILABLE, record_path
 
 
 class Count(KeyedProcessFunction):
@@ -61,15 +67,45 @@ def dict_loop(events: list[dict[str, Any]]) -> list[Any]:
     return out
 
 
-def runner_count(backend: str, events: list[dict[str, Any]], tmp: str) -> list[Any]:
+def _floor_count(counts: dict[Any, int], value: dict[str, Any]) -> Any:
+    key = value["user"]
+    n = counts.get(key, 0) + 1
+    counts[key] = n
+    yield key, n
+
+
+def floor_loop(events: list[dict[str, Any]]) -> list[Any]:
+    """The floor: per record the key selected and a generator called that reads and writes a
+    dict and yields ``(key, count)``, its outputs collected."""
+    counts: dict[Any, int] = {}
+    out: list[Any] = []
+    extend = out.extend
+    select = _select
+    count = _floor_count
+    for event in events:
+        select(event)
+        extend(count(counts, event))
+    return out
+
+
+def runner_count(
+    backend: str,
+    events: list[dict[str, Any]],
+    tmp: str,
+    parallelism: int = 2,
+    compiled: bool = True,
+) -> list[Any]:
     state_backend: Any = backend
     if backend == "rocksdb":
         state_backend = RocksDBStateBackend(working_dir=tempfile.mkdtemp(dir=tmp))
-    runner = LocalRunner(Count(), key_selector=_select, parallelism=2, state_backend=state_backend)
-    try:
-        return runner.run(events)
-    finally:
-        runner.close()
+    with record_path(compiled):
+        runner = LocalRunner(
+            Count(), key_selector=_select, parallelism=parallelism, state_backend=state_backend
+        )
+        try:
+            return runner.run(events)
+        finally:
+            runner.close()
 
 
 def key_groups_computed(events: list[dict[str, Any]]) -> None:
@@ -103,6 +139,12 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=10_000)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--backends", default="heap,rocksdb")
+    parser.add_argument("--parallelism", default="1,2")
+    parser.add_argument(
+        "--reference",
+        action="store_true",
+        help="also run each runner on the pure-Python reference path (same process)",
+    )
     parser.add_argument(
         "--out", default=os.path.join(os.path.dirname(__file__), "results", "local_runner.json")
     )
@@ -112,17 +154,30 @@ def main() -> None:
     events = [{"user": f"user-{k}"} for k in rng.integers(0, args.keys, args.events).tolist()]
     expected = dict_loop(events)
     backends = args.backends.split(",")
+    parallelisms = [int(p) for p in args.parallelism.split(",")]
+    paths = [True, False] if args.reference and COMPILED_PATH_AVAILABLE else [True]
+    runners = {
+        f"local_runner[{b},p={p}{'' if c else ',reference'}]": (b, p, c)
+        for c in paths
+        for b in backends
+        for p in parallelisms
+    }
     contenders: dict[str, Callable[[str], Any]] = {
+        "floor": lambda tmp: floor_loop(events),
         "dict": lambda tmp: dict_loop(events),
-        **{f"local_runner[{b}]": (lambda tmp, b=b: runner_count(b, events, tmp)) for b in backends},
+        **{
+            name: (lambda tmp, b=b, p=p, c=c: runner_count(b, events, tmp, p, c))
+            for name, (b, p, c) in runners.items()
+        },
         "key_group_per_record": lambda tmp: key_groups_computed(events),
         "key_group_cached": lambda tmp: key_groups_cached(events),
     }
     with tempfile.TemporaryDirectory() as tmp:
-        for b in backends:  # the outputs are the dict loop's, in order
-            got = runner_count(b, events, tmp)
-            if got != expected:
-                raise SystemExit(f"local_runner[{b}] outputs differ from the dict loop")
+        if floor_loop(events) != expected:
+            raise SystemExit("the floor's outputs differ from the dict loop's")
+        for name, (b, p, c) in runners.items():  # the outputs are the dict loop's, in order
+            if runner_count(b, events, tmp, p, c) != expected:
+                raise SystemExit(f"{name} outputs differ from the dict loop")
         samples: dict[str, list[float]] = {name: [] for name in contenders}
         cpu_samples: dict[str, list[float]] = {name: [] for name in contenders}
         for _ in range(args.repeat):
@@ -144,10 +199,26 @@ def main() -> None:
         "cpus": os.cpu_count(),
         "us_per_record": us,
         "runs_s": samples,
+        "ratio_vs_floor": {name: us[name] / us["floor"] for name in us},
         "ratio_vs_dict": {name: us[name] / us["dict"] for name in us},
         "cpu_us_per_record": cpu_us,
         "cpu_runs_s": cpu_samples,
+        "cpu_ratio_vs_floor": {name: cpu_us[name] / cpu_us["floor"] for name in cpu_us},
         "cpu_ratio_vs_dict": {name: cpu_us[name] / cpu_us["dict"] for name in cpu_us},
+        # per invocation of this script, the paired ratio of each run (contender / the floor of
+        # the same round) is steadier than a ratio of medians on a shared machine
+        "paired_ratio_vs_floor": {
+            name: statistics.median(
+                c / f for c, f in zip(cpu_samples[name], cpu_samples["floor"], strict=True)
+            )
+            for name in cpu_samples
+        },
+        "rocksdb_vs_heap": {
+            f"p={p}": cpu_us[f"local_runner[rocksdb,p={p}]"] / cpu_us[f"local_runner[heap,p={p}]"]
+            for p in parallelisms
+            if "rocksdb" in backends and "heap" in backends
+        },
+        "compiled": COMPILED_PATH_AVAILABLE,
     }
     print(
         f"{args.events:,} events over {args.keys:,} keys, {args.repeat} interleaved runs, "
@@ -155,9 +226,16 @@ def main() -> None:
     )
     for name in contenders:
         print(
-            f"{name:<24}{us[name]:>8.2f} µs{us[name] / us['dict']:>7.2f}x the dict loop"
-            f"{cpu_us[name]:>10.2f} µs CPU{cpu_us[name] / cpu_us['dict']:>7.2f}x"
+            f"{name:<28}{us[name] * 1000:>8.0f} ns{us[name] / us['floor']:>7.2f}x the floor"
+            f"{cpu_us[name] * 1000:>10.0f} ns CPU{cpu_us[name] / cpu_us['floor']:>7.2f}x"
+            f"  (paired {results['paired_ratio_vs_floor'][name]:.2f}x)"
         )
+    for p, ratio in results["rocksdb_vs_heap"].items():
+        print(f"RocksDB / heap at {p}: {ratio:.2f}x (CPU)")
+    print(
+        "path:",
+        "compiled" if COMPILED_PATH_AVAILABLE else "pure Python (STREAMSTATE_PURE_PYTHON=1)",
+    )
     print(
         f"key group cache: {us['key_group_per_record'] / us['key_group_cached']:.1f}x cheaper "
         "than hashing every record"

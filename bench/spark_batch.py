@@ -581,12 +581,25 @@ def in_process(rows: int, keys: int, repeat: int) -> dict[str, Any]:
                 function(value, None)
         return time.process_time() - t0
 
-    runs: dict[str, list[float]] = {"batch": [], "streaming": [], "floor": []}
+    from streamstate.runtime.record_path import COMPILED_PATH_AVAILABLE, record_path
+
+    # each runtime also on the pure-Python reference path (record loop, value state), same
+    # process, interleaved: what the compiled path changes
+    paths = {"": True, "_reference": False} if COMPILED_PATH_AVAILABLE else {"": True}
+    runs: dict[str, list[float]] = {"floor": []}
     for _ in range(repeat):
-        runs["batch"].append(task(BatchSubtaskRuntime(job, 0, SumAtEnd), by_key, "batch"))
-        runs["streaming"].append(
-            task(SubtaskRuntime(job, 0, SumAtEnd, incremental=False), as_they_come, "streaming")
-        )
+        for suffix, compiled in paths.items():
+            with record_path(compiled):
+                runs.setdefault(f"batch{suffix}", []).append(
+                    task(BatchSubtaskRuntime(job, 0, SumAtEnd), by_key, "batch")
+                )
+                runs.setdefault(f"streaming{suffix}", []).append(
+                    task(
+                        SubtaskRuntime(job, 0, SumAtEnd, incremental=False),
+                        as_they_come,
+                        "streaming",
+                    )
+                )
         runs["floor"].append(floor())
     ns = {name: min(t) / rows * 1e9 for name, t in runs.items()}
     batch, streaming, lowest = ns["batch"], ns["streaming"], ns["floor"]
@@ -596,6 +609,13 @@ def in_process(rows: int, keys: int, repeat: int) -> dict[str, Any]:
         f"{batch / streaming:.2f}x, batch / floor {batch / lowest:.2f}x; peak RSS added by a "
         f"task: batch {growth['batch']:.1f} MB, streaming {growth['streaming']:.1f} MB"
     )
+    if "batch_reference" in ns:
+        print(
+            f"  the pure-Python reference path: batch {ns['batch_reference']:.0f}, streaming "
+            f"{ns['streaming_reference']:.0f} (compiled / reference: batch "
+            f"{batch / ns['batch_reference']:.2f}x, streaming "
+            f"{streaming / ns['streaming_reference']:.2f}x)"
+        )
     return {"rows": rows, "keys": keys, "ns_per_record": ns, "runs_s": runs, "growth_mb": growth}
 
 

@@ -45,7 +45,13 @@ from streamstate.keygroups import (
     compute_default_max_parallelism,
     compute_operator_index_for_key_group,
 )
-from streamstate.runtime.operator import KeyedProcessOperator, RecordRoute, process_records
+from streamstate.runtime.operator import (
+    KeyedProcessOperator,
+    RecordRoute,
+    note_failed_record,
+    process_records,
+    record_loop,
+)
 from streamstate.runtime.stream_task import StreamTask
 from streamstate.serializers import TypeSerializer, serializer_for
 from streamstate.timers import MIN_WATERMARK
@@ -283,12 +289,38 @@ class LocalRunner:
         for op in ops:
             op.output = out
             op.side_outputs = self._side_outputs
+        module = record_loop().module
         try:
-            process_records(self._routed(it), out)
+            if module is None:
+                process_records(self._routed(it), out)
+            else:
+                failed: list[tuple[Any, Any]] = []
+                try:
+                    module.run_selected(
+                        it, self.key_selector, self._routes, self._route_of, out, failed
+                    )
+                except Exception as exc:
+                    note_failed_record(exc, failed)
+                    raise
         finally:
             for op in ops:
                 op.output = []
                 op.side_outputs = {}
+
+    def _route_of(self, key: Any) -> RecordRoute:
+        """The route of ``key`` (cached per distinct key of a cached type): what
+        :meth:`_routed` does for a key not in the cache, for the compiled loop, which looks
+        the cache up itself."""
+        if type(key) in _CACHED_KEY_TYPES:
+            routes = self._routes
+            if len(routes) >= KEY_GROUP_CACHE_LIMIT:
+                routes.clear()
+            kg = self._key_groups.get(key)
+            if kg is None:
+                kg = assign_to_key_group(key, self.max_parallelism)
+            route = routes[key] = self._route_of_kg[kg]
+            return route
+        return self._route_of_kg[self.key_group_of(key)]
 
     def _routed(self, it: Iterator[Any]) -> Iterator[tuple[Any, Any, None, RecordRoute]]:
         """``(key, record, None, route)`` of each record (no event time on this path)."""

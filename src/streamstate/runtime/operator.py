@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 from itertools import islice
 from typing import Any
 
+from streamstate._compiled import compiled
 from streamstate.api.descriptors import (
     AggregatingStateDescriptor,
     ListStateDescriptor,
@@ -45,11 +46,16 @@ from streamstate.serializers import TypeSerializer, VoidNamespaceSerializer
 from streamstate.timers import MIN_WATERMARK, InternalTimerService, UserTimerService
 
 __all__ = [
+    "RECORD_LOOPS",
     "InternalOperatorContext",
     "KeyedProcessOperator",
     "OperatorSnapshot",
+    "RecordLoop",
     "RecordRoute",
+    "note_failed_record",
     "process_records",
+    "record_loop",
+    "use_record_loop",
 ]
 
 _VOID_SERIALIZER = VoidNamespaceSerializer()
@@ -323,6 +329,61 @@ def _short(value: Any) -> str:
     return text if len(text) <= 200 else text[:197] + "..."
 
 
+def note_failed_record(exc: BaseException, failed: list[tuple[Any, Any]]) -> None:
+    """The note of an error a compiled loop raised in a function: it appended the failing
+    record's ``(key, value)`` to ``failed`` (nothing when the error was not the function's)."""
+    if failed:
+        key, value = failed[-1]
+        _note(exc, f"process_element of key {_short(key)}, record {_short(value)}")
+
+
+class RecordLoop:
+    """One implementation of the record loops: ``module`` is the compiled one
+    (``runtime/_record_loop.c``), or None for the pure-Python reference (:func:`process_records`,
+    :meth:`KeyedProcessOperator.process_runs`, ``LocalRunner._routed``). Both do the same calls
+    in the same order; a test runs the record path's behavioural suite with each."""
+
+    __slots__ = ("module", "name")
+
+    def __init__(self, name: str, module: Any) -> None:
+        self.name = name
+        self.module = module
+
+    def __repr__(self) -> str:
+        return f"RecordLoop({self.name!r})"
+
+
+def _compiled_loop() -> RecordLoop | None:
+    module = compiled("streamstate.runtime._record_loop")
+    if module is None:
+        return None
+    module.configure(KeyContext, _ProcessContext, _collect)
+    return RecordLoop("compiled", module)
+
+
+_COMPILED_LOOP = _compiled_loop()
+
+#: the record loops this process can use: the pure-Python reference first, then the compiled
+#: one when it is built and ``STREAMSTATE_PURE_PYTHON`` is not set
+RECORD_LOOPS: tuple[RecordLoop, ...] = (RecordLoop("python", None),) + (
+    () if _COMPILED_LOOP is None else (_COMPILED_LOOP,)
+)
+_current_loop: list[RecordLoop] = [RECORD_LOOPS[-1]]
+
+
+def record_loop() -> RecordLoop:
+    """The record loop operators and runners use (the compiled one when it is available)."""
+    return _current_loop[0]
+
+
+def use_record_loop(loop: RecordLoop) -> RecordLoop:
+    """Select ``loop`` (one of :data:`RECORD_LOOPS`) for every operator and runner of this
+    process; returns the one it replaces (tests compare the two)."""
+    previous = _current_loop[0]
+    _current_loop[0] = loop
+    return previous
+
+
 class KeyedProcessOperator:
     """One subtask of a keyed process operator."""
 
@@ -452,6 +513,15 @@ class KeyedProcessOperator:
         zipped iterables, in order (same outputs, errors and notes): the per-record loop of a
         batch (the Spark state hosts), :func:`process_records`."""
         routes = self._routes()
+        module = _current_loop[0].module
+        if module is not None:
+            failed: list[tuple[Any, Any]] = []
+            try:
+                module.run_zipped(keys, values, timestamps, key_groups, routes, self.output, failed)
+            except Exception as exc:
+                note_failed_record(exc, failed)
+                raise
+            return
         process_records(
             zip(keys, values, timestamps, map(routes.__getitem__, key_groups), strict=False),
             self.output,
@@ -479,6 +549,17 @@ class KeyedProcessOperator:
         ctx = self._ctx
         fn = self.function.process_element
         out = self.output
+        module = _current_loop[0].module
+        if module is not None:
+            failed: list[tuple[Any, Any]] = []
+            try:
+                module.run_runs(
+                    keys, key_groups, lengths, values, timestamps, set_key, fn, ctx, out, failed
+                )
+            except Exception as exc:
+                note_failed_record(exc, failed)
+                raise
+            return
         generator = _GENERATOR
         records = iter(values)
         stamps = None if timestamps is None else iter(timestamps)

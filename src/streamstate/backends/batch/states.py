@@ -36,6 +36,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from streamstate._compiled import compiled
 from streamstate.api.descriptors import (
     AggregatingStateDescriptor,
     ReducingStateDescriptor,
@@ -58,12 +59,14 @@ from streamstate.serializers.inference import VoidNamespaceSerializer
 
 __all__ = [
     "STATE_FACTORIES",
+    "VALUE_STATE_TYPES",
     "BatchAggregatingState",
     "BatchListState",
     "BatchMapState",
     "BatchReducingState",
     "BatchState",
     "BatchValueState",
+    "CompiledBatchValueState",
     "guard",
 ]
 
@@ -479,8 +482,41 @@ class BatchAggregatingState(BatchState, InternalAggregatingState[Any, Any]):
             self._store(target, merged if current is None else agg.merge(current, merged))
 
 
+class CompiledBatchValueState(BatchValueState):
+    """:class:`BatchValueState` whose ``value()`` and ``update()`` are compiled
+    (``backends/heap/_value_state.c``: the slot read or written without a Python frame) and call
+    :class:`BatchValueState`'s methods for a default that must be copied or a value that must be
+    checked. Used when the extension is built and ``STREAMSTATE_PURE_PYTHON`` is not set; both
+    pass the same behavioural suite."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"BatchValueState({self._descriptor.name!r})"
+
+
+def _bind_compiled_value_state() -> type[BatchValueState] | None:
+    module = compiled("streamstate.backends.heap._value_state")
+    if module is None:
+        return None
+    value, update = module.bind_single(
+        CompiledBatchValueState, BatchValueState.value, BatchValueState.update
+    )
+    CompiledBatchValueState.value = value  # type: ignore[method-assign]
+    CompiledBatchValueState.update = update  # type: ignore[method-assign]
+    return CompiledBatchValueState
+
+
+_COMPILED_VALUE_STATE = _bind_compiled_value_state()
+
+#: the value state types this process can use: the pure-Python reference first, then the
+#: compiled one when it is built (tests run the behavioural suite with each)
+VALUE_STATE_TYPES: tuple[type[BatchValueState], ...] = (BatchValueState,) + (
+    () if _COMPILED_VALUE_STATE is None else (_COMPILED_VALUE_STATE,)
+)
+
 STATE_FACTORIES: dict[StateKind, type[BatchState]] = {
-    StateKind.VALUE: BatchValueState,
+    StateKind.VALUE: VALUE_STATE_TYPES[-1],
     StateKind.LIST: BatchListState,
     StateKind.MAP: BatchMapState,
     StateKind.REDUCING: BatchReducingState,
@@ -510,10 +546,11 @@ def _guard_class(cls: type[BatchState]) -> type[BatchState]:
 
 #: state class -> its guard class, and back
 _GUARDS: dict[type, type] = {}
-for _cls in STATE_FACTORIES.values():
+for _cls in {*STATE_FACTORIES.values(), *VALUE_STATE_TYPES}:
     _g = _guard_class(_cls)
     _GUARDS[_cls] = _g
     _GUARDS[_g] = _cls
+_GUARD_CLASSES = frozenset(_GUARDS[c] for c in {*STATE_FACTORIES.values(), *VALUE_STATE_TYPES})
 
 
 def guard(state: BatchState, on: bool) -> None:
@@ -523,6 +560,6 @@ def guard(state: BatchState, on: bool) -> None:
     states twice per run (before the first key, after the last), never per record.
     """
     cls = type(state)
-    is_guarded = cls not in STATE_FACTORIES.values()
+    is_guarded = cls in _GUARD_CLASSES
     if on != is_guarded:
         state.__class__ = _GUARDS[cls]

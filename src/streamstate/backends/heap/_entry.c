@@ -21,15 +21,7 @@
 #include <Python.h>
 #include <structmember.h>
 
-typedef struct {
-    PyObject_HEAD
-    PyObject *entry_version;
-    PyObject *key;
-    PyObject *namespace_;
-    PyObject *next;
-    PyObject *state;
-    PyObject *state_version;
-} Entry;
+#include "_entry.h"
 
 static PyTypeObject EntryType;
 

@@ -109,6 +109,7 @@ __all__ = [
     "MAXIMUM_CAPACITY",
     "MINIMUM_CAPACITY",
     "MIN_TRANSFERRED_PER_INCREMENTAL_REHASH",
+    "NOT_REHASHING",
     "CopyOnWriteStateMap",
     "CopyOnWriteStateMapSnapshot",
     "PyStateMapEntry",
@@ -127,6 +128,8 @@ _MAX_ARRAY_SIZE = (1 << 31) - 1 - 8
 
 #: Identity marks "not rehashing"; a tuple so that nothing can ever be written into it.
 _EMPTY_TABLE: tuple[None, ...] = (None,) * (MINIMUM_CAPACITY >> 1)
+#: the rehash table of a map that is not rehashing (the compiled value state compares with it)
+NOT_REHASHING = _EMPTY_TABLE
 
 #: Tables at least this long are pre-built in chunks instead of allocated in one call.
 _INCREMENTAL_ALLOC_MIN = 1 << 17

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from streamstate._compiled import compiled
 from streamstate.api.descriptors import (
     AggregatingStateDescriptor,
     ReducingStateDescriptor,
@@ -25,7 +26,13 @@ from streamstate.api.state import (
     InternalReducingState,
     InternalValueState,
 )
-from streamstate.backends.base import check_written_value, checked_list_elements
+from streamstate.backends.base import KeyContext, check_written_value, checked_list_elements
+from streamstate.backends.heap.copy_on_write import (
+    NOT_REHASHING,
+    CopyOnWriteStateMap,
+    PyStateMapEntry,
+    StateMapEntry,
+)
 from streamstate.backends.heap.state_table import StateTable
 from streamstate.errors import StateAccessError
 from streamstate.namespace import VOID_NAMESPACE
@@ -34,6 +41,8 @@ from streamstate.serializers.inference import VoidNamespaceSerializer
 
 __all__ = [
     "STATE_FACTORIES",
+    "VALUE_STATE_TYPES",
+    "CompiledHeapValueState",
     "HeapAggregatingState",
     "HeapListState",
     "HeapMapState",
@@ -426,8 +435,49 @@ class HeapAggregatingState(_HeapState, InternalAggregatingState[Any, Any]):
             m.transform(key, target, merged, self._merge)
 
 
+class CompiledHeapValueState(HeapValueState):
+    """:class:`HeapValueState` whose ``value()`` and ``update()`` take their common path in C
+    (``_value_state.c``: the current key's entry found and written without the two Python frames
+    of each call) and call :class:`HeapValueState`'s methods for everything else. Used when the
+    extension and the compiled map entry are built and ``STREAMSTATE_PURE_PYTHON`` is not set;
+    both pass the same behavioural suite."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"HeapValueState({self._descriptor.name!r})"
+
+
+def _bind_compiled_value_state() -> type[HeapValueState] | None:
+    """Install the compiled methods on :class:`CompiledHeapValueState`; None when they are not
+    built, ``STREAMSTATE_PURE_PYTHON`` is set, or the maps use the pure-Python entry."""
+    module = compiled("streamstate.backends.heap._value_state")
+    if module is None or StateMapEntry is PyStateMapEntry:
+        return None
+    value, update = module.bind(
+        CompiledHeapValueState,
+        CopyOnWriteStateMap,
+        KeyContext,
+        StateMapEntry,
+        NOT_REHASHING,
+        HeapValueState.value,
+        HeapValueState.update,
+    )
+    CompiledHeapValueState.value = value  # type: ignore[method-assign]
+    CompiledHeapValueState.update = update  # type: ignore[method-assign]
+    return CompiledHeapValueState
+
+
+_COMPILED_VALUE_STATE = _bind_compiled_value_state()
+
+#: the value state types this process can use: the pure-Python reference first, then the
+#: compiled one when it is built (tests run the behavioural suite with each)
+VALUE_STATE_TYPES: tuple[type[HeapValueState], ...] = (HeapValueState,) + (
+    () if _COMPILED_VALUE_STATE is None else (_COMPILED_VALUE_STATE,)
+)
+
 STATE_FACTORIES: dict[StateKind, Any] = {
-    StateKind.VALUE: HeapValueState,
+    StateKind.VALUE: VALUE_STATE_TYPES[-1],
     StateKind.LIST: HeapListState,
     StateKind.MAP: HeapMapState,
     StateKind.REDUCING: HeapReducingState,

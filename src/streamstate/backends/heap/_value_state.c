@@ -1,0 +1,697 @@
+/*
+ * The heap value state's ``value()`` and ``update()`` in C: the hottest calls of a keyed
+ * function (a read-modify-write per record), without the two Python frames of each (the
+ * state's method, then the copy-on-write map's ``get`` or ``put``).
+ *
+ * The pure-Python reference is ``HeapValueState.value`` / ``update`` with
+ * ``CopyOnWriteStateMap.get`` / ``put`` (``states.py``, ``copy_on_write.py``): these methods
+ * take the common path of those in C and hand everything else to them, so that there is one
+ * definition of every rare case:
+ *
+ *  - value(): the current key's entry found in the map's primary table (no rehash running) and
+ *    not shared with an open snapshot: its state is returned, and the entry is remembered as
+ *    the map's last hit (as ``get`` does, so that ``update`` writes to it without a lookup).
+ *    A miss returns the descriptor's default when it needs no copy. Everything else (a rehash,
+ *    a shared entry, a copied default, no current key, a map of another type) calls the
+ *    Python method.
+ *  - update(v): ``v`` of the serializer's class, written to the map's last hit when it is this
+ *    key's and namespace's entry (the very objects, as ``put`` checks), no rehash is running and
+ *    the entry is not shared with a snapshot. Everything else calls the Python method.
+ *
+ * The objects are ordinary Python instances with ``__slots__``: their fields are read and
+ * written at the offsets of their member descriptors, found once by ``bind``. ``bind`` also
+ * checks this build's tuple hash against Python's (the map hashes ``(key, namespace)``), and
+ * refuses to bind when anything does not match, so that the Python methods stay in place.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+
+#include "_entry.h"
+
+/* what a method is: the heap value state's value()/update(), or the single-key value state's
+   (batch execution, backends/batch/states.py: the value of the current key in a slot) */
+enum { HEAP_VALUE, HEAP_UPDATE, SINGLE_VALUE, SINGLE_UPDATE };
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    int is_update;
+    int kind;
+    PyObject *name;        /* "value" or "update" */
+    PyObject *fallback;    /* the Python method (a function) */
+    PyObject *doc;
+    PyTypeObject *state_type;
+    PyTypeObject *map_type;
+    PyTypeObject *context_type;
+    PyTypeObject *entry_type;
+    PyObject *empty_table;
+    /* the last namespace hashed, and its hash: the void namespace is a msgspec Struct whose
+       hash is computed anew on every call (a namespace's hash never changes: it is a dict key) */
+    PyObject *last_ns;
+    Py_hash_t last_ns_hash;
+    /* offsets: the state's fields */
+    Py_ssize_t s_ctx, s_maps, s_ns, s_default, s_copy_default, s_value_class, s_value;
+    /* the key context's */
+    Py_ssize_t c_key, c_kg_index;
+    /* the map's */
+    Py_ssize_t m_rehash_table, m_primary, m_mask, m_required, m_hit, m_hit_key, m_hit_namespace,
+        m_state_map_version;
+} FastMethod;
+
+#define SLOT(obj, offset) (*(PyObject **)((char *)(obj) + (offset)))
+
+/* the fallback: the Python method called as it would have been */
+static PyObject *
+call_fallback(FastMethod *m, PyObject *const *args, size_t nargs)
+{
+    return PyObject_Vectorcall(m->fallback, args, nargs, NULL);
+}
+
+/* CPython's tuple hash of (a, b) without building the tuple (Objects/tupleobject.c, xxHash
+   since 3.8; bind checks it against hash() before these methods are used) */
+#if SIZEOF_PY_UHASH_T > 4
+#define XXPRIME_1 ((Py_uhash_t)11400714785074694791ULL)
+#define XXPRIME_2 ((Py_uhash_t)14029467366897019727ULL)
+#define XXPRIME_5 ((Py_uhash_t)2870177450012600261ULL)
+#define XXROTATE(x) ((x << 31) | (x >> 33))
+#else
+#define XXPRIME_1 ((Py_uhash_t)2654435761UL)
+#define XXPRIME_2 ((Py_uhash_t)2246822519UL)
+#define XXPRIME_5 ((Py_uhash_t)374761393UL)
+#define XXROTATE(x) ((x << 13) | (x >> 19))
+#endif
+
+static Py_hash_t
+combine(Py_uhash_t lane_a, Py_uhash_t lane_b)
+{
+    Py_uhash_t acc = XXPRIME_5;
+    acc += lane_a * XXPRIME_2;
+    acc = XXROTATE(acc);
+    acc *= XXPRIME_1;
+    acc += lane_b * XXPRIME_2;
+    acc = XXROTATE(acc);
+    acc *= XXPRIME_1;
+    acc += 2 ^ (XXPRIME_5 ^ 3527539UL);
+    if (acc == (Py_uhash_t)-1) {
+        return 1546275796;
+    }
+    return (Py_hash_t)acc;
+}
+
+static Py_hash_t
+pair_hash(PyObject *a, PyObject *b)
+{
+    Py_hash_t ha = PyObject_Hash(a);
+    if (ha == -1) {
+        return -1;
+    }
+    Py_hash_t hb = PyObject_Hash(b);
+    if (hb == -1) {
+        return -1;
+    }
+    return combine((Py_uhash_t)ha, (Py_uhash_t)hb);
+}
+
+/* the value of an exact int of at most one digit (versions, indices: the common case), else
+   the flag is 0 */
+static inline Py_ssize_t
+small_int(PyObject *obj, int *ok)
+{
+    if (PyLong_CheckExact(obj)) {
+        Py_ssize_t size = Py_SIZE(obj);
+        if (size == 0) {
+            *ok = 1;
+            return 0;
+        }
+        if (size == 1) {
+            *ok = 1;
+            return (Py_ssize_t)((PyLongObject *)obj)->ob_digit[0];
+        }
+    }
+    *ok = 0;
+    return 0;
+}
+
+/* a < b for two ints (versions); -1 on anything that is not a machine-sized int */
+static int
+version_less(PyObject *a, PyObject *b)
+{
+    int ok_a, ok_b;
+    Py_ssize_t sa = small_int(a, &ok_a), sb = small_int(b, &ok_b);
+    if (ok_a && ok_b) {
+        return sa < sb;
+    }
+    if (!PyLong_CheckExact(a) || !PyLong_CheckExact(b)) {
+        return -1;
+    }
+    long long x = PyLong_AsLongLong(a);
+    long long y = PyLong_AsLongLong(b);
+    if ((x == -1 || y == -1) && PyErr_Occurred()) {
+        PyErr_Clear();
+        return -1;
+    }
+    return x < y;
+}
+
+/* The current key's map, key and namespace, or 0 when the fast path does not apply. */
+static int
+locate(FastMethod *m, PyObject *self, PyObject **map, PyObject **key, PyObject **ns)
+{
+    PyObject *ctx = SLOT(self, m->s_ctx);
+    if (ctx == NULL || Py_TYPE(ctx) != m->context_type) {
+        return 0;
+    }
+    PyObject *k = SLOT(ctx, m->c_key);
+    PyObject *kgi = SLOT(ctx, m->c_kg_index);
+    PyObject *maps = SLOT(self, m->s_maps);
+    PyObject *n = SLOT(self, m->s_ns);
+    if (k == NULL || k == Py_None || kgi == NULL || maps == NULL || n == NULL || n == Py_None ||
+        !PyList_CheckExact(maps)) {
+        return 0;
+    }
+    int ok;
+    Py_ssize_t index = small_int(kgi, &ok);
+    if (!ok || index >= PyList_GET_SIZE(maps)) {
+        return 0;
+    }
+    PyObject *mp = PyList_GET_ITEM(maps, index);
+    if (Py_TYPE(mp) != m->map_type || SLOT(mp, m->m_rehash_table) != m->empty_table) {
+        return 0;
+    }
+    *map = mp;
+    *key = k;
+    *ns = n;
+    return 1;
+}
+
+static void
+set_slot(PyObject *obj, Py_ssize_t offset, PyObject *value)
+{
+    PyObject *old = SLOT(obj, offset);
+    if (old == value) {
+        return;
+    }
+    Py_INCREF(value);
+    SLOT(obj, offset) = value;
+    Py_XDECREF(old);
+}
+
+/* value(): 1 = found (*out is a new reference), 0 = take the fallback, -1 = error */
+static int
+fast_value(FastMethod *m, PyObject *self, PyObject **out)
+{
+    PyObject *map, *key, *ns;
+    if (!locate(m, self, &map, &key, &ns)) {
+        return 0;
+    }
+    PyObject *primary = SLOT(map, m->m_primary);
+    PyObject *mask_obj = SLOT(map, m->m_mask);
+    PyObject *required = SLOT(map, m->m_required);
+    if (primary == NULL || !PyList_CheckExact(primary) || mask_obj == NULL || required == NULL) {
+        return 0;
+    }
+    Py_ssize_t mask;
+    if (PyLong_CheckExact(mask_obj) && Py_SIZE(mask_obj) == 1) {
+        mask = (Py_ssize_t)((PyLongObject *)mask_obj)->ob_digit[0];
+    }
+    else {
+        mask = PyLong_AsSsize_t(mask_obj);
+        if (mask == -1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            return 0;
+        }
+    }
+    if (mask < 0 || mask >= PyList_GET_SIZE(primary)) {
+        return 0;
+    }
+    Py_hash_t hk = PyObject_Hash(key);
+    if (hk == -1) {
+        return -1;
+    }
+    if (ns != m->last_ns) {
+        Py_hash_t hn = PyObject_Hash(ns);
+        if (hn == -1) {
+            return -1;
+        }
+        Py_INCREF(ns);
+        Py_XSETREF(m->last_ns, ns);
+        m->last_ns_hash = hn;
+    }
+    Py_hash_t h = combine((Py_uhash_t)hk, (Py_uhash_t)m->last_ns_hash);
+    /* the walk may run a key's __eq__: hold what it looks at */
+    Py_INCREF(key);
+    Py_INCREF(ns);
+    PyObject *e = PyList_GET_ITEM(primary, (Py_ssize_t)((Py_uhash_t)h & (Py_uhash_t)mask));
+    Py_INCREF(e);
+    int result = 0;
+    while (e != Py_None) {
+        if (Py_TYPE(e) != m->entry_type) {
+            goto done; /* result 0: the fallback */
+        }
+        Entry *entry = (Entry *)e;
+        int eq = entry->key == key ? 1 : PyObject_RichCompareBool(entry->key, key, Py_EQ);
+        if (eq < 0) {
+            result = -1;
+            goto done;
+        }
+        if (eq) {
+            eq = entry->namespace_ == ns ? 1 : PyObject_RichCompareBool(entry->namespace_, ns, Py_EQ);
+            if (eq < 0) {
+                result = -1;
+                goto done;
+            }
+        }
+        if (eq) {
+            int shared = version_less(entry->state_version, required);
+            if (shared != 0 || entry->state == Py_None) {
+                goto done; /* a copy (or a default) is the Python method's */
+            }
+            set_slot(map, m->m_hit, e);
+            set_slot(map, m->m_hit_key, key);
+            set_slot(map, m->m_hit_namespace, ns);
+            Py_INCREF(entry->state);
+            *out = entry->state;
+            result = 1;
+            goto done;
+        }
+        PyObject *next = entry->next;
+        Py_INCREF(next);
+        Py_DECREF(e);
+        e = next;
+    }
+    /* a miss: the default, unless it must be copied */
+    {
+        PyObject *copy = SLOT(self, m->s_copy_default);
+        PyObject *dflt = SLOT(self, m->s_default);
+        if (copy == Py_False && dflt != NULL) {
+            Py_INCREF(dflt);
+            *out = dflt;
+            result = 1;
+        }
+    }
+done:
+    Py_DECREF(e);
+    Py_DECREF(key);
+    Py_DECREF(ns);
+    return result;
+}
+
+/* update(v): 1 = written, 0 = take the fallback */
+static int
+fast_update(FastMethod *m, PyObject *self, PyObject *value)
+{
+    PyObject *cls = SLOT(self, m->s_value_class);
+    if (value == Py_None || cls == NULL || (PyObject *)Py_TYPE(value) != cls) {
+        return 0;
+    }
+    PyObject *map, *key, *ns;
+    if (!locate(m, self, &map, &key, &ns)) {
+        return 0;
+    }
+    if (SLOT(map, m->m_hit_key) != key || SLOT(map, m->m_hit_namespace) != ns) {
+        return 0;
+    }
+    PyObject *hit = SLOT(map, m->m_hit);
+    PyObject *required = SLOT(map, m->m_required);
+    PyObject *version = SLOT(map, m->m_state_map_version);
+    if (hit == NULL || Py_TYPE(hit) != m->entry_type || required == NULL || version == NULL) {
+        return 0;
+    }
+    Entry *entry = (Entry *)hit;
+    if (version_less(entry->entry_version, required) != 0) {
+        return 0;
+    }
+    PyObject *old_state = entry->state;
+    PyObject *old_version = entry->state_version;
+    Py_INCREF(value);
+    Py_INCREF(version);
+    entry->state = value;
+    entry->state_version = version;
+    Py_XDECREF(old_state);
+    Py_XDECREF(old_version);
+    return 1;
+}
+
+/* the single-key state: value() is its slot, or the default when it needs no copy */
+static PyObject *
+single_value(FastMethod *m, PyObject *self)
+{
+    PyObject *v = SLOT(self, m->s_value);
+    if (v != NULL && v != Py_None) {
+        Py_INCREF(v);
+        return v;
+    }
+    PyObject *dflt = SLOT(self, m->s_default);
+    if (v != NULL && SLOT(self, m->s_copy_default) == Py_False && dflt != NULL) {
+        Py_INCREF(dflt);
+        return dflt;
+    }
+    return NULL; /* the fallback */
+}
+
+/* update(v): None or a value of the serializer's class goes into the slot */
+static int
+single_update(FastMethod *m, PyObject *self, PyObject *value)
+{
+    PyObject *cls = SLOT(self, m->s_value_class);
+    if (value != Py_None && (cls == NULL || (PyObject *)Py_TYPE(value) != cls)) {
+        return 0;
+    }
+    PyObject *old = SLOT(self, m->s_value);
+    Py_INCREF(value);
+    SLOT(self, m->s_value) = value;
+    Py_XDECREF(old);
+    return 1;
+}
+
+static PyObject *
+fast_method_vectorcall(FastMethod *m, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    size_t nargs = PyVectorcall_NARGS(nargsf);
+    if (kwnames != NULL || nargs != (size_t)(m->is_update ? 2 : 1) ||
+        !PyObject_TypeCheck(args[0], m->state_type)) {
+        return PyObject_Vectorcall(m->fallback, args, nargsf, kwnames);
+    }
+    if (m->kind == SINGLE_VALUE) {
+        PyObject *v = single_value(m, args[0]);
+        return v != NULL ? v : call_fallback(m, args, nargs);
+    }
+    if (m->kind == SINGLE_UPDATE) {
+        if (single_update(m, args[0], args[1])) {
+            Py_RETURN_NONE;
+        }
+        return call_fallback(m, args, nargs);
+    }
+    if (m->is_update) {
+        if (fast_update(m, args[0], args[1])) {
+            Py_RETURN_NONE;
+        }
+        return call_fallback(m, args, nargs);
+    }
+    PyObject *out = NULL;
+    int found = fast_value(m, args[0], &out);
+    if (found > 0) {
+        return out;
+    }
+    if (found < 0) {
+        return NULL;
+    }
+    return call_fallback(m, args, nargs);
+}
+
+/* a method: bound like a function when read from an instance */
+static PyObject *
+fast_method_get(PyObject *self, PyObject *obj, PyObject *type)
+{
+    if (obj == NULL || obj == Py_None) {
+        Py_INCREF(self);
+        return self;
+    }
+    return PyMethod_New(self, obj);
+}
+
+static void
+fast_method_dealloc(FastMethod *m)
+{
+    PyObject_GC_UnTrack(m);
+    Py_CLEAR(m->name);
+    Py_CLEAR(m->fallback);
+    Py_CLEAR(m->doc);
+    Py_CLEAR(m->state_type);
+    Py_CLEAR(m->map_type);
+    Py_CLEAR(m->context_type);
+    Py_CLEAR(m->entry_type);
+    Py_CLEAR(m->empty_table);
+    Py_CLEAR(m->last_ns);
+    PyObject_GC_Del(m);
+}
+
+static int
+fast_method_traverse(FastMethod *m, visitproc visit, void *arg)
+{
+    Py_VISIT(m->fallback);
+    Py_VISIT(m->state_type);
+    Py_VISIT(m->map_type);
+    Py_VISIT(m->context_type);
+    Py_VISIT(m->entry_type);
+    Py_VISIT(m->empty_table);
+    Py_VISIT(m->last_ns);
+    return 0;
+}
+
+static PyObject *
+fast_method_repr(FastMethod *m)
+{
+    return PyUnicode_FromFormat("<compiled method %U of %s>", m->name, m->state_type->tp_name);
+}
+
+static PyMemberDef fast_method_members[] = {
+    {"__name__", T_OBJECT, offsetof(FastMethod, name), READONLY, NULL},
+    {"__doc__", T_OBJECT, offsetof(FastMethod, doc), READONLY, NULL},
+    {"__wrapped__", T_OBJECT, offsetof(FastMethod, fallback), READONLY,
+     "the pure-Python method this one takes the common path of"},
+    {NULL},
+};
+
+static PyTypeObject FastMethodType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "streamstate.backends.heap._value_state.CompiledMethod",
+    .tp_basicsize = sizeof(FastMethod),
+    .tp_dealloc = (destructor)fast_method_dealloc,
+    .tp_vectorcall_offset = offsetof(FastMethod, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_repr = (reprfunc)fast_method_repr,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
+                Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .tp_traverse = (traverseproc)fast_method_traverse,
+    .tp_descr_get = fast_method_get,
+    .tp_members = fast_method_members,
+    .tp_doc = "A state method's common path in C; anything else goes to ``__wrapped__``.",
+};
+
+/* the offset of a __slots__ member of type ``type`` (-1 with an error set if it is none) */
+static Py_ssize_t
+slot_offset(PyObject *type, const char *name)
+{
+    PyObject *descr = PyObject_GetAttrString(type, name);
+    if (descr == NULL) {
+        return -1;
+    }
+    if (!Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
+        PyErr_Format(PyExc_TypeError, "%R.%s is not a __slots__ member", type, name);
+        Py_DECREF(descr);
+        return -1;
+    }
+    PyMemberDef *def = ((PyMemberDescrObject *)descr)->d_member;
+    Py_ssize_t offset = def->type == T_OBJECT_EX ? def->offset : -1;
+    Py_DECREF(descr);
+    if (offset < 0) {
+        PyErr_Format(PyExc_TypeError, "%R.%s is not an object slot", type, name);
+    }
+    return offset;
+}
+
+static int
+check_pair_hash(void)
+{
+    /* the tuple hash of a few pairs, against hash() */
+    PyObject *samples = Py_BuildValue("((si)(ii)(s(si))(yd))", "user-1", 0, -1, 7, "k", "a", 3,
+                                      "b", 0.5);
+    if (samples == NULL) {
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(samples); i++) {
+        PyObject *pair = PyTuple_GET_ITEM(samples, i);
+        Py_hash_t expected = PyObject_Hash(pair);
+        Py_hash_t got = pair_hash(PyTuple_GET_ITEM(pair, 0), PyTuple_GET_ITEM(pair, 1));
+        if (expected == -1 || got == -1 || expected != got) {
+            Py_DECREF(samples);
+            if (!PyErr_Occurred()) {
+                PyErr_SetString(PyExc_RuntimeError,
+                                "this interpreter's tuple hash is not the one compiled in");
+            }
+            return -1;
+        }
+    }
+    Py_DECREF(samples);
+    return 0;
+}
+
+static FastMethod *
+new_method(PyObject *name, PyObject *fallback, int is_update)
+{
+    FastMethod *m = PyObject_GC_New(FastMethod, &FastMethodType);
+    if (m == NULL) {
+        return NULL;
+    }
+    m->vectorcall = (vectorcallfunc)fast_method_vectorcall;
+    m->is_update = is_update;
+    m->kind = is_update ? HEAP_UPDATE : HEAP_VALUE;
+    m->name = name;
+    Py_INCREF(name);
+    m->fallback = fallback;
+    Py_INCREF(fallback);
+    m->doc = PyObject_GetAttrString(fallback, "__doc__");
+    if (m->doc == NULL) {
+        PyErr_Clear();
+        m->doc = Py_None;
+        Py_INCREF(Py_None);
+    }
+    m->state_type = NULL;
+    m->map_type = NULL;
+    m->context_type = NULL;
+    m->entry_type = NULL;
+    m->empty_table = NULL;
+    m->last_ns = NULL;
+    m->last_ns_hash = 0;
+    PyObject_GC_Track(m);
+    return m;
+}
+
+static int
+fill(FastMethod *m, PyObject *state_type, PyObject *map_type, PyObject *context_type,
+     PyObject *entry_type, PyObject *empty_table)
+{
+    m->state_type = (PyTypeObject *)state_type;
+    m->map_type = (PyTypeObject *)map_type;
+    m->context_type = (PyTypeObject *)context_type;
+    m->entry_type = (PyTypeObject *)entry_type;
+    m->empty_table = empty_table;
+    Py_INCREF(state_type);
+    Py_INCREF(map_type);
+    Py_INCREF(context_type);
+    Py_INCREF(entry_type);
+    Py_INCREF(empty_table);
+#define OFF(field, type, name)                                                                    \
+    if ((m->field = slot_offset(type, name)) < 0) {                                              \
+        return -1;                                                                               \
+    }
+    OFF(s_ctx, state_type, "_ctx");
+    OFF(s_maps, state_type, "_maps");
+    OFF(s_ns, state_type, "_ns");
+    OFF(s_default, state_type, "_default");
+    OFF(s_copy_default, state_type, "_copy_default");
+    OFF(s_value_class, state_type, "_value_class");
+    OFF(c_key, context_type, "key");
+    OFF(c_kg_index, context_type, "kg_index");
+    OFF(m_rehash_table, map_type, "_rehash_table");
+    OFF(m_primary, map_type, "_primary");
+    OFF(m_mask, map_type, "_mask");
+    OFF(m_required, map_type, "_required");
+    OFF(m_hit, map_type, "_hit");
+    OFF(m_hit_key, map_type, "_hit_key");
+    OFF(m_hit_namespace, map_type, "_hit_namespace");
+    OFF(m_state_map_version, map_type, "_state_map_version");
+#undef OFF
+    return 0;
+}
+
+/* the two methods value() and update() over the given Python methods */
+static int
+new_pair(PyObject *value, PyObject *update, FastMethod **v, FastMethod **u)
+{
+    PyObject *value_name = PyUnicode_InternFromString("value");
+    PyObject *update_name = PyUnicode_InternFromString("update");
+    if (value_name != NULL && update_name != NULL) {
+        *v = new_method(value_name, value, 0);
+        *u = new_method(update_name, update, 1);
+    }
+    Py_XDECREF(value_name);
+    Py_XDECREF(update_name);
+    if (*v == NULL || *u == NULL) {
+        Py_CLEAR(*v);
+        Py_CLEAR(*u);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *
+bind(PyObject *module, PyObject *args)
+{
+    PyObject *state_type, *map_type, *context_type, *entry_type, *empty_table, *value, *update;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!OOO:bind", &PyType_Type, &state_type, &PyType_Type,
+                          &map_type, &PyType_Type, &context_type, &PyType_Type, &entry_type,
+                          &empty_table, &value, &update)) {
+        return NULL;
+    }
+    if (((PyTypeObject *)entry_type)->tp_basicsize != sizeof(Entry) ||
+        strcmp(((PyTypeObject *)entry_type)->tp_name,
+               "streamstate.backends.heap._entry.StateMapEntry") != 0) {
+        PyErr_SetString(PyExc_TypeError, "the entry type is not the compiled map entry");
+        return NULL;
+    }
+    if (check_pair_hash() < 0) {
+        return NULL;
+    }
+    FastMethod *v = NULL, *u = NULL;
+    if (new_pair(value, update, &v, &u) < 0) {
+        return NULL;
+    }
+    if (fill(v, state_type, map_type, context_type, entry_type, empty_table) < 0 ||
+        fill(u, state_type, map_type, context_type, entry_type, empty_table) < 0) {
+        Py_DECREF(v);
+        Py_DECREF(u);
+        return NULL;
+    }
+    return Py_BuildValue("(NN)", v, u);
+}
+
+static PyObject *
+bind_single(PyObject *module, PyObject *args)
+{
+    PyObject *state_type, *value, *update;
+    if (!PyArg_ParseTuple(args, "O!OO:bind_single", &PyType_Type, &state_type, &value, &update)) {
+        return NULL;
+    }
+    FastMethod *v = NULL, *u = NULL;
+    if (new_pair(value, update, &v, &u) < 0) {
+        return NULL;
+    }
+    FastMethod *both[2] = {v, u};
+    for (int i = 0; i < 2; i++) {
+        FastMethod *m = both[i];
+        m->kind = i ? SINGLE_UPDATE : SINGLE_VALUE;
+        Py_INCREF(state_type);
+        m->state_type = (PyTypeObject *)state_type;
+        if ((m->s_value = slot_offset(state_type, "_value")) < 0 ||
+            (m->s_default = slot_offset(state_type, "_default")) < 0 ||
+            (m->s_copy_default = slot_offset(state_type, "_copy_default")) < 0 ||
+            (m->s_value_class = slot_offset(state_type, "_value_class")) < 0) {
+            Py_DECREF(v);
+            Py_DECREF(u);
+            return NULL;
+        }
+    }
+    return Py_BuildValue("(NN)", v, u);
+}
+
+static PyMethodDef module_methods[] = {
+    {"bind_single", bind_single, METH_VARARGS,
+     "bind_single(state_type, value, update) -> (value, update): the compiled methods of a "
+     "single-key value state (its value in the slot ``_value``), each falling back to the given "
+     "Python method."},
+    {"bind", bind, METH_VARARGS,
+     "bind(state_type, map_type, key_context_type, entry_type, empty_table, value, update) -> "
+     "(value, update): the compiled methods of the heap value state, each falling back to the "
+     "given Python method."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "streamstate.backends.heap._value_state",
+    .m_doc = "The heap value state's value() and update() in C (see the source's header).",
+    .m_size = -1,
+    .m_methods = module_methods,
+};
+
+PyMODINIT_FUNC
+PyInit__value_state(void)
+{
+    if (PyType_Ready(&FastMethodType) < 0) {
+        return NULL;
+    }
+    return PyModule_Create(&module_def);
+}
