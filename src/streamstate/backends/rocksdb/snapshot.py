@@ -237,10 +237,21 @@ def decode_entries(
     key_end = layout.key_end
     decode_ns = layout.decode_namespace
     if meta.kind != "map" and layout.ns_void:
-        # the common case, without a namespace to find (a third of the time per entry)
+        # the common case, without a namespace to find, and a key whose length (when it has
+        # one) fits in one byte read here: half the time per entry of the general loop below
         deserialize = meta.state_serializer.deserialize
+        start = layout.kg_bytes
+        if layout.key_fixed >= 0:
+            key_of = layout.key_serializer.deserialize
+            end = start + layout.key_fixed
+            for raw_key, raw_value in raw_entries:
+                yield key_of(raw_key[start:end]), VOID_NAMESPACE, deserialize(raw_value)
+            return
+        key_of = layout.key_serializer.deserialize
         for raw_key, raw_value in raw_entries:
-            yield decode_key(raw_key), VOID_NAMESPACE, deserialize(raw_value)
+            n = raw_key[start]
+            key = key_of(raw_key[start + 1 : start + 1 + n]) if n < 0x80 else decode_key(raw_key)
+            yield key, VOID_NAMESPACE, deserialize(raw_value)
         return
     if meta.kind != "map":
         deserialize = meta.state_serializer.deserialize
