@@ -45,6 +45,8 @@ nitpick_ignore_regex = [
     (r"py:.*", r"streamstate\.windows\.contents\..*"),
     (r"py:.*", r"streamstate\.runtime\.stream_task\..*"),
     (r"py:.*", r"streamstate\.runtime\.operator\.KeyedProcessOperator"),
+    (r"py:.*", r"streamstate\.checkpoint\.storage\.CompletedCheckpoint"),
+    (r"py:.*", r"streamstate\.format\.meta\.StateMetaInfo"),
     (r"py:.*", r"(dict|list|tuple|set|type)\[.*|Table|RecordBatch|Schema|DataFrame"),
     (r"py:.*", r"(typing|collections|abc|enum|datetime|pyarrow|pa|pyspark|msgspec|rich)\..*"),
     (r"py:.*", r"(Any|T|K|V|IN|OUT|ACC|W|NS|Iterable|Iterator|Callable|Sequence|Mapping)"),

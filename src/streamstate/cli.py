@@ -23,6 +23,7 @@ from __future__ import annotations
 import datetime
 import os
 from enum import StrEnum
+from inspect import cleandoc
 from typing import Annotated, Any
 
 import typer
@@ -52,6 +53,16 @@ checkpoints_app = typer.Typer(
     help="Inspect, verify and roll back checkpoints.", no_args_is_help=True
 )
 app.add_typer(checkpoints_app, name="checkpoints")
+
+
+def _one_line_paragraphs(command: Any) -> Any:
+    """Typer shows a command's docstring as its help keeping the line breaks of every paragraph
+    after the first, so that a terminal wider or narrower than the source breaks sentences in
+    the middle: give each paragraph as one line, for the terminal to wrap."""
+    text = cleandoc(command.__doc__ or "")
+    command.__doc__ = "\n\n".join(" ".join(p.split()) for p in text.split("\n\n"))
+    return command
+
 
 PathArg = Annotated[str, typer.Argument(help="job, checkpoint or savepoint directory (or URL)")]
 
@@ -96,13 +107,19 @@ def _console() -> Console:
 
 
 @checkpoints_app.command("inspect")
+@_one_line_paragraphs
 def inspect(
     path: PathArg,
     as_json: Annotated[
         bool, typer.Option("--json", help="print one JSON document instead of tables")
     ] = False,
 ) -> None:
-    """Show checkpoints: operators, subtasks, key-group ranges, states, entries, sizes."""
+    """Show checkpoints: operators, subtasks, key-group ranges, states, entries, timers, sizes.
+
+    Entries are counted as everywhere in streamstate (one per key and namespace of a value state,
+    one per mapping of a map state, one per element of a list state), timers apart: what each
+    subtask held when its snapshot was taken, recorded in the checkpoint (n/a in checkpoints
+    written before streamstate recorded them)."""
     console = _console()
     storage, directory = open_location(path)
     dirs = _directories(storage, directory)
@@ -115,20 +132,20 @@ def inspect(
         console.print(f"[yellow]no checkpoints in {storage.url}[/]")
         raise typer.Exit(1)
     overview = Table(title=f"checkpoints in {storage.url}")
-    for col in ("directory", "id", "kind", "status", "taken", "operators", "entries", "size"):
-        overview.add_column(col, justify="right" if col in ("id", "entries", "size") else "left")
+    columns = ("directory", "id", "kind", "status", "taken", "operators", "entries", "timers")
+    for col in (*columns, "size"):
+        right = col in ("id", "entries", "timers", "size")
+        overview.add_column(col, justify="right" if right else "left")
     loaded = []
     for d in dirs:
         cp, status = _load(storage, d)
         if cp is None:
-            overview.add_row(d, "", "", f"[red]{escape(status)}[/]", "", "", "", "")
+            overview.add_row(d, "", "", f"[red]{escape(status)}[/]", "", "", "", "", "")
             continue
         loaded.append(cp)
         files = cp.metadata.files()
-        # a backend's native snapshot does not count its entries
-        native_files = any(
-            not sub.is_canonical for op in cp.metadata.operators.values() for sub in op.subtasks
-        )
+        subtasks = [sub for op in cp.metadata.operators.values() for sub in op.subtasks]
+        timers = [sub.timers for sub in subtasks]
         taken = datetime.datetime.fromtimestamp(cp.metadata.timestamp / 1000, datetime.UTC)
         overview.add_row(
             d,
@@ -137,7 +154,8 @@ def inspect(
             status if status == "complete" else f"[red]{escape(status)}[/]",
             taken.strftime("%Y-%m-%d %H:%M:%S"),
             ", ".join(f"{n} (p={o.parallelism})" for n, o in cp.metadata.operators.items()),
-            "n/a" if native_files else f"{sum(f.total_entries for f in files):,}",
+            _count(_entries(subtasks)),
+            _count(None if None in timers else sum(t for t in timers if t is not None)),
             _size(sum(f.size for f in files)),
         )
     console.print(overview)
@@ -175,9 +193,9 @@ def _inspect_document(storage: CheckpointStorage, dirs: list[str]) -> dict[str, 
                             "subtask": sub.subtask_index,
                             "key_groups": list(sub.key_group_range),
                             "files": len(sub.files()),
-                            "entries": None
-                            if native
-                            else sum(f.total_entries for f in sub.files()),
+                            "entries": _subtask_entries(sub),
+                            "state_entries": sub.entries,
+                            "timers": sub.timers,
                             "size": sum(f.size for f in sub.files()),
                             "backend": "rocksdb" if native else "canonical",
                         }
@@ -185,6 +203,7 @@ def _inspect_document(storage: CheckpointStorage, dirs: list[str]) -> dict[str, 
                     if sub.keyed and not states:
                         states.update(_state_rows(cp, name, sub))
                 entry["operators"][name] = {
+                    "entries": _entries(op.subtasks),
                     "parallelism": op.parallelism,
                     "max_parallelism": op.max_parallelism,
                     "subtasks": subtasks,
@@ -203,10 +222,27 @@ def _inspect_document(storage: CheckpointStorage, dirs: list[str]) -> dict[str, 
     return {"url": storage.url, "checkpoints": checkpoints}
 
 
+def _subtask_entries(sub: Any) -> int | None:
+    """The entries a subtask's checkpoint recorded (``streamstate.format.entries``), None in
+    checkpoints written before they were recorded."""
+    return None if sub.entries is None else sum(sub.entries.values())
+
+
+def _entries(subtasks: list[Any]) -> int | None:
+    counts = [_subtask_entries(sub) for sub in subtasks]
+    return None if None in counts else sum(c for c in counts if c is not None)
+
+
+def _count(n: int | None) -> str:
+    return "n/a" if n is None else f"{n:,}"
+
+
 def _print_checkpoint(console: Console, cp: CompletedCheckpoint) -> None:
     table = Table(title=f"{cp.directory}: subtasks")
-    for col in ("operator", "subtask", "key groups", "files", "states", "entries", "size"):
-        table.add_column(col, justify="right" if col in ("subtask", "entries", "size") else "left")
+    columns = ("operator", "subtask", "key groups", "files", "states", "entries", "timers", "size")
+    for col in columns:
+        right = col in ("subtask", "entries", "timers", "size")
+        table.add_column(col, justify="right" if right else "left")
     states: dict[tuple[str, str], StateMetaSnapshot] = {}
     for name, op in cp.metadata.operators.items():
         for sub in op.subtasks:
@@ -226,7 +262,8 @@ def _print_checkpoint(console: Console, cp: CompletedCheckpoint) -> None:
                 f"{sub.key_group_range[0]}-{sub.key_group_range[1]}",
                 chain,
                 ", ".join(names),
-                "n/a" if native else f"{sum(f.total_entries for f in sub.files()):,}",
+                _count(_subtask_entries(sub)),
+                _count(sub.timers),
                 _size(sum(f.size for f in sub.files())),
             )
             if sub.keyed and not any(k[0] == name for k in states):
@@ -273,6 +310,7 @@ def _state_rows(
 
 
 @checkpoints_app.command("verify")
+@_one_line_paragraphs
 def verify(path: PathArg) -> None:
     """Check every checksum of every file; exit 1 on corruption (naming file and key group)."""
     console = _console()
@@ -288,7 +326,11 @@ def verify(path: PathArg) -> None:
     for d in dirs:
         cp, status = _load(storage, d)
         if cp is None:
-            table.add_row(d, "", f"[yellow]skipped: {escape(status)}[/]")
+            if status.startswith("unreadable"):  # a _metadata that exists but is refused
+                failures += 1
+                table.add_row(d, METADATA_FILE, f"[red]{escape(status)}[/]")
+            else:
+                table.add_row(d, "", f"[yellow]skipped: {escape(status)}[/]")
             continue
         for handle in cp.metadata.files():
             problem = _verify_file(cp, handle)
@@ -304,6 +346,7 @@ def verify(path: PathArg) -> None:
 
 
 @checkpoints_app.command("rollback")
+@_one_line_paragraphs
 def rollback_command(
     path: Annotated[str, typer.Argument(help="the job's checkpoint directory (or URL)")],
     to: Annotated[int, typer.Option("--to", help="the checkpoint id to go back to")],
@@ -314,7 +357,8 @@ def rollback_command(
     spark_checkpoint: Annotated[
         str | None,
         typer.Option(
-            help="Spark's streaming checkpoint (default: what the query recorded, else <dir>/spark)"
+            help="Spark's streaming checkpoint (default: the one the query recorded inside the "
+            "directory, else <dir>/spark; one recorded outside it must be named here)"
         ),
     ] = None,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="do it without asking")] = False,
@@ -366,7 +410,10 @@ def _verify_file(cp: CompletedCheckpoint, handle: Any) -> str | None:
     storage = cp.storage
     resolved = cp.resolve(handle.path)
     url = storage.url_of(resolved)
-    size = storage.size(resolved)
+    try:
+        size = storage.size(resolved)
+    except CheckpointError as exc:  # a link in the checkpoint
+        return str(exc)
     if size is None:
         return f"missing file {url}"
     if size != handle.size:
@@ -403,6 +450,7 @@ class Backend(StrEnum):
 
 
 @app.command("demo")
+@_one_line_paragraphs
 def demo(
     events: Annotated[
         int | None,

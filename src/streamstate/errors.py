@@ -9,6 +9,7 @@ from __future__ import annotations
 __all__ = [
     "CheckpointError",
     "CheckpointFencedError",
+    "CheckpointMismatchError",
     "CheckpointNotFoundError",
     "CorruptCheckpointError",
     "InvalidStateNameError",
@@ -19,11 +20,13 @@ __all__ = [
     "PickleNotAllowedError",
     "PreAggregationError",
     "RemoteError",
+    "SerializerSnapshotError",
     "StateAccessError",
     "StateBackendError",
     "StateHostError",
     "StateMigrationException",
     "StreamStateError",
+    "UndeclaredStateWarning",
     "UnsupportedKeyTypeError",
     "UnsupportedStateTypeError",
 ]
@@ -62,8 +65,19 @@ class StateMigrationException(StreamStateError):
     """A restored state cannot be read with the serializer or kind the program now declares."""
 
 
+class UndeclaredStateWarning(UserWarning):
+    """A restored checkpoint holds keyed state the program no longer declares: it is carried
+    into every later checkpoint, unread (the warning names each such state and its entries)."""
+
+
 class PickleNotAllowedError(StateMigrationException):
     """A checkpoint needs pickle to be read but pickle was not explicitly enabled."""
+
+
+class SerializerSnapshotError(StateMigrationException, TypeError):
+    """A checkpoint describes a serializer this program cannot rebuild: an unknown type, a
+    malformed description, or a record type whose module the program has not imported (a
+    checkpoint never makes a program import code)."""
 
 
 class PreAggregationError(StreamStateError, ValueError):
@@ -78,6 +92,12 @@ class StateBackendError(StreamStateError, RuntimeError):
 
 class CheckpointError(StreamStateError, RuntimeError):
     """A checkpoint could not be written or read."""
+
+
+class CheckpointMismatchError(CheckpointError):
+    """The state checkpoint does not match the query's progress in Spark's checkpoint (a lost
+    latest ``_metadata``, a replaced directory): the query refuses to run, and the message names
+    the checkpoint, Spark's micro-batch and the rollback command."""
 
 
 class CheckpointNotFoundError(CheckpointError):

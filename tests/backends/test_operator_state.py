@@ -3,6 +3,8 @@ round-robin redistribution rules on rescale (SPEC §7)."""
 
 from __future__ import annotations
 
+import io
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -80,6 +82,28 @@ def test_restore_checks_mode_and_serializer() -> None:
     fresh = OperatorStateBackend()
     fresh.restore(snap)
     with pytest.raises(StateMigrationException, match="'u'.*element serializer"):
+        fresh.get_union_list_state(ListStateDescriptor("u", str))
+
+
+def test_restored_operator_state_migrates_under_the_rules_of_schema_evolution() -> None:
+    from streamstate.checkpoint.operator_format import read_operator_state, write_operator_state
+    from support.evolution_types import Acc, AccAdded
+
+    ob = OperatorStateBackend()
+    ob.get_union_list_state(ListStateDescriptor("u", int)).add_all([1, 2])
+    ob.get_broadcast_state(MapStateDescriptor("rules", str, Acc)).put("a", Acc(1, "x"))
+    buffer = io.BytesIO()
+    write_operator_state(ob.snapshot(), buffer, path="mem")
+    for snap in (ob.snapshot(), read_operator_state(buffer.getvalue(), "mem")):
+        fresh = OperatorStateBackend()
+        fresh.restore(snap)
+        got = list(fresh.get_union_list_state(ListStateDescriptor("u", float)).get())
+        assert got == [1.0, 2.0] and all(type(v) is float for v in got)
+        rules = fresh.get_broadcast_state(MapStateDescriptor("rules", str, AccAdded))
+        assert rules.get("a") == AccAdded(1, "x")
+    fresh = OperatorStateBackend()
+    fresh.restore(ob.snapshot())
+    with pytest.raises(StateMigrationException, match="'u'"):
         fresh.get_union_list_state(ListStateDescriptor("u", str))
 
 

@@ -90,3 +90,65 @@ def test_inspect_piped_is_not_cut_and_json_describes_the_same(tmp_path: Path) ->
     assert [s["key_groups"] for s in op["subtasks"]] == [[0, 63], [64, 127]]
     kinds = {s["name"]: s["kind"] for s in op["states"]}
     assert kinds["agg"] == "aggregating" and kinds["_timers.user.event"] == "timer"
+
+
+def test_inspect_counts_entries_as_the_backends_do(tmp_path: Path) -> None:
+    """The entries ``inspect`` shows are the subtasks' own counts at the snapshot, by the one
+    definition (streamstate.format.entries): the state read back from the checkpoint, counted
+    that way, gives the same number on both backends; timers apart. A checkpoint written before
+    the counts were recorded shows n/a."""
+    import json
+
+    from streamstate.checkpoint.metadata import decode_metadata, encode_metadata
+    from streamstate.format.entries import count_entries
+
+    for backend in ("heap", "rocksdb"):
+        runner = LocalRunner(
+            AllKinds(),
+            key_selector=lambda r: r[0],
+            parallelism=2,
+            max_parallelism=128,
+            checkpoint_storage=str(tmp_path / backend),
+            state_backend=backend,
+            incremental_checkpoints=True,
+        )
+        runner.run(all_kinds_records(40), final_watermark=False)
+        runner.checkpoint()
+        runner.run(all_kinds_records(9, per_key=5), final_watermark=False)
+        runner.checkpoint()
+        live = sum(op.keyed_backend.state_figures().rows for op in runner.subtasks)
+        timers = sum(op.num_timers() for op in runner.subtasks)
+        counted = 0
+        for op in runner.subtasks:  # the state as a snapshot reads it, counted by definition
+            snap = op.keyed_backend.snapshot(99)
+            for kg in snap.key_group_range:
+                for index, entries in snap.key_group_entries(kg):
+                    kind = snap.states[index].kind
+                    if kind != "timer":
+                        counted += count_entries(kind, (e[2] for e in entries))
+            snap.release()
+        runner.close()
+        job = tmp_path / backend / "job"
+        result = cli.invoke(app, ["checkpoints", "inspect", "--json", str(job / "chk-2")])
+        assert result.exit_code == 0, result.output
+        (doc,) = json.loads(result.output)["checkpoints"]
+        op = doc["operators"]["keyed-process"]
+        assert op["entries"] == live == counted, backend
+        assert sum(s["timers"] for s in op["subtasks"]) == timers
+        assert set(op["subtasks"][0]["state_entries"]) == {
+            "value",
+            "list",
+            "map",
+            "reducing",
+            "agg",
+        }
+
+    # a checkpoint of an older streamstate: no counts recorded
+    path = job / "chk-2" / "_metadata"
+    metadata = decode_metadata(path.read_bytes(), str(path))
+    for op_meta in metadata.operators.values():
+        for sub in op_meta.subtasks:
+            sub.entries = sub.timers = None
+    path.write_bytes(encode_metadata(metadata))
+    table = cli.invoke(app, ["checkpoints", "inspect", str(job / "chk-2")], env={"COLUMNS": "200"})
+    assert table.exit_code == 0 and "n/a" in table.output

@@ -90,10 +90,60 @@ def test_rollback_refuses_a_compacted_source_log_and_changes_nothing(tmp_path: P
 def test_rollback_uses_the_spark_checkpoint_the_query_recorded(tmp_path: Path) -> None:
     storage, _ = _job(tmp_path, "heap")
     assert spark_checkpoint_of(storage) == storage.url_of("spark")
-    storage.acquire_epoch(spark_checkpoint=str(tmp_path / "elsewhere"))
-    assert plan_rollback(storage, 2).spark_checkpoint == str(tmp_path / "elsewhere")
+    storage.acquire_epoch(spark_checkpoint="spark")  # relative to the job directory
+    assert plan_rollback(storage, 2).spark_checkpoint == storage.url_of("spark")
+    # a Spark checkpoint kept outside the job directory is recorded as it is, and the rollback
+    # edits it only when told to: the directory may be a copy of the job that uses it
+    elsewhere = str(tmp_path / "elsewhere")
+    storage.acquire_epoch(spark_checkpoint=elsewhere)
+    assert spark_checkpoint_of(storage) == elsewhere
+    with pytest.raises(CheckpointError, match="outside this directory"):
+        plan_rollback(storage, 2)
+    plan = plan_rollback(storage, 2, spark_checkpoint=elsewhere)
+    assert plan.spark_checkpoint == elsewhere
     with pytest.raises(CheckpointError, match="chk-7 has no _metadata"):
         plan_rollback(storage, 7)
+    storage.acquire_epoch(spark_checkpoint="../other/spark")  # never outside the directory
+    with pytest.raises(CheckpointError, match="not a path inside the job directory"):
+        plan_rollback(storage, 2)
+
+
+def test_a_copy_of_a_job_whose_epoch_names_the_original_is_refused(tmp_path: Path) -> None:
+    """A job directory whose epoch an older streamstate wrote with the absolute location of its
+    Spark checkpoint, copied: rolling the copy back refuses (the recorded checkpoint is the
+    original's) and touches neither; naming the copy's Spark checkpoint rolls the copy back, and
+    the copy still restores."""
+    import shutil
+
+    original, at_2 = _job(tmp_path, "heap")
+    original.acquire_epoch(spark_checkpoint=original.url_of("spark"))  # as older versions did
+    copy_dir = tmp_path / "copy"
+    shutil.copytree(tmp_path / "ck", copy_dir)
+    copy = FileSystemCheckpointStorage(str(copy_dir), "")
+    before = sorted(p.name for p in (tmp_path / "ck" / "spark" / "commits").iterdir())
+    with pytest.raises(CheckpointError) as refused:
+        rollback(copy, 2)
+    message = str(refused.value)
+    assert original.url_of("spark") in message and "copy or a move" in message
+    assert f"--spark-checkpoint {copy.url_of('spark')}" in message
+    assert copy.checkpoint_ids() == original.checkpoint_ids() == [1, 2, 3, 4, 5]
+    assert sorted(p.name for p in (copy_dir / "spark" / "commits").iterdir()) == before
+
+    rollback(copy, 2, spark_checkpoint=copy.url_of("spark"))
+    assert copy.checkpoint_ids() == [1, 2] and original.checkpoint_ids() == [1, 2, 3, 4, 5]
+    assert sorted(p.name for p in (tmp_path / "ck" / "spark" / "commits").iterdir()) == before
+    assert sorted(p.name for p in (copy_dir / "spark" / "commits").iterdir()) == [
+        ".0.crc",
+        ".1.crc",
+        ".2.crc",
+        "0",
+        "1",
+        "2",
+    ]
+    fresh = LocalRunner(AllKinds(), key_selector=lambda r: r[0], parallelism=2, max_parallelism=128)
+    fresh.restore(copy.load(2))
+    assert runner_content(fresh) == at_2
+    fresh.close()
 
 
 def test_rollback_refuses_when_spark_no_longer_has_the_batch_to_rerun(tmp_path: Path) -> None:

@@ -186,7 +186,7 @@ def test_kind_and_key_serializer_are_checked_on_restore() -> None:
     wrong_keys = LocalRunner(
         ListThenValue(True), key_selector=lambda r: r, key_type=int, checkpoint_storage=storage
     )
-    with pytest.raises(StateMigrationException, match="key serializer"):
+    with pytest.raises(StateMigrationException, match="the key type was checkpointed as"):
         wrong_keys.restore()
 
 

@@ -240,3 +240,14 @@ def test_a_local_checkpoint_is_private_to_its_owner(tmp_path: Path, umask: int) 
         mode = os.stat(p).st_mode & 0o777
         want = (0o700 if p.is_dir() else 0o600) & ~umask
         assert mode == want, (str(p), oct(mode), oct(want))
+
+
+def test_readers_of_one_memory_file_do_not_share_a_position() -> None:
+    """fsspec's memory filesystem gives every reader of a file the same object: a retention
+    thread reading ``_metadata`` beside a restore cut the restore's read short."""
+    storage = MemoryCheckpointStorage()
+    storage.put_atomic("chk-1/_metadata", b"0123456789")
+    first, second = storage.open_read("chk-1/_metadata"), storage.open_read("chk-1/_metadata")
+    assert first.read(4) == b"0123"
+    assert second.read() == b"0123456789"
+    assert first.read() == b"456789"

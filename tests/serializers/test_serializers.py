@@ -144,25 +144,13 @@ def test_int64_out_of_range_is_a_clear_error() -> None:
 
 def test_compatibility_rules() -> None:
     old = serializer_for(Point).snapshot()
-    assert serializer_for(PointV2).resolve_compatibility(old) is Compatibility.INCOMPATIBLE  # class
-    renamed = dict(old, fields=[*old["fields"]])
-    assert serializer_for(Point).resolve_compatibility(renamed) is Compatibility.COMPATIBLE_AS_IS
-    # same class, a field added with a default: readable after migration
-    added = dict(old, fields=[f for f in old["fields"] if f["name"] != "y"])
+    assert old["version"] == 2 and "schema" in old
+    assert serializer_for(Point).resolve_compatibility(old) is Compatibility.COMPATIBLE_AS_IS
+    # judged by the fields, not by the class's name: PointV2 is Point with a field added
     assert (
-        serializer_for(Point).resolve_compatibility(added)
+        serializer_for(PointV2).resolve_compatibility(old)
         is Compatibility.COMPATIBLE_AFTER_MIGRATION
     )
-    # same class, a required field added: incompatible
-    missing_required = dict(old, fields=[f for f in old["fields"] if f["name"] != "x"])
-    assert (
-        serializer_for(Point).resolve_compatibility(missing_required) is Compatibility.INCOMPATIBLE
-    )
-    # a changed field type
-    changed = dict(
-        old, fields=[dict(f, type="StrType()") if f["name"] == "x" else f for f in old["fields"]]
-    )
-    assert serializer_for(Point).resolve_compatibility(changed) is Compatibility.INCOMPATIBLE
     assert Int64Serializer().resolve_compatibility(StrSerializer().snapshot()).is_incompatible
     assert (
         OptionalSerializer(Int64Serializer()).resolve_compatibility(Int64Serializer().snapshot())
@@ -173,11 +161,39 @@ def test_compatibility_rules() -> None:
         .resolve_compatibility(ListSerializer(StrSerializer()).snapshot())
         .is_incompatible
     )
+
+
+def test_version_1_record_snapshots_are_judged_by_their_fields() -> None:
+    v1 = serializer_for(Point).v1_snapshot()  # what checkpoints written before version 2 hold
+    assert v1["version"] == 1 and "fields" in v1 and "schema" not in v1
+    assert serializer_for(Point).resolve_compatibility(v1) is Compatibility.COMPATIBLE_AS_IS
     assert (
-        DictSerializer(StrSerializer(), Int64Serializer())
-        .resolve_compatibility(DictSerializer(StrSerializer(), Int64Serializer()).snapshot())
-        .is_compatible_as_is
+        serializer_for(PointV2).resolve_compatibility(v1)
+        is Compatibility.COMPATIBLE_AFTER_MIGRATION
     )
+    # a field added with a default (the checkpoint's record lacked y)
+    added = dict(v1, fields=[f for f in v1["fields"] if f["name"] != "y"])
+    assert (
+        serializer_for(Point).resolve_compatibility(added)
+        is Compatibility.COMPATIBLE_AFTER_MIGRATION
+    )
+    # a required field added: incompatible
+    missing_required = dict(v1, fields=[f for f in v1["fields"] if f["name"] != "x"])
+    assert (
+        serializer_for(Point).resolve_compatibility(missing_required) is Compatibility.INCOMPATIBLE
+    )
+    # a changed field type, read from the version-1 text
+    changed = dict(
+        v1, fields=[dict(f, type="StrType()") if f["name"] == "x" else f for f in v1["fields"]]
+    )
+    assert serializer_for(Point).resolve_compatibility(changed) is Compatibility.INCOMPATIBLE
+    # text that is no schema: the version-1 rules (same class and field types) decide
+    unreadable = dict(
+        v1, fields=[dict(f, type="Weird(") if f["name"] == "x" else f for f in v1["fields"]]
+    )
+    assert serializer_for(Point).resolve_compatibility(unreadable) is Compatibility.INCOMPATIBLE
+    same_text = serializer_for(Point).v1_snapshot()
+    assert serializer_for(Point).resolve_compatibility(same_text) is Compatibility.COMPATIBLE_AS_IS
 
 
 def test_pickle_is_never_implicit() -> None:

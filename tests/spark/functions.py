@@ -11,6 +11,7 @@ from streamstate import (
     CheckpointedFunction,
     KeyedProcessFunction,
     ListStateDescriptor,
+    MapStateDescriptor,
     ValueStateDescriptor,
 )
 from streamstate.windows import ProcessWindowFunction
@@ -185,3 +186,20 @@ class FailingReminder(RemindLater):
 
     def on_timer(self, timestamp: int, ctx: Any) -> Any:
         raise Boom(f"reminder of {ctx.get_current_key()!r} failed")
+
+
+class Visits(KeyedProcessFunction):
+    """Counts a user's records (value state), keeps their last three values (list state) and
+    the last value per ``v % 4`` (map state); registers a timer per record."""
+
+    def open(self, ctx: Any) -> None:
+        self.n = ctx.get_state(ValueStateDescriptor("n", int, default=0))
+        self.recent = ctx.get_list_state(ListStateDescriptor("recent", int))
+        self.by_rest = ctx.get_map_state(MapStateDescriptor("by_rest", int, int))
+
+    def process_element(self, value: Any, ctx: Any) -> Any:
+        self.n.update(self.n.value() + 1)
+        self.recent.update([*self.recent.get(), value.v][-3:])
+        self.by_rest.put(value.v % 4, value.v)
+        ctx.timer_service().register_processing_time_timer(1 << 50)
+        yield ctx.get_current_key(), self.n.value()

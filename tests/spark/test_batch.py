@@ -175,3 +175,31 @@ def test_a_batch_savepoint_bootstraps_a_streaming_query_at_another_parallelism(
     assert max(r["seen"] for r in rows) == len(history) + sum(len(b) for b in later)
     state = read_state(spark, str(tmp_path / "ck"), state="n").collect()
     assert {r.key: r.value for r in state} == final_counts([history, *later])
+
+
+def test_a_batch_result_is_an_ordinary_dataframe(spark: Any) -> None:
+    """A batch-mode result on either side of a union, in exceptAll and intersect, cached and
+    read again, coalesced: its tasks take their subtask from the records, not from where Spark
+    numbers their partition in the larger plan (the same task runs both execution modes and
+    Spark Connect)."""
+    records = [(f"u{(i * 7) % 13}", i) for i in range(300)]
+    df = spark.createDataFrame(records, "user string, v long")
+    out = keyed_process(df, key="user", function=Count(), output_schema="user string, n long")
+    expected = sorted(LocalRunner(Count(), key_selector=lambda r: r[0], parallelism=2).run(records))
+    extra = [("x", -1), ("y", -2), ("z", -3)]
+    other = spark.createDataFrame(extra, "user string, n long")
+    ref = spark.createDataFrame(expected[:50], "user string, n long")
+
+    def rows(frame: Any) -> list[tuple[Any, ...]]:
+        return sorted(tuple(r) for r in frame.collect())
+
+    assert rows(other.union(out)) == sorted(extra + expected)
+    assert rows(out.exceptAll(ref)) == expected[50:]
+    assert rows(out.intersect(ref)) == sorted(set(expected[:50]))
+    cached = out.cache()
+    try:
+        assert rows(cached.union(other)) == sorted(expected + extra)
+        assert rows(cached) == expected
+    finally:
+        cached.unpersist()
+    assert rows(out.coalesce(1)) == expected

@@ -22,10 +22,16 @@ from streamstate import (
     UnsupportedStateTypeError,
     ValueStateDescriptor,
 )
+from streamstate.backends.base import check_key_type
 from streamstate.checkpoint.storage import FileSystemCheckpointStorage
-from streamstate.errors import OutputSchemaError
-from streamstate.serializers import StrSerializer
-from streamstate.spark.driver.checks import _open_function, _state_declarations
+from streamstate.errors import OutputSchemaError, UndeclaredStateWarning
+from streamstate.serializers import Int64Serializer, StrSerializer
+from streamstate.spark.driver.checks import (
+    _entries_of,
+    _open_function,
+    _restored_declarations,
+    _state_declarations,
+)
 from streamstate.spark.driver.keyed import _follow_backend
 from streamstate.spark.driver.options import KeyedOptions
 
@@ -81,10 +87,10 @@ def _options(function: Any, **kwargs: Any) -> KeyedOptions:
     return KeyedOptions(**values)
 
 
-def _checkpoint(tmp_path: Path, backend: str) -> Any:
+def _checkpoint(tmp_path: Path, backend: str, function: Any = None) -> Any:
     storage = FileSystemCheckpointStorage(str(tmp_path / backend))
     runner = LocalRunner(
-        Declares("count", int),
+        function or Declares("count", int),
         key_selector=lambda r: r,
         parallelism=2,
         max_parallelism=128,
@@ -119,6 +125,57 @@ def test_a_changed_state_type_is_found_on_the_driver_in_words_with_the_remedy(
         assert remedy in message
     # the same declaration passes
     _open_function(_options(Declares("count", int)), StrSerializer(), declared)
+
+
+@pytest.mark.parametrize("backend", ["heap", "rocksdb"])
+def test_a_changed_key_type_is_found_on_the_driver_in_words(tmp_path: Path, backend: str) -> None:
+    restored = _checkpoint(tmp_path, backend)
+    declared, key_snapshot = _restored_declarations(_options(Declares("count", int)), restored)
+    assert [d.name for d in declared] == ["count"]
+    check_key_type(key_snapshot, StrSerializer(), "key column 'user'")  # unchanged: passes
+    with pytest.raises(StateMigrationException) as e:
+        check_key_type(key_snapshot, Int64Serializer(), "key column 'user'")
+    message = str(e.value)
+    assert message.startswith(
+        "the key type was checkpointed as str but is now int (key column 'user')"
+    )
+    assert "rekey=" in message and "Serializer" not in message
+
+
+class Renamed(KeyedProcessFunction):
+    """Declares the value state ``count`` as ``total`` (``previous_name="count"``)."""
+
+    def __init__(self, type_: Any) -> None:
+        self.type_ = type_
+
+    def open(self, ctx: Any) -> None:
+        ctx.get_state(ValueStateDescriptor("total", self.type_, previous_name="count"))
+
+    def process_element(self, value: Any, ctx: Any) -> Any:
+        return None
+
+
+@pytest.mark.parametrize("backend", ["heap", "rocksdb"])
+def test_a_renamed_state_is_checked_under_its_previous_name_on_the_driver(
+    tmp_path: Path, backend: str
+) -> None:
+    restored = _checkpoint(tmp_path, backend)
+    declared = _state_declarations(_options(Renamed(int)), restored)
+    assert _open_function(_options(Renamed(float)), StrSerializer(), declared) == []
+    with pytest.raises(StateMigrationException, match=r"state 'total' \(checkpointed as 'count'\)"):
+        _open_function(_options(Renamed(str)), StrSerializer(), declared)
+
+
+@pytest.mark.parametrize("backend", ["heap", "rocksdb"])
+def test_undeclared_states_are_found_on_the_driver_with_their_entries(
+    tmp_path: Path, backend: str
+) -> None:
+    restored = _checkpoint(tmp_path, backend)
+    options = _options(Declares("other", int))
+    declared = _state_declarations(options, restored)
+    undeclared = _open_function(options, StrSerializer(), declared)
+    assert undeclared == ["count"]
+    assert _entries_of(restored, "keyed-process", undeclared) == {"count": 3}
 
 
 def test_an_open_that_fails_on_the_driver_for_its_own_reasons_is_left_to_the_executors(
@@ -184,3 +241,28 @@ def test_keyed_process_raises_before_any_job(spark: Any, tmp_path: Path) -> None
     )
     assert keyed.options.state_backend == "rocksdb"
     assert restored.metadata.operators["keyed-process"].parallelism == keyed.options.parallelism
+
+    # the key column's type changed: refused before the query starts, input waiting or not
+    jobs = spark.sparkContext.statusTracker().getJobIdsForGroup()
+    (tmp_path / "empty").mkdir()
+    for source in ("in", "empty"):
+        retyped = spark.readStream.schema("user long, v long").parquet(str(tmp_path / source))
+        with pytest.raises(StateMigrationException) as e:
+            keyed_process(
+                retyped,
+                key="user",
+                function=Declares("count", int),
+                output_schema="user long",
+                checkpoint=str(tmp_path / "rocksdb" / "job"),
+            )
+        assert str(e.value).startswith("the key type was checkpointed as str but is now int")
+    # a state the function no longer declares: one warning with its entries, at the call
+    with pytest.warns(UndeclaredStateWarning, match=r"'count' \(3 entries\)"):
+        keyed_process(
+            stream,
+            key="user",
+            function=Declares("other", int),
+            output_schema="user string",
+            checkpoint=str(tmp_path / "rocksdb" / "job"),
+        )
+    assert spark.sparkContext.statusTracker().getJobIdsForGroup() == jobs

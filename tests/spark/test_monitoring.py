@@ -173,3 +173,55 @@ def test_an_unexpected_plan_is_read_as_it_is(spark: Any) -> None:
     assert publisher.unobserved(df) is df
     assert publisher._read_through
     assert publisher.unobserved(df) is df
+
+
+def test_the_entry_counts_agree_on_one_checkpoint(spark: Any, tmp_path: Any) -> None:
+    """``numRowsTotal``, ``streamstate checkpoints inspect`` and the state read back counted
+    by the one definition (a value per key and namespace, a map's mappings, a list's elements;
+    timers apart) give the same number for the checkpoint of the last micro-batch."""
+    import json
+
+    from functions import Visits
+    from typer.testing import CliRunner
+
+    from streamstate.cli import app
+    from streamstate.spark import read_state
+
+    batches = make_batches(2, 200, users=30, seed=9)
+    write_batches(str(tmp_path / "in"), batches)
+    ck = str(tmp_path / "ck")
+    query = keyed_process(
+        spark.readStream.schema("user string, v long")
+        .option("maxFilesPerTrigger", 1)
+        .parquet(str(tmp_path / "in")),
+        key="user",
+        function=Visits(),
+        output_schema="user string, n long",
+        checkpoint=ck,
+        parallelism=2,
+    ).write_stream("memory", trigger={"availableNow": True})
+    query.await_termination()
+    figures = query.last_progress["observedMetrics"][OBSERVATION]
+    result = CliRunner().invoke(app, ["checkpoints", "inspect", "--json", f"{ck}/chk-1"])
+    assert result.exit_code == 0, result.output
+    (inspected,) = json.loads(result.output)["checkpoints"]
+    read_back = {
+        name: [r.value for r in read_state(spark, ck, state=name).collect()]
+        for name in ("n", "recent", "by_rest")
+    }
+    counted = (
+        len(read_back["n"])
+        + sum(len(v) for v in read_back["recent"])
+        + sum(len(v) for v in read_back["by_rest"])
+    )
+    users = {u for rows in batches for u, _ in rows}
+    rests = {(u, v % 4) for rows in batches for u, v in rows}
+    oracle = (
+        len(users)
+        + sum(min(3, sum(1 for rows in batches for x, _ in rows if x == u)) for u in users)
+        + len(rests)
+    )
+    assert figures["checkpointId"] == 1
+    assert figures["numRowsTotal"] == inspected["operators"]["keyed-process"]["entries"]
+    assert figures["numRowsTotal"] == counted == oracle
+    assert figures["numTimersPending"] == len(users)

@@ -158,3 +158,33 @@ def test_array_map_and_struct_columns_take_their_python_forms_and_refuse_lossy_v
     ]:
         with pytest.raises(OutputSchemaError, match=f"output column {column}"):
             conv.to_batch([bad])
+
+
+def test_records_are_outputs_and_struct_values() -> None:
+    """A dataclass or msgspec.Struct output fills the columns its fields name; records inside a
+    struct or array column become the struct's fields (timestamps kept as they are)."""
+    import dataclasses
+
+    import msgspec
+
+    @dataclasses.dataclass
+    class At:
+        n: int
+        t: dt.datetime
+
+    class Alert(msgspec.Struct):
+        k: str
+        at: At
+        seen: list[At]
+
+    when = dt.datetime(2024, 5, 1, 12, 30)
+    at_type = pa.struct([("n", pa.int64()), ("t", pa.timestamp("us"))])
+    conv = converter(("at", at_type), ("seen", pa.list_(at_type)))
+    rows = conv.to_batch([Alert("a", At(1, when), [At(2, when)]), ("b", None, [])]).to_pylist()
+    assert rows == [
+        {"k": "a", "at": {"n": 1, "t": when}, "seen": [{"n": 2, "t": when}]},
+        {"k": "b", "at": None, "seen": []},
+    ]
+    flat = converter(("n", pa.int64()))
+    with pytest.raises(OutputSchemaError, match="has no value for the declared fields"):
+        flat.to_batch([At(3, when)])  # no field k

@@ -20,11 +20,11 @@ from streamstate.spark import FileSink, keyed_process, read_state
 pytestmark = pytest.mark.spark
 
 
-def _query(spark: Any, tmp_path: Any, state_backend: str) -> Any:
+def _query(spark: Any, tmp_path: Any, state_backend: str, inputs: Any = None) -> Any:
     return keyed_process(
         spark.readStream.schema("user string, v long")
         .option("maxFilesPerTrigger", 1)
-        .parquet(str(tmp_path / "in")),
+        .parquet(str(inputs or tmp_path / "in")),
         key="user",
         function=Count(),
         output_schema="user string, n long",
@@ -87,3 +87,68 @@ def test_rollback_refuses_a_checkpoint_that_is_not_intact(tmp_path: Any) -> None
     result = CliRunner().invoke(app, ["checkpoints", "rollback", str(tmp_path), "--to", "3"])
     assert result.exit_code == 1
     assert "chk-3 has no _metadata" in " ".join(result.output.split())
+
+
+def _spark_log(ck: Any, log: str) -> list[int]:
+    return sorted(int(n) for n in os.listdir(ck / "spark" / log) if n.isdigit())
+
+
+def test_a_copied_job_directory_rolls_back_and_resumes_on_its_own(
+    spark: Any, tmp_path: Any
+) -> None:
+    """Copy the job directory and its sink, roll the copy back and restart it: the copy's sink
+    ends equal to the original's, and the original's Spark log and checkpoints are untouched."""
+    import shutil
+
+    batches = make_batches(6, 100, users=15, seed=5)
+    write_batches(str(tmp_path / "in"), batches)
+    _query(spark, tmp_path, "rocksdb").await_termination()
+    ck, copy = tmp_path / "ck", tmp_path / "copy"
+    copy.mkdir()
+    shutil.copytree(ck, copy / "ck")
+    shutil.copytree(tmp_path / "out", copy / "out")
+    original_commits = _spark_log(ck, "commits")
+    original_checkpoints = sorted(os.listdir(ck))
+
+    args = ["checkpoints", "rollback", str(copy / "ck"), "--to", "3", "--yes"]
+    result = CliRunner().invoke(app, [*args, "--sink", str(copy / "out")])
+    assert result.exit_code == 0, result.output
+    assert _spark_log(ck, "commits") == original_commits and original_commits[-1] == 5
+    assert sorted(os.listdir(ck)) == original_checkpoints
+    assert _spark_log(copy / "ck", "commits") == [b for b in original_commits if b <= 3]
+
+    query = _query(spark, copy, "rocksdb", inputs=tmp_path / "in")
+    query.await_termination()
+    assert [b["batch"] for b in query.batches] == [4, 5]
+    rows = FileSink(str(copy / "out")).read_arrow().to_pylist()
+    assert sorted((r["user"], r["n"]) for r in rows) == running_counts(batches)
+    original = FileSink(str(tmp_path / "out")).read_arrow().to_pylist()
+    assert sorted((r["batch"], r["user"], r["n"]) for r in rows) == sorted(
+        (r["batch"], r["user"], r["n"]) for r in original
+    )
+    assert _spark_log(ck, "commits") == original_commits
+
+
+@pytest.mark.parametrize("new_input", [False, True])
+def test_a_state_behind_sparks_log_refuses_to_start(
+    spark: Any, tmp_path: Any, new_input: bool
+) -> None:
+    """The latest ``_metadata`` is lost: the query refuses to start, with or without input
+    waiting, with the short error naming the checkpoint, Spark's micro-batch and the rollback
+    command (no Spark plan), before Spark runs anything."""
+    batches = make_batches(5, 50, users=10, seed=8)
+    write_batches(str(tmp_path / "in"), batches[:4])
+    _query(spark, tmp_path, "heap").await_termination()
+    ck = tmp_path / "ck"
+    (ck / "chk-3" / "_metadata").unlink()  # a lost upload, a manual cleanup
+    if new_input:
+        write_batches(str(tmp_path / "in"), batches[4:], start=4)
+    offsets = _spark_log(ck, "offsets")
+    with pytest.raises(CheckpointError) as raised:
+        _query(spark, tmp_path, "heap")
+    message = str(raised.value)
+    assert "committed micro-batch 3" in message and "is chk-2" in message
+    assert f"streamstate checkpoints rollback {ck} --to 2" in message
+    assert "Plan" not in message and len(message.splitlines()) == 1
+    assert raised.value.__cause__ is None
+    assert _spark_log(ck, "offsets") == offsets  # Spark did not start

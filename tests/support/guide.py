@@ -41,6 +41,7 @@ SPARK_PAGES = frozenset(
         "docs/spark/monitoring.md",
         "docs/checkpoints/reading-state.md",
         "docs/checkpoints/state-source.md",
+        "docs/checkpoints/upgrading.md",
     }
 )
 

@@ -240,7 +240,7 @@ def test_list_return_expired_returns_then_cleans(backend, clock):
     clock.time = 1100
     assert s.get() == [1, 2]
     assert s.get() == [1, 2]  # 2 is unexpired: nothing is cleaned up by reading
-    assert backend.num_entries("l") == 1
+    assert backend.num_entries("l") == 2  # both elements are still stored
     clock.time = 1150
     assert s.get() == [1, 2]  # all expired: returned once more, then cleared
     assert backend.num_entries("l") == 0
@@ -460,7 +460,8 @@ def test_merge_namespaces_drops_expired_sources(backend, clock, kind):
     for ns in ("w1", "w2"):
         s.set_current_namespace(ns)
         assert read(s) == empty
-    assert backend.num_entries("s") == 1
+    # one (key, namespace) left: w3 (a list counts its elements, streamstate.format.entries)
+    assert backend.num_entries("s") == (2 if kind == "list" else 1)
 
 
 @pytest.mark.parametrize("kind", ["reducing", "aggregating"])

@@ -362,6 +362,7 @@ def test_session_windows_survive_snapshot_and_restore():
         )
         for kg, key, ns, state in rows:
             table.map_for_key_group(kg).put(key, ns, state)
+        table.recount()  # entries put into the maps directly, as a restore does
     restored.open()
     restored.advance_watermark(wm)
     timers = TimerRestore(backend.timer_queues, backend.key_serializer)

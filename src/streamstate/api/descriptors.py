@@ -81,17 +81,31 @@ class StateDescriptor:
     ``serializer`` serializes the whole stored state of one (key, namespace): the value for value
     and reducing state, the list for list state, the dict for map state, the accumulator for
     aggregating state.
+
+    ``previous_name`` renames a state: a restore that finds no state ``name`` in the checkpoint
+    but one named ``previous_name`` gives it to this state (checked and migrated like any other),
+    and the next checkpoint holds it under ``name`` only. Keep it while a checkpoint written
+    before the rename may still be restored; the old name must not be declared again.
     """
 
     kind: StateKind
 
-    def __init__(self, name: str, serializer: TypeSerializer[Any]) -> None:
+    def __init__(
+        self, name: str, serializer: TypeSerializer[Any], previous_name: str | None = None
+    ) -> None:
         self.name = validate_name(name)
         if name in RESERVED_STATE_NAMES:
             raise InvalidStateNameError(
                 f"state name {name!r} is reserved (it is RocksDB's default column family)"
             )
+        if previous_name is not None:
+            validate_name(previous_name, "previous state")
+            if previous_name == name:
+                raise InvalidStateNameError(
+                    f"state {name!r}: previous_name must differ from the state's name"
+                )
         self.serializer = serializer
+        self.previous_name = previous_name
         self.ttl_config: StateTtlConfig | None = None
 
     def enable_time_to_live(self, ttl_config: StateTtlConfig) -> StateDescriptor:
@@ -114,8 +128,15 @@ class ValueStateDescriptor(StateDescriptor):
 
     kind = StateKind.VALUE
 
-    def __init__(self, name: str, type_or_serializer: Any, default: Any = None) -> None:
-        super().__init__(name, _serializer(name, type_or_serializer))
+    def __init__(
+        self,
+        name: str,
+        type_or_serializer: Any,
+        default: Any = None,
+        *,
+        previous_name: str | None = None,
+    ) -> None:
+        super().__init__(name, _serializer(name, type_or_serializer), previous_name)
         self.default = default
 
 
@@ -124,9 +145,9 @@ class ListStateDescriptor(StateDescriptor):
 
     kind = StateKind.LIST
 
-    def __init__(self, name: str, element_type: Any) -> None:
+    def __init__(self, name: str, element_type: Any, *, previous_name: str | None = None) -> None:
         self.element_serializer: TypeSerializer[Any] = _serializer(name, element_type, "elements")
-        super().__init__(name, ListSerializer(self.element_serializer))
+        super().__init__(name, ListSerializer(self.element_serializer), previous_name)
 
 
 class MapStateDescriptor(StateDescriptor):
@@ -134,10 +155,14 @@ class MapStateDescriptor(StateDescriptor):
 
     kind = StateKind.MAP
 
-    def __init__(self, name: str, key_type: Any, value_type: Any) -> None:
+    def __init__(
+        self, name: str, key_type: Any, value_type: Any, *, previous_name: str | None = None
+    ) -> None:
         self.key_serializer: TypeSerializer[Any] = _serializer(name, key_type, "map keys")
         self.value_serializer: TypeSerializer[Any] = _serializer(name, value_type, "map values")
-        super().__init__(name, DictSerializer(self.key_serializer, self.value_serializer))
+        super().__init__(
+            name, DictSerializer(self.key_serializer, self.value_serializer), previous_name
+        )
 
 
 class ReducingStateDescriptor(StateDescriptor):
@@ -150,8 +175,10 @@ class ReducingStateDescriptor(StateDescriptor):
         name: str,
         reduce_function: ReduceFunction[Any] | Callable[[Any, Any], Any],
         type_or_serializer: Any,
+        *,
+        previous_name: str | None = None,
     ) -> None:
-        super().__init__(name, _serializer(name, type_or_serializer))
+        super().__init__(name, _serializer(name, type_or_serializer), previous_name)
         if isinstance(reduce_function, ReduceFunction):
             self.reduce_function: ReduceFunction[Any] = reduce_function
         elif callable(reduce_function):
@@ -175,10 +202,12 @@ class AggregatingStateDescriptor(StateDescriptor):
         name: str,
         aggregate_function: AggregateFunction[Any, Any, Any],
         accumulator_type: Any,
+        *,
+        previous_name: str | None = None,
     ) -> None:
         if not isinstance(aggregate_function, AggregateFunction):
             raise TypeError(
                 f"aggregate_function must be an AggregateFunction, got {aggregate_function!r}"
             )
-        super().__init__(name, _serializer(name, accumulator_type, "accumulators"))
+        super().__init__(name, _serializer(name, accumulator_type, "accumulators"), previous_name)
         self.aggregate_function = aggregate_function

@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from streamstate.api.descriptors import StateDescriptor
 from streamstate.api.state import InternalKvState
 from streamstate.backends.timer_queues import KeyGroupedTimerQueue, TimerQueues
@@ -23,18 +25,20 @@ from streamstate.errors import (
     StateAccessError,
     StateBackendError,
     StateMigrationException,
+    StreamStateError,
     UnsupportedKeyTypeError,
 )
 from streamstate.format.meta import StateMetaSnapshot
 from streamstate.keygroups import KeyGroupRange, assign_to_key_group
 from streamstate.namespace import VOID_NAMESPACE
 from streamstate.serializers import (
-    Compatibility,
     TypeSerializer,
     VoidNamespaceSerializer,
     describe_snapshot,
     serializer_for,
 )
+from streamstate.serializers.evolution import resolve_schema_change
+from streamstate.serializers.migration import migrating_serializer
 
 if TYPE_CHECKING:
     from streamstate.backends.decorators.ttl_cleanup import TtlCleanupHook
@@ -44,13 +48,18 @@ if TYPE_CHECKING:
     from streamstate.format.snapshot import KeyedStateSnapshot
 
 __all__ = [
+    "KEY_TYPE_REMEDY",
+    "MIGRATION_REMEDY",
     "Clock",
     "KeyContext",
     "KeyedStateBackend",
     "RestoreInput",
     "RestoreMode",
     "SystemClock",
+    "check_key_type",
     "check_written_value",
+    "migration_error",
+    "stored_serializer",
 ]
 
 _KEY_GROUP_CACHE_LIMIT = 1 << 16
@@ -356,51 +365,40 @@ class KeyedStateBackend(ABC):
             f"{descriptor.kind.value} state; a state's kind cannot change"
         )
 
-    @staticmethod
-    def _migration_error(problem: str) -> StateMigrationException:
-        """A restored state the program now declares differently: what differs (``problem``
-        names the state), and the ways out (SPEC §12)."""
-        return StateMigrationException(
-            f"{problem}. To change a state: migrate it through a savepoint "
-            "(read the old state with streamstate.spark.read_state, write it with the new "
-            "declaration from a batch keyed_process(..., savepoint=...), and start the job from "
-            "that savepoint with initial_state=), give the state a new name (the old one is kept, "
-            "unread), or start from a new checkpoint directory"
-        )
-
     def _check_restored(
         self, name: str, namespace_serializer: TypeSerializer[Any], descriptor: StateDescriptor
-    ) -> Compatibility | None:
-        """Check a state against what the restored checkpoint says about it (SPEC §4)."""
+    ) -> None:
+        """Check a state against what the restored checkpoint says about it (SPEC §4, §14.1),
+        before anything of it is read: the same kind, the same namespaces, and values the rules
+        of schema evolution can migrate. A state first registered under its ``previous_name``
+        is renamed here (after the checks)."""
         meta = self._restored_meta.get(name)
+        previous = descriptor.previous_name
+        renamed_from = None
+        if meta is None and previous is not None and previous not in self._states:
+            meta = self._restored_meta.get(previous)
+            renamed_from = previous if meta is not None else None
         if meta is None:
-            return None
+            return
+        what = f"state {name!r}" + (f" (checkpointed as {previous!r})" if renamed_from else "")
         if meta.kind != descriptor.kind.value:
-            raise self._migration_error(
-                f"state {name!r} was checkpointed as {meta.kind} state but is now declared as "
+            raise migration_error(
+                f"{what} was checkpointed as {meta.kind} state but is now declared as "
                 f"{descriptor.kind.value} state; a state's kind cannot change",
             )
         ns_compat = namespace_serializer.resolve_compatibility(meta.namespace_serializer)
         if not ns_compat.is_compatible_as_is:
-            raise self._migration_error(
-                f"state {name!r}: its namespaces were checkpointed as "
+            raise migration_error(
+                f"{what}: its namespaces were checkpointed as "
                 f"{describe_snapshot(meta.namespace_serializer)} but are now "
-                f"{describe_snapshot(namespace_serializer.snapshot())} "
-                f"({namespace_serializer!r} cannot read {meta.namespace_serializer})",
+                f"{describe_snapshot(namespace_serializer.snapshot())}",
             )
-        serializer = descriptor.serializer
-        if (meta.ttl is None) != (descriptor.ttl_config is None):
-            was, now = ("without", "with") if meta.ttl is None else ("with", "without")
-            raise self._migration_error(
-                f"state {name!r} was checkpointed {was} time-to-live but is now declared {now} "
-                "it; enabling or disabling TTL on an existing state is not supported",
-            )
-        if descriptor.ttl_config is not None:
-            from streamstate.backends.decorators.ttl import ttl_state_serializer
-
-            serializer = ttl_state_serializer(descriptor)  # what the TTL state stores
-        compat = serializer.resolve_compatibility(meta.state_serializer)
-        if compat.is_incompatible:
+        serializer = stored_serializer(descriptor)
+        change = resolve_schema_change(meta.state_serializer, serializer.snapshot())
+        refused = change.compatibility.is_incompatible
+        if not change.known:  # no schema on one side: the serializer's own rules decide
+            refused = serializer.resolve_compatibility(meta.state_serializer).is_incompatible
+        if refused:
             hint = ""
             if _mentions_pickle(meta.state_serializer) and not _uses_pickle(descriptor.serializer):
                 hint = (
@@ -411,11 +409,47 @@ class KeyedStateBackend(ABC):
                 describe_snapshot(meta.state_serializer),
                 describe_snapshot(serializer.snapshot()),
             )
-            raise self._migration_error(
-                f"state {name!r}: its values were checkpointed as {old} but are now declared as "
-                f"{new} ({serializer!r} cannot read what {meta.state_serializer} wrote){hint}",
+            differs = f": {change.describe()}" if change.known and change.refused else ""
+            raise migration_error(
+                f"{what}: its values were checkpointed as {old} but are now declared as "
+                f"{new}{differs}{hint}",
             )
-        return compat
+        if renamed_from is not None:
+            self.rename_restored_state(renamed_from, name)
+
+    def rename_restored_state(self, old: str, new: str) -> None:
+        """Restored state ``old`` belongs to state ``new`` from now on (a descriptor named it
+        as its ``previous_name``). Backends move its data too; the next checkpoint holds it
+        under its new name only."""
+        meta = self._restored_meta.pop(old)
+        self._restored_meta[new] = msgspec.structs.replace(meta, name=new)
+
+    def restored_value_reader(
+        self, name: str, serializer: TypeSerializer[Any]
+    ) -> TypeSerializer[Any] | None:
+        """What reads the restored values of state ``name`` as values of ``serializer`` (what
+        the state stores now): ``serializer`` itself when they are read as they are, a
+        :class:`~streamstate.serializers.migration.MigratingSerializer` when they migrate (the
+        backend converts them once, now), None when nothing of ``name`` was restored."""
+        meta = self._restored_meta.get(name)
+        if meta is None:
+            return None
+        reader = migrating_serializer(meta.state_serializer, serializer, now=self.clock.now())
+        return serializer if reader is None else reader
+
+    def undeclared_states(self) -> dict[str, int | None]:
+        """The restored keyed states the program has not registered, each with its entries
+        (one per key and namespace; None when they cannot be counted without the program's
+        serializers): carried into every checkpoint, unread. Timers aside."""
+        out: dict[str, int | None] = {}
+        for name in sorted(self._restored_meta):
+            if name in self._states:
+                continue
+            try:
+                out[name] = self.num_entries(name)
+            except StreamStateError:
+                out[name] = None
+        return out
 
     def restored_state_meta(self, name: str) -> StateMetaSnapshot | None:
         """What the restored checkpoint says about state ``name`` (the snapshot form of its meta
@@ -479,7 +513,15 @@ class KeyedStateBackend(ABC):
 
     @abstractmethod
     def num_entries(self, state_name: str | None = None) -> int:
-        """Number of (key, namespace) entries of one state, or of all states."""
+        """Entries of one state, or of all states, as :mod:`streamstate.format.entries` counts
+        them: one per (key, namespace) of a value, reducing or aggregating state, one per
+        mapping of a map state, one per element of a list state; timers are not entries."""
+
+    def state_entries(self) -> dict[str, int]:
+        """The entries of every registered state (:meth:`num_entries`), by name: what a
+        checkpoint records next to its files. Cheap on every backend (the heap's table sizes and
+        element counts, RocksDB's counts kept by its flushes)."""
+        return {name: self.num_entries(name) for name in self.registered_state_names()}
 
     def state_figures(self) -> StateFigures:
         """What the backend holds now and what changed since the previous call
@@ -560,6 +602,55 @@ class KeyedStateBackend(ABC):
     @property
     def number_of_key_groups(self) -> int:
         return self.max_parallelism
+
+
+MIGRATION_REMEDY = (
+    "The checkpoint is left as it was: the previous code still restores it. To make this "
+    "change, rewrite the checkpoint into a savepoint whose state is converted (a DataFrame of "
+    'new values: streamstate.spark.rewrite_savepoint; see the docs, "Upgrading a job") and '
+    "start the job from that savepoint with initial_state=; or give the state a new name (the "
+    "old one is kept, unread); or start from a new checkpoint directory"
+)
+"""The ways out of a refused migration, named by every :class:`StateMigrationException` of a
+restore."""
+
+KEY_TYPE_REMEDY = (
+    "The checkpoint is left as it was: the previous code still restores it. Keys decide key "
+    "groups, so a new key type means new key groups for every state: rewrite the checkpoint "
+    "into a savepoint with every state re-keyed (streamstate.spark.rewrite_savepoint(..., "
+    'rekey=...); see the docs, "Upgrading a job") and start the job from it with '
+    "initial_state=, or start from a new checkpoint directory"
+)
+"""The ways out of a changed key type."""
+
+
+def migration_error(problem: str) -> StateMigrationException:
+    """A restored state the program now declares differently: what differs (``problem``
+    names the state and both types in the user's words) and the ways out (SPEC §12, §14.1)."""
+    return StateMigrationException(f"{problem}. {MIGRATION_REMEDY}")
+
+
+def check_key_type(checkpointed: Any, key_serializer: TypeSerializer[Any], where: str) -> None:
+    """Refuse to restore keys checkpointed under the serializer snapshot ``checkpointed`` with
+    ``key_serializer`` unless it reads them as they are (a key's bytes decide its key group,
+    so no key type migrates): a :class:`StateMigrationException` naming both key types in the
+    user's words, ``where`` (the file), and the remedy."""
+    if key_serializer.resolve_compatibility(checkpointed).is_compatible_as_is:
+        return
+    raise StateMigrationException(
+        f"the key type was checkpointed as {describe_snapshot(checkpointed)} but is now "
+        f"{describe_snapshot(key_serializer.snapshot())} ({where}). {KEY_TYPE_REMEDY}"
+    )
+
+
+def stored_serializer(descriptor: StateDescriptor) -> TypeSerializer[Any]:
+    """The serializer of what the raw state of ``descriptor`` stores (its values wrapped with
+    their last access when it has time-to-live)."""
+    if descriptor.ttl_config is None:
+        return descriptor.serializer
+    from streamstate.backends.decorators.ttl import ttl_state_serializer
+
+    return ttl_state_serializer(descriptor)
 
 
 def _mentions_pickle(snap: Any) -> bool:

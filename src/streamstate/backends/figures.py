@@ -18,9 +18,10 @@ class StateFigures(msgspec.Struct, kw_only=True, omit_defaults=True):
     """One backend's state at a checkpoint.
 
     Attributes:
-        rows: (key, namespace) entries of every state (RocksDB: its ``estimate-num-keys``,
-            which counts each map-state mapping and each list as one key, and is an estimate).
-        rows_estimated: ``rows`` is RocksDB's estimate, not an exact count.
+        rows: the entries of every state, as :mod:`streamstate.format.entries` counts them
+            (a value per key and namespace, a list's elements, a map's mappings; timers apart).
+        rows_estimated: ``rows`` is an estimate, not an exact count (no backend estimates it
+            now; kept for the acknowledgements of older hosts).
         rows_updated: entries written since the previous figures (None: not tracked).
         rows_removed: entries removed since the previous figures (None: not tracked).
         state_bytes: bytes of state the backend holds (RocksDB: live data on disk plus its

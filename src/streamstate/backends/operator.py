@@ -16,7 +16,8 @@ from streamstate.api.descriptors import ListStateDescriptor, MapStateDescriptor,
 from streamstate.api.functions import OperatorStateStore
 from streamstate.api.state import BroadcastState, ListState
 from streamstate.errors import StateAccessError, StateMigrationException
-from streamstate.serializers.base import TypeSerializer
+from streamstate.serializers.base import TypeSerializer, describe_snapshot
+from streamstate.serializers.migration import MigratingSerializer, migrating_serializer
 
 __all__ = [
     "BroadcastStateSnapshot",
@@ -299,16 +300,21 @@ class OperatorStateBackend(OperatorStateStore):
 def _decoded(
     restored: TypeSerializer[Any], values: list[Any], declared: TypeSerializer[Any]
 ) -> list[Any]:
-    """Values of a restored operator state, decoded with the declared serializer when the
-    checkpoint left them encoded (types not rebuilt from the checkpoint, e.g. pickle)."""
+    """Values of a restored operator state as values of the declared serializer: decoded with
+    it when the checkpoint left them encoded (types not rebuilt from the checkpoint: records,
+    pickle), and migrated when the declaration changed compatibly (``int`` → ``float``, a
+    record gaining a field, ...: ``serializers/evolution.py``)."""
     from streamstate.format.restore import RestoredSerializer
 
-    if isinstance(restored, RestoredSerializer):
-        try:
-            return restored.decode_with(values, declared)
-        except Exception as exc:
-            raise StateMigrationException(
-                f"operator state values written by {restored!r} cannot be read with "
-                f"{declared!r}: {exc}"
-            ) from None
-    return values
+    try:
+        reader = migrating_serializer(restored.snapshot(), declared, now=0)
+        if isinstance(restored, RestoredSerializer):
+            return restored.decode_with(values, declared if reader is None else reader)
+        if isinstance(reader, MigratingSerializer):
+            return reader.convert_values([restored.to_wire(v) for v in values])
+        return values
+    except Exception as exc:
+        raise StateMigrationException(
+            f"operator state values written by {describe_snapshot(restored.snapshot())} cannot "
+            f"be read as {describe_snapshot(declared.snapshot())}: {exc}"
+        ) from None

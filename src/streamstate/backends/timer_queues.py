@@ -40,7 +40,7 @@ from streamstate.errors import (
     KeyGroupOutOfRangeError,
     StateMigrationException,
 )
-from streamstate.format.codec import StateCodec
+from streamstate.format.codec import UNREADABLE, StateCodec
 from streamstate.format.meta import TIMER_STATE_KIND, StateMetaInfo, StateMetaSnapshot
 from streamstate.format.restore import (
     RestoredBlock,
@@ -544,7 +544,14 @@ class TimerRestore:
             if decode_ns is None:
                 ns_serializer = self._timers[name][0].namespace_serializer
                 decode_ns = bytes if ns_serializer is None else ns_serializer.deserialize
-            current[(int(ts), key(raw_key), decode_ns(raw_ns))] = None
+            try:
+                timer = (int(ts), key(raw_key), decode_ns(raw_ns))
+            except UNREADABLE as exc:
+                raise CorruptCheckpointError(
+                    f"timer queue {name!r}, key group {kg}: a checkpointed timer cannot be read "
+                    f"({type(exc).__name__}: {exc})"
+                ) from None
+            current[timer] = None
 
     def install(self) -> int:
         """Put every collected timer into its queue; returns how many were restored."""

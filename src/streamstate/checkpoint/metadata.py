@@ -6,7 +6,8 @@ writing one :class:`CheckpointMetadata` as ``_metadata`` (versioned JSON, SPEC Â
 
 File paths in handles are relative to the directory that holds the ``_metadata`` naming them
 (``op/0-0.state``) or point into the job's shared directory (``../shared/op/...``), so that a
-savepoint directory can be moved and still be restored.
+savepoint directory can be moved and still be restored. :func:`decode_metadata` refuses any
+other path (``streamstate.format.names``): a savepoint names only files inside its directory.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import msgspec
 
 from streamstate.errors import CorruptCheckpointError
 from streamstate.format.handles import CANONICAL_KINDS, StateFileHandle
+from streamstate.format.names import handle_path
 
 __all__ = [
     "METADATA_FORMAT",
@@ -26,6 +28,7 @@ __all__ = [
     "OperatorMetadata",
     "StateFileHandle",
     "SubtaskStateHandle",
+    "check_file_names",
     "decode_metadata",
     "encode_metadata",
 ]
@@ -56,6 +59,11 @@ class SubtaskStateHandle(msgspec.Struct, kw_only=True, omit_defaults=True):
     #: shared files still being written (a background full snapshot): never deleted while a
     #: retained checkpoint lists them
     pending: list[str] = []
+    #: the entries of each registered keyed state when the snapshot was taken
+    #: (``streamstate.format.entries``), and the timers; None in checkpoints written before
+    #: they were recorded
+    entries: dict[str, int] | None = None
+    timers: int | None = None
 
     @property
     def is_canonical(self) -> bool:
@@ -116,7 +124,7 @@ def decode_metadata(data: bytes, path: str) -> CheckpointMetadata:
     """Parse ``_metadata``; unreadable or newer-versioned documents raise a clear error."""
     try:
         head = msgspec.json.decode(data)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise CorruptCheckpointError(f"{path} is not valid JSON ({exc})") from None
     if not isinstance(head, dict) or head.get("format") != METADATA_FORMAT:
         raise CorruptCheckpointError(f"{path} is not a streamstate checkpoint metadata file")
@@ -126,6 +134,25 @@ def decode_metadata(data: bytes, path: str) -> CheckpointMetadata:
             f"{', '.join(map(str, READABLE_METADATA_VERSIONS))} (a newer streamstate wrote it?)"
         )
     try:
-        return _DECODER.decode(data)
-    except msgspec.ValidationError as exc:
+        metadata = _DECODER.decode(data)
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise CorruptCheckpointError(f"{path} is malformed ({exc})") from None
+    check_file_names(metadata, path)
+    return metadata
+
+
+def check_file_names(metadata: CheckpointMetadata, path: str) -> None:
+    """Refuse (:class:`CorruptCheckpointError` naming the field) a file path of ``metadata``
+    (read from ``path``) that is not a plain name inside its checkpoint or, for a checkpoint
+    (not a savepoint), ``../shared/<plain name>`` (``streamstate.format.names``)."""
+    checkpoint, file = path.rsplit("/", 1) if "/" in path else ("", path)
+    shared = metadata.kind != "savepoint"
+    for operator, op in metadata.operators.items():
+        for i, sub in enumerate(op.subtasks):
+            where = f"operators[{operator!r}].subtasks[{i}]"
+            named = [(f"{where}.keyed[{j}].path", h.path) for j, h in enumerate(sub.keyed)]
+            if sub.operator_state is not None:
+                named.append((f"{where}.operator_state.path", sub.operator_state.path))
+            named += [(f"{where}.pending[{j}]", p) for j, p in enumerate(sub.pending)]
+            for field, name in named:
+                handle_path(name, shared=shared, checkpoint=checkpoint, file=file, field=field)

@@ -19,6 +19,7 @@ with its descriptor (pickle is refused unless the program declares it).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import struct
 from typing import IO, Any
 
@@ -140,8 +141,38 @@ def write_operator_state(
     return OperatorFileSummary(size, crc, counts)
 
 
+class _StateHeader(msgspec.Struct):
+    """One state of an SSOS header (checked before any of it is used)."""
+
+    name: str
+    mode: OperatorStateMode
+    count: int = 0
+    element_serializer: dict[str, Any] | None = None
+    key_serializer: dict[str, Any] | None = None
+    value_serializer: dict[str, Any] | None = None
+
+
+class _Header(msgspec.Struct):
+    states: list[_StateHeader]
+
+
+class _StateIndex(msgspec.Struct):
+    offset: int
+    length: int
+    element_offsets: list[int]
+
+
+class _Footer(msgspec.Struct):
+    states: list[_StateIndex]
+
+
+#: what msgspec raises for malformed input (invalid UTF-8 in a string is a UnicodeDecodeError)
+_MALFORMED = (msgspec.DecodeError, UnicodeDecodeError)
+
+
 class OperatorStateReader:
-    """Reads an operator-state file; every checksum is verified before data is handed out."""
+    """Reads an operator-state file; every checksum is verified before data is handed out, and
+    every offset and length of its header and index is checked against the file's size."""
 
     def __init__(self, data: bytes, path: str) -> None:
         self.path = path
@@ -156,6 +187,9 @@ class OperatorStateReader:
                 f"{path}: operator-state format version {version} is not supported by this "
                 f"streamstate (it reads versions {sorted(_SUPPORTED)})"
             )
+        data_start = _PREFIX.size + header_len + 4
+        if data_start + _TRAILER.size > len(data):
+            raise self._corrupt(f"header length {header_len} is beyond the end of the file")
         header = data[_PREFIX.size : _PREFIX.size + header_len]
         (crc,) = _U32.unpack_from(data, _PREFIX.size + header_len)
         if crc32c(header) != crc:
@@ -163,16 +197,44 @@ class OperatorStateReader:
         crc, footer_len, end_magic = _TRAILER.unpack_from(data, len(data) - _TRAILER.size)
         if end_magic != OPERATOR_MAGIC:
             raise self._corrupt("missing end magic: the file is truncated or was not finished")
-        footer = data[len(data) - _TRAILER.size - footer_len : len(data) - _TRAILER.size]
+        footer_start = len(data) - _TRAILER.size - footer_len
+        if footer_start < data_start:
+            raise self._corrupt("footer length is out of range")
+        footer = data[footer_start : len(data) - _TRAILER.size]
         if crc32c(footer) != crc:
             raise self._corrupt("footer checksum mismatch")
         try:
-            self.states: list[dict[str, Any]] = msgspec.msgpack.decode(header)["states"]
-            self._index: list[dict[str, Any]] = msgspec.msgpack.decode(footer)["states"]
-        except (msgspec.DecodeError, KeyError, TypeError) as exc:
+            states = msgspec.msgpack.decode(header, type=_Header).states
+            index = msgspec.msgpack.decode(footer, type=_Footer).states
+        except _MALFORMED as exc:
             raise self._corrupt(f"unreadable header or footer ({exc})") from None
-        if len(self._index) != len(self.states):
+        if len(index) != len(states):
             raise self._corrupt("footer and header disagree on the number of states")
+        for meta, entry in zip(states, index, strict=True):
+            self._check(meta, entry, data_start, footer_start)
+        self.states: list[dict[str, Any]] = [msgspec.to_builtins(m) for m in states]
+        self._index: list[dict[str, Any]] = [msgspec.to_builtins(e) for e in index]
+
+    def _check(self, meta: _StateHeader, entry: _StateIndex, start: int, end: int) -> None:
+        """The index of one state lies in the data area and splits it into its elements."""
+        name = meta.name
+        if not (
+            start <= entry.offset and entry.length >= 0 and entry.offset + entry.length + 4 <= end
+        ):
+            raise self._corrupt(f"state {name!r} lies outside the data")
+        rel = entry.element_offsets
+        if any(b < a for a, b in itertools.pairwise(rel)) or (
+            rel and (rel[0] != 0 or rel[-1] > entry.length)
+        ):
+            raise self._corrupt(f"the element offsets of state {name!r} are out of order or range")
+        broadcast = meta.mode is OperatorStateMode.BROADCAST
+        if len(rel) != (2 * meta.count if broadcast else meta.count):
+            raise self._corrupt(
+                f"state {name!r} has {len(rel)} items, its header says {meta.count}"
+            )
+        wanted = ("key_serializer", "value_serializer") if broadcast else ("element_serializer",)
+        if any(getattr(meta, w) is None for w in wanted):
+            raise self._corrupt(f"state {name!r} has no {' or '.join(wanted)}")
 
     def _corrupt(self, what: str) -> CorruptCheckpointError:
         return CorruptCheckpointError(f"corrupt operator-state file {self.path}: {what}")
@@ -227,7 +289,7 @@ class OperatorStateReader:
         decoder = msgspec.msgpack.Decoder(serializer.wire_type)
         try:
             return [serializer.from_wire(decoder.decode(b)) for b in items]
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        except _MALFORMED as exc:
             raise self._corrupt(f"undecodable element in state {name!r} ({exc})") from None
 
 

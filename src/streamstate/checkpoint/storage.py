@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import io
 import json
 import logging
 import os
@@ -43,6 +44,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from typing import IO, Any
 
+from streamstate.checkpoint.local_files import LocalTree
 from streamstate.checkpoint.metadata import (
     CheckpointMetadata,
     decode_metadata,
@@ -55,6 +57,7 @@ from streamstate.errors import (
     CorruptCheckpointError,
 )
 from streamstate.format.codec import crc32c_extend
+from streamstate.format.names import handle_path, plain_name
 
 __all__ = [
     "DEFAULT_RETAINED_CHECKPOINTS",
@@ -118,7 +121,15 @@ class CompletedCheckpoint:
         return self.metadata.kind == "savepoint"
 
     def resolve(self, path: str) -> str:
-        """A handle's path relative to the storage root."""
+        """A handle's path relative to the storage root; a path that is not a file of this
+        checkpoint (``streamstate.format.names.handle_path``) is refused."""
+        handle_path(
+            path,
+            shared=not self.is_savepoint,
+            checkpoint=self.url,
+            file=METADATA_FILE,
+            field="a file path",
+        )
         return posixpath.normpath(posixpath.join(self.directory, path))
 
     @property
@@ -362,7 +373,11 @@ class CheckpointStorage(ABC):
         out = []
         for handle in checkpoint.metadata.files():
             path = checkpoint.resolve(handle.path)
-            size = self.size(path)
+            try:
+                size = self.size(path)
+            except CorruptCheckpointError as exc:  # a link in the checkpoint
+                out.append(str(exc))
+                continue
             if size is None:
                 out.append(f"missing file {self.url_of(path)}")
             elif size != handle.size:
@@ -416,7 +431,12 @@ class CheckpointStorage(ABC):
             return ref
         if ref is None:
             return self.latest_checkpoint()
-        directory = self.checkpoint_directory(ref) if isinstance(ref, int) else ref.strip("/")
+        if isinstance(ref, int):
+            directory = self.checkpoint_directory(ref)
+        else:
+            directory = plain_name(
+                ref.strip("/"), checkpoint=self.url, file="a reference", field="directory"
+            )
         metadata = self.read_metadata(directory)
         if metadata is None:
             raise CheckpointNotFoundError(
@@ -489,26 +509,6 @@ class CheckpointStorage(ABC):
         return self.url_of("")
 
 
-#: modes of what a local checkpoint creates (the umask can only take bits away)
-_PRIVATE_DIR = 0o700
-_PRIVATE_FILE = 0o600
-
-
-def _makedirs_private(path: str) -> None:
-    """``os.makedirs`` giving every directory it creates (not only the last) mode 0700 less
-    the umask; existing ones are left as they are."""
-    if os.path.isdir(path):
-        return
-    parent = os.path.dirname(path)
-    if parent and parent != path:
-        _makedirs_private(parent)
-    try:
-        os.mkdir(path, _PRIVATE_DIR)
-    except FileExistsError:
-        if not os.path.isdir(path):
-            raise
-
-
 class FileSystemCheckpointStorage(CheckpointStorage):
     """Checkpoints under ``<url>/<job_id>`` on any filesystem fsspec understands.
 
@@ -553,6 +553,8 @@ class FileSystemCheckpointStorage(CheckpointStorage):
         # other filesystems may ignore the mode, so they get the generic check-then-write
         self._conditional_put = bool({"s3", "s3a"}.intersection(protocols))
         self._local = "file" in protocols or "local" in protocols
+        self._memory = "memory" in protocols
+        self._tree = LocalTree(self._root)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -568,10 +570,19 @@ class FileSystemCheckpointStorage(CheckpointStorage):
         return self._fs
 
     def _abs(self, path: str) -> str:
-        return posixpath.join(self._root, path) if path else self._root
+        """The full path of ``path`` (relative to the job directory): never outside it, for
+        whatever storage (a name a checkpoint gave was checked before, ``format/names.py``;
+        this is the storage's own guard)."""
+        if not path:
+            return self._root
+        if path.startswith("/") or ".." in path.split("/") or "\x00" in path:
+            raise CorruptCheckpointError(
+                f"{path!r} is outside the checkpoint storage {self.url_of('')}; refused"
+            )
+        return posixpath.join(self._root, path)
 
     def url_of(self, path: str) -> str:
-        full = self._abs(path)
+        full = posixpath.join(self._root, path) if path else self._root
         if self._local:
             return full
         protocol = self._fs.protocol
@@ -584,27 +595,26 @@ class FileSystemCheckpointStorage(CheckpointStorage):
             f"({type(exc).__name__}: {exc})"
         )
 
-    def _makedirs(self, directory: str) -> None:
+    def _create(self, path: str, *, exclusive: bool = False) -> IO[bytes]:
+        """A new file open for writing (parents created): 0600 (less if the umask says so) on a
+        local disk, never through a link there (:class:`LocalTree`)."""
         if self._local:
-            # private to the owner (0700, less if the umask says so): a checkpoint holds the
-            # state and the pickled function
-            _makedirs_private(directory)
-        else:
-            self._fs.makedirs(directory, exist_ok=True)
-
-    def _create(self, full: str) -> IO[bytes]:
-        """A new file open for writing: 0600 (less if the umask says so) on a local disk."""
-        if self._local:
-            fd = os.open(full, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, _PRIVATE_FILE)
-            return os.fdopen(fd, "wb")
+            return self._tree.create(path, exclusive=exclusive)
+        full = self._abs(path)
+        self._fs.makedirs(posixpath.dirname(full), exist_ok=True)
         return self._fs.open(full, "wb")  # type: ignore[no-any-return]
+
+    def _remove(self, path: str) -> None:
+        if self._local:
+            self._tree.delete(path)
+        else:
+            self._fs.rm(self._abs(path))
 
     @contextlib.contextmanager
     def open_write(self, path: str) -> Iterator[IO[bytes]]:
-        full = self._abs(path)
+        self._abs(path)
         try:
-            self._makedirs(posixpath.dirname(full))
-            f = self._create(full)
+            f = self._create(path)
         except (OSError, PermissionError) as exc:
             raise self._not_writable(path, exc) from exc
         try:
@@ -616,7 +626,7 @@ class FileSystemCheckpointStorage(CheckpointStorage):
             with contextlib.suppress(Exception):
                 f.close()
             with contextlib.suppress(Exception):
-                self._fs.rm(full)
+                self._remove(path)
             raise
         try:
             f.close()
@@ -624,24 +634,46 @@ class FileSystemCheckpointStorage(CheckpointStorage):
             raise self._not_writable(path, exc) from exc
 
     def open_read(self, path: str) -> IO[bytes]:
+        full = self._abs(path)
         try:
-            return self._fs.open(self._abs(path), "rb")  # type: ignore[no-any-return]
+            if self._local:
+                return self._tree.open_read(path)
+            if self._memory:
+                # fsspec's memory filesystem hands every reader the same file object (one
+                # position): a retention thread reading beside a restore cut its reads short
+                return io.BytesIO(self._fs.cat_file(full))
+            return self._fs.open(full, "rb")  # type: ignore[no-any-return]
         except FileNotFoundError:
             raise CheckpointError(f"checkpoint file {self.url_of(path)} is missing") from None
+
+    def _write_temporary(self, path: str, data: bytes) -> str:
+        """A complete temporary file next to ``path`` (local disk); returns its path."""
+        tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+        with self._tree.create(tmp, exclusive=True) as f:
+            f.write(data)
+            if self.durable:
+                f.flush()
+                os.fsync(f.fileno())
+        return tmp
 
     def put_atomic(self, path: str, data: bytes) -> None:
         full = self._abs(path)
         try:
-            self._makedirs(posixpath.dirname(full))
+            if self._local:
+                tmp = self._write_temporary(path, data)
+                try:
+                    self._tree.replace(tmp, path)
+                except BaseException:
+                    self._tree.delete(tmp)
+                    raise
+                return
+            self._fs.makedirs(posixpath.dirname(full), exist_ok=True)
             if self._object_store:
                 self._fs.pipe_file(full, data)  # one PUT: visible whole or not at all
                 return
             tmp = f"{full}.tmp-{uuid.uuid4().hex[:8]}"
-            with self._create(tmp) as f:
+            with self._fs.open(tmp, "wb") as f:
                 f.write(data)
-                if self.durable and self._local:
-                    f.flush()
-                    os.fsync(f.fileno())
             self._fs.mv(tmp, full)
         except (OSError, PermissionError) as exc:
             raise self._not_writable(path, exc) from exc
@@ -649,9 +681,15 @@ class FileSystemCheckpointStorage(CheckpointStorage):
     def put_if_absent(self, path: str, data: bytes) -> bool:
         full = self._abs(path)
         try:
-            self._makedirs(posixpath.dirname(full))
             if self._local:
-                return self._link_if_absent(full, data)
+                # a complete temporary file hard-linked to its name: link() fails if the name
+                # exists, so a file is created whole, once, whatever other processes do
+                tmp = self._write_temporary(path, data)
+                try:
+                    return self._tree.link_if_absent(tmp, path)
+                finally:
+                    self._tree.delete(tmp)
+            self._fs.makedirs(posixpath.dirname(full), exist_ok=True)
             if self._conditional_put:
                 # one conditional PUT (If-None-Match: *): S3 and moto refuse it atomically when
                 # the key exists; a server that ignores the header overwrites
@@ -672,23 +710,6 @@ class FileSystemCheckpointStorage(CheckpointStorage):
         except (OSError, PermissionError) as exc:
             raise self._not_writable(path, exc) from exc
 
-    def _link_if_absent(self, full: str, data: bytes) -> bool:
-        """A complete temporary file hard-linked to its name: link() fails if the name exists,
-        so a file is created whole, once, whatever other processes do."""
-        tmp = f"{full}.tmp-{uuid.uuid4().hex[:8]}"
-        with self._create(tmp) as f:
-            f.write(data)
-            if self.durable:
-                f.flush()
-                os.fsync(f.fileno())
-        try:
-            os.link(tmp, full)
-        except FileExistsError:
-            return False
-        finally:
-            os.unlink(tmp)
-        return True
-
     def _fresh(self, full: str) -> None:
         """Forget cached listings of ``full`` (s3fs caches them; another process may have
         written since)."""
@@ -697,9 +718,12 @@ class FileSystemCheckpointStorage(CheckpointStorage):
                 self._fs.invalidate_cache(full)
 
     def size(self, path: str) -> int | None:
-        self._fresh(self._abs(path))
+        full = self._abs(path)
+        if self._local:
+            return self._tree.size(path)
+        self._fresh(full)
         try:
-            info = self._fs.info(self._abs(path))
+            info = self._fs.info(full)
         except (FileNotFoundError, NotADirectoryError):
             return None
         if info.get("type") == "directory":
@@ -707,12 +731,15 @@ class FileSystemCheckpointStorage(CheckpointStorage):
         return int(info["size"])
 
     def list_dir(self, path: str) -> list[tuple[str, bool]]:
-        self._fresh(self._abs(path))
+        full = self._abs(path)
+        if self._local:
+            return self._tree.list_dir(path)
+        self._fresh(full)
         try:
-            entries = self._fs.ls(self._abs(path), detail=True)
+            entries = self._fs.ls(full, detail=True)
         except (FileNotFoundError, NotADirectoryError):
             return []
-        base = self._abs(path).rstrip("/")
+        base = full.rstrip("/")
         out = []
         for e in entries:
             name = posixpath.basename(str(e["name"]).rstrip("/"))
@@ -722,9 +749,13 @@ class FileSystemCheckpointStorage(CheckpointStorage):
         return out
 
     def delete(self, path: str) -> None:
+        full = self._abs(path)
+        if self._local:
+            self._tree.delete(path)
+            return
         with contextlib.suppress(FileNotFoundError):
-            self._fs.rm(self._abs(path), recursive=True)
-        self._fresh(self._abs(path))
+            self._fs.rm(full, recursive=True)
+        self._fresh(full)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"

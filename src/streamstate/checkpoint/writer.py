@@ -184,7 +184,8 @@ class SubtaskCheckpointer:
         streams = self._streams(self.storage.checkpoint_directory(checkpoint_id), checkpoint_id)
         streams.token = token
         write = self.strategy.snapshot(checkpoint_id, streams)
-        return self.writer.submit(self._write, write, streams, operator_snapshot)
+        counts = self._counts()
+        return self.writer.submit(self._write, write, streams, operator_snapshot, counts)
 
     def savepoint(self, directory: str, savepoint_id: int) -> Future[SubtaskStateHandle]:
         """A self-contained full snapshot into ``directory`` (relative to the storage root)."""
@@ -193,7 +194,8 @@ class SubtaskCheckpointer:
         operator_snapshot = t.operator_backend.snapshot()
         streams = self._streams(directory, savepoint_id)
         write = self.strategy.savepoint(savepoint_id, streams)
-        return self.writer.submit(self._write, write, streams, operator_snapshot)
+        counts = self._counts()
+        return self.writer.submit(self._write, write, streams, operator_snapshot, counts)
 
     def resume(self, handle: SubtaskStateHandle) -> bool:
         """Continue from a restored checkpoint of this same subtask and key-group range: the
@@ -226,11 +228,17 @@ class SubtaskCheckpointer:
             self.storage, directory, checkpoint_id, t.operator_name, t.subtask_index, self.attempt
         )
 
+    def _counts(self) -> tuple[dict[str, int], int]:
+        """The entries of every state and the timers, as the synchronous phase left them."""
+        backend = self.target.keyed_backend
+        return backend.state_entries(), backend.timer_queues.num_timers()
+
     def _write(
         self,
         write: SnapshotWrite,
         streams: StorageStreams,
         operator_snapshot: OperatorStateSnapshot,
+        counts: tuple[dict[str, int], int],
     ) -> SubtaskStateHandle:
         keyed: KeyedStateHandle | None = None
         try:
@@ -242,10 +250,14 @@ class SubtaskCheckpointer:
                 with contextlib.suppress(Exception):
                     streams.delete(path)
             raise
-        return self._subtask_handle(streams.checkpoint_id, keyed, op_handle)
+        return self._subtask_handle(streams.checkpoint_id, keyed, op_handle, counts)
 
     def _subtask_handle(
-        self, checkpoint_id: int, keyed: KeyedStateHandle, operator_state: StateFileHandle | None
+        self,
+        checkpoint_id: int,
+        keyed: KeyedStateHandle,
+        operator_state: StateFileHandle | None,
+        counts: tuple[dict[str, int], int],
     ) -> SubtaskStateHandle:
         t = self.target
         r = t.key_group_range
@@ -261,4 +273,6 @@ class SubtaskCheckpointer:
             keyed=keyed.files,
             operator_state=operator_state,
             pending=keyed.pending,
+            entries=counts[0],
+            timers=counts[1],
         )

@@ -20,18 +20,25 @@ Layout of ``<directory>``::
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import json
+import logging
 import os
 import shutil
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 from streamstate.demo.job import HOUR_MS, page_view_batch, page_views_per_hour
-from streamstate.spark.driver.keyed import checkpointed_backend
+from streamstate.spark.driver.keyed import (
+    BACKEND_SWITCH,
+    STREAMSTATE_EVENT,
+    checkpointed_backend,
+)
 
 __all__ = [
     "DEFAULT_DIRECTORY",
@@ -251,6 +258,8 @@ def run_streaming(
     checkpoint = os.path.join(directory, "checkpoint")
     latest = _latest(checkpoint)
     resumed_parallelism = None
+    #: events of streamstate's log that the demo announced itself (not logged again)
+    announced: set[str] = set()
     if latest is None:
         console.print(f"[bold]fresh start[/] in {directory}")
     else:
@@ -272,6 +281,7 @@ def run_streaming(
                 f"switching backends: the {previous} backend's checkpoint is restored into the "
                 f"{state_backend} backend (converted by key group)"
             )
+            announced.add(BACKEND_SWITCH)
     first = int(info["slices"])
     # views an earlier run generated but did not finish (it was stopped): this run streams them
     # too; markers of earlier versions have no count: their runs finished
@@ -284,8 +294,8 @@ def run_streaming(
     _write_marker(directory, info)
     end = STREAM_START_MS + (first + batches) * SLICE_MS
     console.print(
-        f"generated {new_events:,} page views of {apps} apps: micro-batches {first}-"
-        f"{first + batches - 1}, event time {_time_label(STREAM_START_MS + first * SLICE_MS)}"
+        f"generated {new_events:,} page views of {apps} apps in {batches} input files (a "
+        f"micro-batch each), event time {_time_label(STREAM_START_MS + first * SLICE_MS)}"
         f"-{_time_label(end)}"
     )
     own_session = spark is None
@@ -295,14 +305,15 @@ def run_streaming(
                 master, parallelism or 2, log=os.path.join(directory, "spark.log")
             )
     try:
-        run = _stream(
-            spark,
-            directory,
-            console,
-            parallelism or resumed_parallelism or 2,
-            new_events + pending,
-            state_backend,
-        )
+        with _log_to(console, announced):
+            run = _stream(
+                spark,
+                directory,
+                console,
+                parallelism or resumed_parallelism or 2,
+                new_events + pending,
+                state_backend,
+            )
     finally:
         if own_session:
             spark.stop()
@@ -363,12 +374,12 @@ def _stream(
             done = bool(query.await_termination(0.2))
             for figures in query.batches[seen:]:
                 seen += 1
-                what = "no-data micro-batch" if figures.get("no_data") else "micro-batch"
+                what = "no input" if figures.get("no_data") else "micro-batch"
                 progress.update(
                     task,
                     advance=figures.get("rows", 0),
-                    description=f"{what} {figures['batch']} "
-                    f"(watermark {_time_label(figures.get('watermark', 0))})",
+                    description=f"checkpoint {figures['checkpoint']} ({what} {figures['batch']}, "
+                    f"watermark {_time_label(figures.get('watermark', 0))})",
                 )
     seconds = time.perf_counter() - t0
     results = _closed_hours(query.sink)
@@ -389,6 +400,26 @@ def _stream(
         results=sorted(results),
         new={(a, h) for a, h, _ in results} - {(a, h) for a, h, _ in before},
     )
+
+
+@contextlib.contextmanager
+def _log_to(console: Any, announced: set[str]) -> Iterator[None]:
+    """While the query runs, streamstate's warnings are printed by ``console`` (above the
+    progress bar, not through it), except those of the events the demo ``announced`` itself
+    (the record's ``streamstate_event``)."""
+    from rich.logging import RichHandler
+
+    logger = logging.getLogger("streamstate")
+    handler = RichHandler(console=console, show_time=False, show_path=False, level=logging.WARNING)
+    handler.addFilter(lambda record: getattr(record, STREAMSTATE_EVENT, None) not in announced)
+    propagate = logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
 
 
 def _closed_hours(sink: Any) -> list[tuple[str, int, int]]:
@@ -419,7 +450,11 @@ def print_run(run: DemoRun, console: Any, max_hours: int = 6) -> None:
                 note += f" (resumed from checkpoint {run.resumed_from})"
         table.add_row(app, hour_label(hour), f"{views:,}", note)
     if len(hours) > len(shown):
-        table.caption = f"{len(hours) - len(shown)} earlier hour(s) in {run.directory}/output"
+        hidden = sum(1 for _, hour, _ in run.results if hour not in shown)
+        table.caption = (
+            f"{hidden} more row(s), of {len(hours) - len(shown)} earlier hour(s), in "
+            f"{run.directory}/output"
+        )
     if run.results:
         console.print(table)
     rest = [b for b in run.batches[1:] if not b.get("replayed")]

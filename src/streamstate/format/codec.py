@@ -45,6 +45,8 @@ from streamstate.serializers.base import TypeSerializer
 __all__ = [
     "CHUNK",
     "CODECS",
+    "MAX_EXPANSION",
+    "UNREADABLE",
     "EntryEncodeError",
     "StateCodec",
     "compress",
@@ -52,6 +54,19 @@ __all__ = [
     "crc32c_extend",
     "decompress",
 ]
+
+#: what decoding values from bytes a checkpoint holds may raise on damaged or hostile input:
+#: msgspec's errors (a string that is not UTF-8 is a ``UnicodeDecodeError``), fixed-size
+#: encodings' ``struct.error``, values of the wrong type or size, nesting too deep; every reader
+#: turns these into a checkpoint error naming what it read
+UNREADABLE: tuple[type[Exception], ...] = (
+    msgspec.DecodeError,
+    ValueError,
+    TypeError,
+    struct.error,
+    OverflowError,
+    RecursionError,
+)
 
 CODECS = ("none", "lz4", "zstd")
 """Block compression codecs; each block of a file is compressed on its own."""
@@ -96,8 +111,25 @@ def compress(codec: str, data: bytes) -> bytes:
     raise ValueError(f"unknown compression codec {codec!r}; use one of {', '.join(CODECS)}")
 
 
+#: the most bytes one stored byte can expand to, per codec (lz4's block format: 255; zstd's RLE
+#: blocks: 128 KiB from 4 bytes): a raw length beyond that is a lie, refused before anything is
+#: allocated for it
+MAX_EXPANSION = {"none": 1, "lz4": 255, "zstd": 32768}
+
+
 def decompress(codec: str, data: bytes, raw_length: int) -> bytes:
-    """Undo :func:`compress`; ``raw_length`` is the uncompressed size recorded in the file."""
+    """Undo :func:`compress`; ``raw_length`` is the uncompressed size recorded in the file.
+
+    A ``raw_length`` that ``data`` cannot hold (more than :data:`MAX_EXPANSION` times its size;
+    for ``none``, another size) raises ``ValueError`` before any buffer is allocated for it."""
+    ratio = MAX_EXPANSION.get(codec)
+    if ratio is not None and not (
+        raw_length == len(data) if codec == "none" else 0 <= raw_length <= ratio * len(data) + 64
+    ):
+        raise ValueError(
+            f"a {codec} block of {len(data)} bytes cannot hold the {raw_length} bytes its frame "
+            "says"
+        )
     if codec == "lz4":
         return lz4.block.decompress(data, uncompressed_size=raw_length)  # type: ignore[no-any-return]
     if codec == "zstd":
@@ -359,6 +391,7 @@ class StateCodec:
         """``(keys, namespaces, states)`` of an entries section (``namespaces`` may have one
         element shared by all entries)."""
         keys, namespaces, states = self._section_decoder.decode(data)
+        _check_columns(len(keys), len(namespaces), len(states))
         return (
             self._keys.from_wire(keys),
             self._namespaces.from_wire(namespaces),
@@ -368,4 +401,15 @@ class StateCodec:
     def decode_removed(self, data: bytes | memoryview) -> tuple[list[Any], list[Any]]:
         """``(keys, namespaces)`` of a removed section."""
         keys, namespaces = self._removed_decoder.decode(data)
+        _check_columns(len(keys), len(namespaces), len(keys))
         return self._keys.from_wire(keys), self._namespaces.from_wire(namespaces)
+
+
+def _check_columns(keys: int, namespaces: int, states: int) -> None:
+    """A section's columns have one value per entry (the namespaces one for all of them):
+    ``ValueError`` otherwise, which every reader reports as a corrupt or unreadable section."""
+    if states != keys or not (namespaces == keys or (namespaces == 1 and keys)):
+        raise ValueError(
+            f"the section's columns do not match: {keys} keys, {namespaces} namespaces, "
+            f"{states} values"
+        )

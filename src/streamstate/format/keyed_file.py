@@ -51,7 +51,7 @@ from streamstate.format.snapshot import (
     EntryColumns,
     KeyedStateSnapshot,
 )
-from streamstate.keygroups import KeyGroupRange
+from streamstate.keygroups import UPPER_BOUND_MAX_PARALLELISM, KeyGroupRange
 from streamstate.serializers.base import TypeSerializer
 
 __all__ = [
@@ -78,6 +78,30 @@ _MAX_SPAN = 8 << 20
 _ENCODER = msgspec.msgpack.Encoder()
 _PAYLOAD = msgspec.msgpack.Decoder(tuple[int, list[tuple[int, int, msgspec.Raw, msgspec.Raw]]])
 _NIL = b"\xc0"
+
+
+class _Header(msgspec.Struct):
+    """The header's fields a reader uses, typed (other keys are ignored)."""
+
+    kind: str
+    key_serializer: dict[str, Any]
+    max_parallelism: int
+    key_group_range: tuple[int, int]
+    compression: str
+    states: list[StateMetaSnapshot]
+    checkpoint_id: int = 0
+
+
+class _KeyGroupIndex(msgspec.Struct):
+    """The footer: where each key group's block is (0 and size 0: an empty key group)."""
+
+    first_key_group: int
+    offsets: list[int]
+    sizes: list[int]
+    entries: list[int]
+
+
+_INDEX = msgspec.msgpack.Decoder(_KeyGroupIndex)
 
 
 @dataclasses.dataclass
@@ -360,6 +384,8 @@ class KeyedSnapshotReader:
                 )
             )
         self.version = version
+        if _PREFIX.size + header_len + 4 + _TRAILER.size > file_size:
+            raise self._corrupt(f"header length {header_len} is beyond the end of the file")
         raw = f.read(header_len + 4)
         if len(raw) != header_len + 4:
             raise self._corrupt("file is truncated inside the header")
@@ -368,18 +394,28 @@ class KeyedSnapshotReader:
             raise self._corrupt("header checksum mismatch")
         try:
             self.header: dict[str, Any] = msgspec.msgpack.decode(header_bytes)
-            start, end = self.header["key_group_range"]
-            self.key_group_range = KeyGroupRange(start, end)
-            self.max_parallelism: int = self.header["max_parallelism"]
-            self.compression: str = self.header["compression"]
-            self.kind: str = self.header["kind"]
-            self.checkpoint_id: int = self.header.get("checkpoint_id", 0)
-            self.states: list[StateMetaSnapshot] = [
-                StateMetaSnapshot.from_header(d) for d in self.header["states"]
-            ]
-            self.key_serializer: dict[str, Any] = self.header["key_serializer"]
-        except (msgspec.DecodeError, KeyError, TypeError, ValueError) as exc:
+            head = msgspec.convert(self.header, _Header)
+        except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
             raise self._corrupt(f"unreadable header ({exc})") from None
+        start, end = head.key_group_range
+        if not 1 <= head.max_parallelism <= UPPER_BOUND_MAX_PARALLELISM or not (
+            start >= 0 and end < head.max_parallelism and start <= end + 1
+        ):
+            raise self._corrupt(
+                f"unreadable header (key groups {start}-{end} of max_parallelism "
+                f"{head.max_parallelism})"
+            )
+        if head.compression not in CODECS or head.kind not in (FULL_SNAPSHOT, DELTA_SNAPSHOT):
+            raise self._corrupt(
+                f"unreadable header (compression {head.compression!r}, kind {head.kind!r})"
+            )
+        self.key_group_range = KeyGroupRange(start, end)
+        self.max_parallelism: int = head.max_parallelism
+        self.compression: str = head.compression
+        self.kind: str = head.kind
+        self.checkpoint_id: int = head.checkpoint_id
+        self.states: list[StateMetaSnapshot] = head.states
+        self.key_serializer: dict[str, Any] = head.key_serializer
         self._data_start = _PREFIX.size + header_len + 4
         self._read_footer()
 
@@ -409,20 +445,20 @@ class KeyedSnapshotReader:
         if crc32c(footer) != crc:
             raise self._corrupt("footer (key-group index) checksum mismatch")
         try:
-            index = msgspec.msgpack.decode(footer)
-            self._offsets: list[int] = index["offsets"]
-            self._sizes: list[int] = index["sizes"]
-            self._entries: list[int] = index["entries"]
-            first = index["first_key_group"]
-        except (msgspec.DecodeError, KeyError, TypeError) as exc:
+            index = _INDEX.decode(footer)
+        except (msgspec.DecodeError, UnicodeDecodeError) as exc:
             raise self._corrupt(f"unreadable key-group index ({exc})") from None
+        self._offsets: list[int] = index.offsets
+        self._sizes: list[int] = index.sizes
+        self._entries: list[int] = index.entries
+        first = index.first_key_group
         n = len(self.key_group_range)
         if first != self.key_group_range.start or not (
             len(self._offsets) == len(self._sizes) == len(self._entries) == n
         ):
             raise self._corrupt("key-group index does not match the header's key-group range")
         for i, (off, size) in enumerate(zip(self._offsets, self._sizes, strict=True)):
-            if size and (off < self._data_start or off + size > footer_start):
+            if size < 0 or (size and (off < self._data_start or off + size > footer_start)):
                 raise self._corrupt(
                     "key-group index points outside the data", self.key_group_range.start + i
                 )

@@ -20,11 +20,13 @@ from streamstate.errors import CorruptCheckpointError
 from streamstate.format.handles import StateFileHandle
 from streamstate.format.keyed_file import KeyedSnapshotReader
 from streamstate.format.meta import StateMetaSnapshot
+from streamstate.format.snapshot import EncodedEntries
 from streamstate.keygroups import KeyGroupRange
 from streamstate.serializers.base import Compatibility, SerializerSnapshot, TypeSerializer
 
 __all__ = [
     "BUILTIN_SERIALIZER_TYPES",
+    "EncodedKeyGroup",
     "FileKeyedStateRestore",
     "KeyedStateRestore",
     "RestoredBlock",
@@ -276,3 +278,67 @@ class FileKeyedStateRestore(KeyedStateRestore):
             self._file.close()
         self._file = None
         self._reader = None
+
+
+_ENCODER = msgspec.msgpack.Encoder()
+_RAW_SECTION = msgspec.msgpack.Decoder(
+    tuple[list[msgspec.Raw], list[msgspec.Raw], list[msgspec.Raw]]
+)
+_RAW_REMOVED = msgspec.msgpack.Decoder(tuple[list[msgspec.Raw], list[msgspec.Raw]])
+
+
+class EncodedKeyGroup:
+    """The entries of one state in one key group, merged from a chain of blocks (a full
+    snapshot's, then deltas') without decoding anything: keys, namespaces and states stay the
+    bytes the files hold. A key group whose chain is one full block keeps that block's section
+    byte for byte."""
+
+    __slots__ = ("encoded", "merged")
+
+    def __init__(self) -> None:
+        self.encoded: EncodedEntries | None = None
+        #: (key bytes, namespace bytes) -> state bytes, once a delta had to be merged in
+        self.merged: dict[tuple[bytes, bytes], bytes] | None = None
+
+    def apply(self, count: int, entries: bytes, removed: bytes | None) -> None:
+        """Apply the next block: ``removed`` None replaces the content, else upserts
+        ``entries`` and removes the ``removed`` section's entries."""
+        if removed is None:  # replacement
+            self.encoded = EncodedEntries(bytes(entries), count)
+            self.merged = None
+            return
+        merged = self._materialize()
+        keys, nss, states = _RAW_SECTION.decode(entries)
+        for k, ns, s in zip(keys, expand_namespaces(nss, len(keys)), states, strict=True):
+            merged[(bytes(k), bytes(ns))] = bytes(s)
+        gone_keys, gone_nss = _RAW_REMOVED.decode(removed)
+        for k, ns in zip(gone_keys, expand_namespaces(gone_nss, len(gone_keys)), strict=True):
+            merged.pop((bytes(k), bytes(ns)), None)
+
+    def _materialize(self) -> dict[tuple[bytes, bytes], bytes]:
+        if self.merged is None:
+            self.merged = {}
+            if self.encoded is not None and self.encoded.count:
+                keys, nss, states = _RAW_SECTION.decode(self.encoded.data)
+                for k, ns, s in zip(keys, expand_namespaces(nss, len(keys)), states, strict=True):
+                    self.merged[(bytes(k), bytes(ns))] = bytes(s)
+            self.encoded = None
+        return self.merged
+
+    def result(self) -> EncodedEntries | None:
+        """The merged entries as one entries section (None when none is left)."""
+        if self.merged is not None:
+            if not self.merged:
+                return None
+            items = list(self.merged.items())
+            data = _ENCODER.encode(
+                (
+                    [msgspec.Raw(k) for (k, _), _ in items],
+                    [msgspec.Raw(ns) for (_, ns), _ in items],
+                    [msgspec.Raw(s) for _, s in items],
+                )
+            )
+            return EncodedEntries(data, len(items))
+        if self.encoded is None or not self.encoded.count:
+            return None
+        return self.encoded

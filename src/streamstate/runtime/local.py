@@ -53,6 +53,7 @@ from streamstate.runtime.operator import (
     record_loop,
 )
 from streamstate.runtime.stream_task import StreamTask
+from streamstate.runtime.undeclared import merge_counts, warn_undeclared_states
 from streamstate.serializers import TypeSerializer, serializer_for
 from streamstate.timers import MIN_WATERMARK
 
@@ -511,6 +512,10 @@ class LocalRunner:
             t.restore(cp, claim=same_storage, watermark=self.watermark)
         for t in self.tasks:
             t.open()
+        warn_undeclared_states(
+            self.operator_name,
+            merge_counts(t.operator.keyed_backend.undeclared_states() for t in self.tasks),
+        )
 
     def rescale(self, new_parallelism: int) -> Any:
         """Checkpoint, rebuild the subtasks at ``new_parallelism`` and restore them; returns

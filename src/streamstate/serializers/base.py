@@ -15,11 +15,13 @@ values are not wire-native (pickle) convert with :meth:`TypeSerializer.to_wire` 
 
 from __future__ import annotations
 
-import enum
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar, Generic, TypeVar
 
 import msgspec
+
+from streamstate.serializers.compatibility import Compatibility, describe_snapshot
+from streamstate.serializers.evolution import resolve_schema_change
 
 __all__ = [
     "Compatibility",
@@ -32,68 +34,6 @@ T = TypeVar("T")
 
 SerializerSnapshot = dict[str, Any]
 """A JSON-able description of a serializer: ``{"type": ..., "version": ..., ...params}``."""
-
-
-_TYPE_WORDS = {
-    "int64": "int",
-    "float64": "float",
-    "bool": "bool",
-    "str": "str",
-    "bytes": "bytes",
-    "void_namespace": "no namespace",
-    "time_window": "TimeWindow",
-    "global_window": "GlobalWindow",
-    "pickle": "any value (PickleSerializer)",
-    "restored": "a checkpointed serializer",
-}
-
-
-def describe_snapshot(snap: Any) -> str:
-    """A serializer snapshot in the words of Python types, for error messages.
-
-    >>> describe_snapshot({"type": "int64", "version": 1})
-    'int'
-    >>> describe_snapshot({"type": "dict", "key": {"type": "str"},
-    ...                    "value": {"type": "optional", "inner": {"type": "float64"}}})
-    'dict[str, float | None]'
-    >>> describe_snapshot({"type": "ttl_value", "inner": {"type": "struct", "class": "app:Visit"}})
-    'Visit (app.Visit) with time-to-live'
-    """
-    if not isinstance(snap, dict):
-        return repr(snap)
-    t = snap.get("type")
-    if t in _TYPE_WORDS:
-        return _TYPE_WORDS[str(t)]
-    if t == "optional":
-        return f"{describe_snapshot(snap.get('inner'))} | None"
-    if t == "list":
-        return f"list[{describe_snapshot(snap.get('element'))}]"
-    if t == "dict":
-        return f"dict[{describe_snapshot(snap.get('key'))}, {describe_snapshot(snap.get('value'))}]"
-    if t == "tuple":
-        return f"tuple[{', '.join(describe_snapshot(f) for f in snap.get('fields', ()))}]"
-    if t == "ttl_value":
-        return f"{describe_snapshot(snap.get('inner'))} with time-to-live"
-    if t == "struct":
-        module, _, qual = str(snap.get("class", "")).partition(":")
-        return f"{qual.rsplit('.', 1)[-1]} ({module}.{qual})" if qual else "a record type"
-    return f"{t} serializer"
-
-
-class Compatibility(enum.Enum):
-    """How a new serializer relates to the one that wrote a checkpoint."""
-
-    COMPATIBLE_AS_IS = "compatible_as_is"
-    COMPATIBLE_AFTER_MIGRATION = "compatible_after_migration"
-    INCOMPATIBLE = "incompatible"
-
-    @property
-    def is_incompatible(self) -> bool:
-        return self is Compatibility.INCOMPATIBLE
-
-    @property
-    def is_compatible_as_is(self) -> bool:
-        return self is Compatibility.COMPATIBLE_AS_IS
 
 
 class TypeSerializer(ABC, Generic[T]):
@@ -163,12 +103,24 @@ class TypeSerializer(ABC, Generic[T]):
     def resolve_compatibility(self, old: SerializerSnapshot) -> Compatibility:
         """How this serializer can read data written by the serializer described by ``old``.
 
-        The default: identical snapshots are compatible as is, anything else is incompatible.
-        Serializers that can read older formats override this.
+        The default follows the rules of schema evolution
+        (:func:`~streamstate.serializers.evolution.resolve_schema_change`): identical snapshots,
+        or snapshots of the same schema, are compatible as is; a widening (a record field added
+        with a default or removed, ``int`` to ``float``, ``T`` to ``T | None``, ...) is
+        compatible after migration; anything else, and any difference between snapshots that
+        describe no schema, is incompatible. A serializer with other rules overrides this.
         """
-        if old == self.snapshot():
+        found = self.schema_compatibility(old)
+        return Compatibility.INCOMPATIBLE if found is None else found
+
+    def schema_compatibility(self, old: SerializerSnapshot) -> Compatibility | None:
+        """The compatibility the rules of schema evolution give, or None when ``old`` or this
+        serializer's snapshot describes no schema and the two differ."""
+        new = self.snapshot()
+        if old == new:
             return Compatibility.COMPATIBLE_AS_IS
-        return Compatibility.INCOMPATIBLE
+        change = resolve_schema_change(old, new)
+        return change.compatibility if change.known else None
 
     # -- conveniences -----------------------------------------------------------------------
 

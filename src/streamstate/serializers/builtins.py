@@ -8,7 +8,7 @@ a checkpoint never executes code stored in it.
 from __future__ import annotations
 
 import struct
-from typing import Any, ClassVar, Optional
+from typing import Annotated, Any, ClassVar, Optional
 
 import msgspec
 
@@ -28,6 +28,7 @@ __all__ = [
 ]
 
 _I64 = struct.Struct(">q")
+_INT64_WIRE = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
 _F64 = struct.Struct(">d")
 
 
@@ -54,7 +55,9 @@ class Int64Serializer(TypeSerializer[int]):
 
     @property
     def wire_type(self) -> Any:
-        return int
+        # msgpack holds integers up to 2**64 - 1: a checkpoint's value outside int64 is refused
+        # when it is decoded, not when a backend stores it (RocksDB packs 8 bytes)
+        return _INT64_WIRE
 
     def copy(self, value: int) -> int:
         return value
@@ -169,6 +172,10 @@ class MsgpackContainerSerializer(TypeSerializer[Any]):
             self._decoder = msgspec.msgpack.Decoder(self.wire_type)
         return self._decoder
 
+    def __getstate__(self) -> dict[str, Any]:
+        # msgspec's decoder does not pickle; the receiving process builds its own when needed
+        return {**self.__dict__, "_decoder": None}
+
     def serialize(self, value: Any) -> bytes:
         return self._encoder.encode(self.to_wire(value))
 
@@ -221,6 +228,9 @@ class OptionalSerializer(MsgpackContainerSerializer):
         return {"inner": self.inner.snapshot()}
 
     def resolve_compatibility(self, old: SerializerSnapshot) -> Compatibility:
+        found = self.schema_compatibility(old)
+        if found is not None:
+            return found
         if old.get("type") == self.type_name:
             return self.inner.resolve_compatibility(old["inner"])
         inner = self.inner.resolve_compatibility(old)
@@ -264,6 +274,9 @@ class TupleSerializer(MsgpackContainerSerializer):
         return {"fields": [f.snapshot() for f in self.fields]}
 
     def resolve_compatibility(self, old: SerializerSnapshot) -> Compatibility:
+        found = self.schema_compatibility(old)
+        if found is not None:
+            return found
         if old.get("type") != self.type_name or len(old.get("fields", ())) != len(self.fields):
             return Compatibility.INCOMPATIBLE
         return _combine(
@@ -310,6 +323,9 @@ class ListSerializer(MsgpackContainerSerializer):
         return {"element": self.element.snapshot()}
 
     def resolve_compatibility(self, old: SerializerSnapshot) -> Compatibility:
+        found = self.schema_compatibility(old)
+        if found is not None:
+            return found
         if old.get("type") != self.type_name:
             return Compatibility.INCOMPATIBLE
         return self.element.resolve_compatibility(old["element"])
@@ -355,6 +371,9 @@ class DictSerializer(MsgpackContainerSerializer):
         return {"key": self.key.snapshot(), "value": self.value.snapshot()}
 
     def resolve_compatibility(self, old: SerializerSnapshot) -> Compatibility:
+        found = self.schema_compatibility(old)
+        if found is not None:
+            return found
         if old.get("type") != self.type_name:
             return Compatibility.INCOMPATIBLE
         return _combine(

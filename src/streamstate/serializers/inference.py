@@ -15,7 +15,11 @@ from typing import Any
 
 import msgspec
 
-from streamstate.errors import PickleNotAllowedError
+from streamstate.errors import (
+    PickleNotAllowedError,
+    SerializerSnapshotError,
+    StateMigrationException,
+)
 from streamstate.namespace import VoidNamespace
 from streamstate.serializers.base import SerializerSnapshot, TypeSerializer
 from streamstate.serializers.builtins import (
@@ -39,6 +43,8 @@ class VoidNamespaceSerializer(StructSerializer):
     """The serializer of :data:`~streamstate.namespace.VOID_NAMESPACE`."""
 
     type_name = "void_namespace"
+    #: built in: the snapshot keeps its first form (version 1)
+    version = 1
 
     def __init__(self) -> None:
         super().__init__(VoidNamespace)
@@ -113,7 +119,28 @@ def serializer_from_snapshot(
     """Rebuild a built-in serializer from the snapshot found in a checkpoint.
 
     Record types are rebuilt by importing their class by name; pickle only if ``allow_pickle``.
+    A snapshot that describes no serializer this streamstate can rebuild (an unknown type, a
+    malformed description: a checkpoint is input) raises
+    :class:`~streamstate.errors.SerializerSnapshotError`; one that needs pickle,
+    :class:`~streamstate.errors.PickleNotAllowedError`.
     """
+    try:
+        return _from_snapshot(snap, allow_pickle)
+    except StateMigrationException:
+        raise
+    except TypeError as exc:
+        raise SerializerSnapshotError(str(exc)) from None
+    except (AttributeError, KeyError, ValueError, RecursionError) as exc:
+        shown = repr(snap)
+        raise SerializerSnapshotError(
+            f"the checkpoint describes a serializer this streamstate cannot rebuild "
+            f"({shown[:200]}{'...' if len(shown) > 200 else ''}: {type(exc).__name__} {exc})"
+        ) from None
+
+
+def _from_snapshot(snap: SerializerSnapshot, allow_pickle: bool) -> TypeSerializer[Any]:
+    if not isinstance(snap, dict):
+        raise TypeError(f"a serializer description in a checkpoint is a {type(snap).__name__}")
     t = snap.get("type")
     simple: dict[str, type[TypeSerializer[Any]]] = {
         "int64": Int64Serializer,

@@ -11,9 +11,8 @@ from __future__ import annotations
 import pickle
 from typing import Any
 
-import cloudpickle
-
 from streamstate.serializers.base import Compatibility, SerializerSnapshot, TypeSerializer
+from streamstate.serializers.class_pickling import dumps
 
 __all__ = ["PickleSerializer"]
 
@@ -32,7 +31,8 @@ class PickleSerializer(TypeSerializer[Any]):
         return bytes
 
     def serialize(self, value: Any) -> bytes:
-        return cloudpickle.dumps(value, protocol=self.protocol)
+        # the classes of the job script arrive whole in another process (class_pickling.py)
+        return dumps(value, protocol=self.protocol)
 
     def deserialize(self, data: bytes) -> Any:
         return pickle.loads(data)

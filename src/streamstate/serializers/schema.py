@@ -185,7 +185,8 @@ def schema_to_builtins(schema: TypeSchema) -> dict[str, Any]:
     >>> schema_to_builtins(ListSchema(IntSchema()))
     {'kind': 'list', 'item': {'kind': 'int'}}
     """
-    out = msgspec.to_builtins(schema)
+    # through JSON: lists, not tuples, so that a snapshot equals itself read back from a file
+    out = msgspec.json.decode(msgspec.json.encode(schema))
     assert isinstance(out, dict)
     return out
 

@@ -29,6 +29,7 @@ from typing import Any, Literal, Union
 
 import msgspec
 
+from streamstate.errors import SerializerSnapshotError
 from streamstate.serializers.schema import (
     AnySchema,
     BoolSchema,
@@ -69,11 +70,16 @@ _GLOBAL_WINDOW = RecordSchema("GlobalWindow", (), True)
 
 
 def schema_of_snapshot(
-    snap: Any, unknown: Callable[[Any], TypeSchema | None] | None = None
+    snap: Any,
+    unknown: Callable[[Any], TypeSchema | None] | None = None,
+    *,
+    v1_records: set[int] | None = None,
 ) -> TypeSchema | None:
     """The schema of the values a serializer snapshot describes, or None when the snapshot
     gives none (pickled values, an unknown serializer, a record type whose earlier snapshot
     cannot be read). A ``ttl_value`` is its stored pair ``(last access, value)``.
+    ``v1_records`` (if given) receives the ids of the record schemas read from version-1
+    snapshot text, whose own layout (array-like, tag, wire names) that text did not keep.
 
     ``unknown``, when given, is asked for the schema of each such part instead (a snapshot
     nested in a list, a dict, ...), so that the rest of the schema is still described.
@@ -86,13 +92,17 @@ def schema_of_snapshot(
     ...                    unknown=lambda snap: BytesSchema())
     ListSchema(item=BytesSchema(), container='list')
     """
-    schema = _described(snap, unknown)
+    schema = _described(snap, unknown, v1_records)
     if schema is None and unknown is not None:
         return unknown(snap)
     return schema
 
 
-def _described(snap: Any, unknown: Callable[[Any], TypeSchema | None] | None) -> TypeSchema | None:
+def _described(
+    snap: Any,
+    unknown: Callable[[Any], TypeSchema | None] | None,
+    v1_records: set[int] | None,
+) -> TypeSchema | None:
     if not isinstance(snap, dict):
         return None
     t = snap.get("type")
@@ -104,27 +114,31 @@ def _described(snap: Any, unknown: Callable[[Any], TypeSchema | None] | None) ->
         return _GLOBAL_WINDOW
     parts: list[TypeSchema | None]
     if t == "optional":
-        parts = [schema_of_snapshot(snap.get("inner"), unknown)]
+        parts = [schema_of_snapshot(snap.get("inner"), unknown, v1_records=v1_records)]
         return None if parts[0] is None else UnionSchema((parts[0], NoneSchema()))
     if t == "list":
-        item = schema_of_snapshot(snap.get("element"), unknown)
+        item = schema_of_snapshot(snap.get("element"), unknown, v1_records=v1_records)
         return None if item is None else ListSchema(item)
     if t == "dict":
-        key = schema_of_snapshot(snap.get("key"), unknown)
-        value = schema_of_snapshot(snap.get("value"), unknown)
+        key = schema_of_snapshot(snap.get("key"), unknown, v1_records=v1_records)
+        value = schema_of_snapshot(snap.get("value"), unknown, v1_records=v1_records)
         return None if key is None or value is None else DictSchema(key, value)
     if t in ("tuple", "ttl_value"):
         subs = snap.get("fields", ()) if t == "tuple" else ({"type": "int64"}, snap.get("inner"))
-        parts = [schema_of_snapshot(s, unknown) for s in subs]
+        if not isinstance(subs, list | tuple):
+            return None
+        parts = [schema_of_snapshot(s, unknown, v1_records=v1_records) for s in subs]
         if any(p is None for p in parts):
             return None
         return TupleSchema(tuple(p for p in parts if p is not None))
     if t == "struct":
-        return _schema_of_struct_snapshot(snap)
+        return _schema_of_struct_snapshot(snap, v1_records)
     return None
 
 
-def _schema_of_struct_snapshot(snap: dict[str, Any]) -> TypeSchema | None:
+def _schema_of_struct_snapshot(
+    snap: dict[str, Any], v1_records: set[int] | None
+) -> TypeSchema | None:
     if "schema" in snap:
         try:
             return schema_from_builtins(snap["schema"])
@@ -135,9 +149,12 @@ def _schema_of_struct_snapshot(snap: dict[str, Any]) -> TypeSchema | None:
     if "fields" not in snap:
         return _STDLIB_CLASSES.get(str(snap.get("class", "")))
     try:
-        return record_schema_of_v1_fields(name, snap["fields"])
+        schema = record_schema_of_v1_fields(name, snap["fields"])
     except ValueError:
         return None
+    if v1_records is not None:
+        v1_records.add(id(schema))
+    return schema
 
 
 _STDLIB_CLASSES: dict[str, TypeSchema] = {
@@ -169,8 +186,15 @@ def decoder_type(schema: TypeSchema) -> Any:
     """A type hint ``msgspec`` decodes values of ``schema`` into, built without the classes
     that wrote them: records become :class:`PlainRecord` structs of the same field and wire
     names (fields the data may omit default to None), enums and literals their encoded values.
+    A schema no type can be built from (a checkpoint is input: names that are not identifiers,
+    a union of nothing) raises :class:`~streamstate.errors.SerializerSnapshotError`.
     """
-    return _decoder_type(schema)
+    try:
+        return _decoder_type(schema)
+    except (TypeError, ValueError) as exc:
+        raise SerializerSnapshotError(
+            f"no type decodes the values of the schema {schema!r:.200}: {exc}"
+        ) from None
 
 
 def _decoder_type(schema: TypeSchema) -> Any:
@@ -216,4 +240,6 @@ def _decoder_type(schema: TypeSchema) -> Any:
         rename={f.name: f.wire_name for f in schema.fields if f.encode_name} or None,
         frozen=True,
         gc=False,
+        # a field the data must hold may follow one it may omit (a keyword-only record's)
+        kw_only=True,
     )

@@ -1,12 +1,16 @@
 """Record types: ``msgspec.Struct`` classes, dataclasses and other types msgspec understands.
 
 Values are msgpack-encoded and decoded against the class, so a checkpoint holds data only, never
-code. Schema evolution follows msgspec's rules: a field added with a default, or a field removed,
-still reads old data (``COMPATIBLE_AFTER_MIGRATION``); a changed field type does not.
+code. The snapshot (version 2) stores the record's schema field by field
+(``streamstate.serializers.schema``), and compatibility is judged by it
+(:mod:`~streamstate.serializers.evolution`): a field added with a default, removed, reordered or
+widened, or a class renamed or moved with the same fields, still reads old data. Version-1
+snapshots (the class's qualified name and each field's type as text) are read too.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import decimal
@@ -17,6 +21,7 @@ from typing import Any, ClassVar
 import msgspec
 
 from streamstate.serializers.base import Compatibility, SerializerSnapshot, TypeSerializer
+from streamstate.serializers.schema import schema_of_type, schema_to_builtins
 
 __all__ = ["StructSerializer"]
 
@@ -40,8 +45,9 @@ def _qualified_name(tp: Any) -> str:
     return f"{getattr(tp, '__module__', '?')}:{getattr(tp, '__qualname__', repr(tp))}"
 
 
-def _fields_of(tp: Any) -> list[dict[str, Any]] | None:
-    """Field descriptions of a record type, or None when ``tp`` is not a record type."""
+def _v1_fields_of(tp: Any) -> list[dict[str, Any]] | None:
+    """Field descriptions of a record type as version-1 snapshots held them (each type as the
+    text of its msgspec repr), or None when ``tp`` is not a record type."""
     try:
         info = msgspec.inspect.type_info(tp)
     except Exception:
@@ -83,6 +89,9 @@ class StructSerializer(TypeSerializer[Any]):
     """
 
     type_name = "struct"
+    #: version 2 stores the record's schema (``"schema"``); version 1 kept each field's type as
+    #: the text of its msgspec repr (``"fields"``), still read
+    version = 2
     _encoder: ClassVar[msgspec.msgpack.Encoder] = msgspec.msgpack.Encoder()
 
     def __init__(self, cls: Any) -> None:
@@ -99,6 +108,9 @@ class StructSerializer(TypeSerializer[Any]):
             )
         self.cls = cls
         self.value_class = cls
+        #: the record's schema as the snapshot stores it, made on first use (None for a type
+        #: msgspec encodes that has none: an extension type)
+        self._schema: dict[str, Any] | bool | None = False
         self.immutable = _is_frozen(cls) and _all_fields_immutable(cls)
 
     @property
@@ -111,6 +123,15 @@ class StructSerializer(TypeSerializer[Any]):
     def deserialize(self, data: bytes) -> Any:
         return self._decoder.decode(data)
 
+    def __getstate__(self) -> dict[str, Any]:
+        # a descriptor made before the function is shipped carries its serializer: msgspec's
+        # decoder does not pickle, and the receiving process builds its own from the class
+        return {k: v for k, v in self.__dict__.items() if k != "_decoder"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._decoder = msgspec.msgpack.Decoder(self.cls)
+
     def copy(self, value: Any) -> Any:
         if self.immutable or value is None:
             return value
@@ -118,23 +139,51 @@ class StructSerializer(TypeSerializer[Any]):
 
     def params(self) -> dict[str, Any]:
         out: dict[str, Any] = {"class": _qualified_name(self.cls)}
-        fields = _fields_of(self.cls)
+        if self._schema is False:  # once: a serializer may be made per use, its schema not
+            self._schema = None
+            with contextlib.suppress(TypeError):
+                self._schema = schema_to_builtins(schema_of_type(self.cls))
+        if isinstance(self._schema, dict):
+            out["schema"] = self._schema
+        return out
+
+    def v1_params(self) -> dict[str, Any]:
+        """The parameters version 1 wrote for this class: its qualified name and each field's
+        type as text."""
+        out: dict[str, Any] = {"class": _qualified_name(self.cls)}
+        fields = _v1_fields_of(self.cls)
         if fields is not None:
             out["fields"] = fields
         return out
 
+    def v1_snapshot(self) -> SerializerSnapshot:
+        """The snapshot version 1 wrote for this class (what checkpoints written before
+        version 2 hold)."""
+        return {"type": self.type_name, "version": 1, **self.v1_params()}
+
     def resolve_compatibility(self, old: SerializerSnapshot) -> Compatibility:
+        """By the schema (:mod:`~streamstate.serializers.evolution`), never by the class's
+        qualified name. A version-1 snapshot whose text cannot be read as a schema is judged
+        by the version-1 rules: its class and field types unchanged, fields added with a
+        default or removed."""
         if old.get("type") != self.type_name:
             return Compatibility.INCOMPATIBLE
-        new = self.snapshot()
-        if old == new:
+        found = self.schema_compatibility(old)
+        if found is not None:
+            return found
+        if old.get("version", 1) != 1:
+            return Compatibility.INCOMPATIBLE
+        return self._resolve_v1(old)
+
+    def _resolve_v1(self, old: SerializerSnapshot) -> Compatibility:
+        v1 = self.v1_snapshot()
+        if old == v1:
             return Compatibility.COMPATIBLE_AS_IS
-        if old.get("class") != new.get("class"):
+        if old.get("class") != v1.get("class"):
             return Compatibility.INCOMPATIBLE
         old_fields = {f["name"]: f for f in old.get("fields", [])}
-        new_fields = {f["name"]: f for f in new.get("fields", [])}
-        for name, f in new_fields.items():
-            prev = old_fields.get(name)
+        for f in v1.get("fields", []):
+            prev = old_fields.get(f["name"])
             if prev is None:
                 if f["required"]:
                     return Compatibility.INCOMPATIBLE  # old data has no value for it

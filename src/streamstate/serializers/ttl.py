@@ -26,7 +26,8 @@ class TtlValueSerializer(MsgpackContainerSerializer):
     """``(timestamp, value)`` pairs, the value written by ``inner``.
 
     Compatibility follows the inner serializer: a TTL state restores as long as the user's
-    serializer can read the checkpointed user values.
+    serializer can read the checkpointed user values; a state checkpointed without time-to-live
+    (or read without it now) migrates (:mod:`~streamstate.serializers.evolution`).
     """
 
     type_name = "ttl_value"
@@ -64,6 +65,9 @@ class TtlValueSerializer(MsgpackContainerSerializer):
         return {"inner": self.inner.snapshot()}
 
     def resolve_compatibility(self, old: SerializerSnapshot) -> Compatibility:
+        found = self.schema_compatibility(old)
+        if found is not None:
+            return found
         if old.get("type") != self.type_name:
             return Compatibility.INCOMPATIBLE
         return self.inner.resolve_compatibility(old["inner"])

@@ -86,18 +86,28 @@ class TimeWindowSerializer(StructSerializer):
     """
 
     type_name = "time_window"
+    #: built in: the snapshot keeps its first form (version 1)
+    version = 1
 
     def __init__(self) -> None:
         super().__init__(TimeWindow)
+
+    def params(self) -> dict[str, Any]:
+        return self.v1_params()
 
 
 class GlobalWindowSerializer(StructSerializer):
     """:class:`GlobalWindow` (an empty msgpack array)."""
 
     type_name = "global_window"
+    #: built in: the snapshot keeps its first form (version 1)
+    version = 1
 
     def __init__(self) -> None:
         super().__init__(GlobalWindow)
+
+    def params(self) -> dict[str, Any]:
+        return self.v1_params()
 
 
 def merge_time_windows(

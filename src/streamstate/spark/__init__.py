@@ -20,6 +20,8 @@ Spark moves the data; streamstate keeps the state (SPEC §11, ``docs/spark/index
 * :func:`read_state`: a checkpoint's or savepoint's state as a DataFrame; :func:`register`
   puts the formats ``"streamstate"`` and ``"streamstate-metadata"`` (``spark.read.format``) in
   a session (``keyed_process`` and ``read_state`` do it themselves).
+* :func:`rewrite_savepoint`: a new savepoint with states replaced from DataFrames, renamed,
+  dropped or re-keyed, everything else carried over (docs: "Upgrading a job").
 * :func:`original_error`: the error a function raised in a task, from the exception Spark
   raised (a batch-mode DataFrame's ``collect()``; streaming queries raise it themselves).
 
@@ -48,6 +50,7 @@ if TYPE_CHECKING:
     )
     from streamstate.spark.driver.streaming import KeyedStream, KeyedStreamingQuery
     from streamstate.spark.failures import original_error
+    from streamstate.spark.offline.rewrite import rewrite_savepoint
     from streamstate.spark.records import Row
 
 __all__ = [
@@ -67,6 +70,7 @@ __all__ = [
     "original_error",
     "read_state",
     "register",
+    "rewrite_savepoint",
 ]
 
 #: where each public name lives
@@ -75,6 +79,7 @@ _MODULES = {
     "keyed_process": "streamstate.spark.driver.keyed",
     "read_state": "streamstate.spark.driver.reader",
     "register": "streamstate.spark.driver.reader",
+    "rewrite_savepoint": "streamstate.spark.offline.rewrite",
     "ConsoleSink": "streamstate.spark.driver.sinks",
     "FileSink": "streamstate.spark.driver.sinks",
     "ForeachBatchSink": "streamstate.spark.driver.sinks",

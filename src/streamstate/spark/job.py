@@ -191,12 +191,16 @@ def _cell_filled(cell: Any) -> bool:
     return True
 
 
-def pickle_function(function: Any) -> bytes:
+def pickle_function(function: Any, *, detached: bool = False) -> bytes:
     """cloudpickle ``function``; classes and functions of modules that are not installed
     packages (a notebook's helper module, a test module) travel by value, so that executors and
     state hosts need not import them — also those the function only refers to, such as a
-    window operator's window function."""
+    window operator's window function. Record classes carried by value arrive whole, and
+    ``detached`` makes them new classes even when loaded in this process
+    (:mod:`streamstate.serializers.class_pickling`)."""
     import cloudpickle
+
+    from streamstate.serializers.class_pickling import dumps
 
     registered: list[str] = []
     for name in _referenced_modules(function):
@@ -207,7 +211,7 @@ def pickle_function(function: Any) -> bytes:
                 continue
             registered.append(name)
     try:
-        return cloudpickle.dumps(function)  # type: ignore[no-any-return]
+        return dumps(function, detached=detached)
     finally:
         for name in registered:
             cloudpickle.unregister_pickle_by_value(sys.modules[name])

@@ -23,12 +23,15 @@ top-level columns (no fraction into an integer, no string parsed into a number).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import decimal
 import functools
 import operator
 from collections.abc import Iterator, Sequence
 from typing import Any
+
+import msgspec
 
 from streamstate.errors import OutputSchemaError
 
@@ -37,6 +40,7 @@ __all__ = [
     "Row",
     "column_values",
     "event_time_ms",
+    "record_fields",
     "row_class",
     "row_serializer",
     "rows_from_batch",
@@ -262,6 +266,9 @@ class OutputConverter:
         fields = getattr(out, "_fields", None) or getattr(out, "__fields__", None)
         if isinstance(out, tuple) and fields:
             return self._normalize(dict(zip(fields, out, strict=True)), i)
+        record = record_fields(out)
+        if record is not None:
+            return self._normalize(record, i)
         if isinstance(out, tuple | list):
             if len(out) != len(names):
                 raise OutputSchemaError(
@@ -272,8 +279,9 @@ class OutputConverter:
         if len(names) == 1:
             return [out]
         raise OutputSchemaError(
-            f"output #{i} is a {type(out).__name__}; outputs must be tuples, dicts or Rows "
-            f"matching the output schema {names}: {_describe(out)}"
+            f"output #{i} is a {type(out).__name__}; outputs must be tuples, dicts, Rows or "
+            f"records (dataclasses, msgspec Structs, attrs classes) matching the output schema "
+            f"{names}: {_describe(out)}"
         )
 
     def _value_error(self, field: Any, build: Any, values: Sequence[Any]) -> OutputSchemaError:
@@ -299,6 +307,45 @@ class OutputConverter:
 # per output: bench/output_conversion.py.
 
 
+def record_fields(value: Any) -> dict[str, Any] | None:
+    """The fields of a record instance (a dataclass, a ``msgspec.Struct``, an attrs class) by
+    name, or None for any other value.
+
+    >>> import dataclasses
+    >>> @dataclasses.dataclass
+    ... class Alert:
+    ...     user: str
+    ...     n: int
+    >>> record_fields(Alert("ann", 3)), record_fields(("ann", 3))
+    ({'user': 'ann', 'n': 3}, None)
+    """
+    if isinstance(value, type):
+        return None
+    cls = type(value)
+    names: Any = getattr(cls, "__struct_fields__", None)  # msgspec.Struct
+    if names is None and dataclasses.is_dataclass(value):
+        names = [f.name for f in dataclasses.fields(value)]
+    if names is None:
+        attributes = getattr(cls, "__attrs_attrs__", None)  # an attrs class
+        if attributes is None:
+            return None
+        names = [a.name for a in attributes]
+    return {name: getattr(value, name) for name in names}
+
+
+#: values that Arrow builds as they are when records inside a column become dicts
+_ARROW_BUILTINS = (
+    bytes,
+    bytearray,
+    memoryview,
+    datetime.datetime,
+    datetime.date,
+    datetime.time,
+    datetime.timedelta,
+    decimal.Decimal,
+)
+
+
 def _direct(values: Sequence[Any], type_: Any) -> Any:
     import pyarrow as pa
 
@@ -315,7 +362,14 @@ def _nested(values: Sequence[Any], type_: Any) -> Any:
     try:
         inferred = pa.array(values, from_pandas=False)
     except (pa.ArrowException, OverflowError, TypeError, ValueError):
-        return _direct(values, type_)
+        try:
+            return _direct(values, type_)
+        except (pa.ArrowException, TypeError):
+            # records (dataclasses, msgspec Structs) inside the column: as dicts of their fields
+            plain = msgspec.to_builtins(values, builtin_types=_ARROW_BUILTINS)
+            if plain == values:
+                raise
+            return _nested(plain, type_)
     if pa.types.is_struct(type_) and pa.types.is_struct(inferred.type):
         declared = {type_.field(i).name for i in range(type_.num_fields)}
         given = {inferred.type.field(i).name for i in range(inferred.type.num_fields)}

@@ -337,14 +337,26 @@ class SubtaskRuntime:
         self._collect()
 
     def process(self, batch: Any) -> None:
-        """Process one Arrow batch of this subtask's records (value columns plus ``_kg``)."""
+        """Process one Arrow batch of this subtask's records (value columns plus ``_kg``).
+
+        The batch is validated in full first (offsets, UTF-8; about 0.6 ms for 65,536 rows): it
+        crossed a process boundary, and reading values out of a malformed batch reads outside
+        its buffers. A malformed one raises ``ProtocolError``."""
         job = self.job
         n = batch.num_rows
         if not n:
             return
+        try:
+            batch.validate(full=True)
+        except (ValueError, OSError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+            from streamstate.spark.wire.protocol import ProtocolError
+
+            raise ProtocolError(f"a malformed record batch: {exc}") from None
         if job.pre_aggregation:
             self._process_partials(batch)
             return
+        self._check_columns(batch)
+        self._check_key_groups(batch.column(KEY_GROUP_COLUMN))
         self._rows += n
         if len(job.key_columns) == 1:
             keys: Any = batch.column(job.key_columns[0]).to_pylist()
@@ -365,6 +377,41 @@ class SubtaskRuntime:
         self.op.process_elements(keys, rows, timestamps, kgs)
         if len(self.op.output) >= _OUTPUT_CHUNK:
             self._collect()
+
+    def _check_columns(self, batch: Any) -> None:
+        """The batch has every column the job reads, its key groups as integers. (Other types
+        are converted as the job's schema says: Spark may send a column in another physical
+        type of the same kind, such as a large string.)"""
+        import pyarrow as pa
+
+        schema, job = batch.schema, self.job
+        for name in (*job.key_columns, *job.value_columns, KEY_GROUP_COLUMN):
+            i = schema.get_field_index(name)
+            if i < 0 or (
+                name == KEY_GROUP_COLUMN and not pa.types.is_integer(schema.field(i).type)
+            ):
+                from streamstate.spark.wire.protocol import ProtocolError
+
+                got = "no such column" if i < 0 else str(schema.field(i).type)
+                raise ProtocolError(
+                    f"a record batch for {job.operator!r} has column {name!r} as {got}; the job "
+                    f"reads {self.input_schema.field(name).type}"
+                )
+
+    def _check_key_groups(self, column: Any) -> None:
+        """Every record's key group is one of this subtask's (one pass over the column in C)."""
+        import pyarrow.compute as pc
+
+        bounds = self.op.key_group_range
+        low_high = pc.min_max(column)
+        low, high = low_high["min"].as_py(), low_high["max"].as_py()
+        if column.null_count or low < bounds.start or high > bounds.end:
+            from streamstate.errors import KeyGroupOutOfRangeError
+
+            raise KeyGroupOutOfRangeError(
+                f"records of key groups {low}-{high} (nulls: {column.null_count}) reached "
+                f"subtask {self.index} of {self.job.operator!r}, which owns {bounds}"
+            )
 
     def _process_partials(self, batch: Any) -> None:
         """One Arrow batch of pre-aggregated rows (:mod:`streamstate.spark.partials`)."""

@@ -253,6 +253,8 @@ class WindowOperator(KeyedProcessFunction[Any, Any]):
                 self._window_state = self._backend.get_or_create_keyed_state(
                     self._window_serializer, descriptor
                 )
+        for descriptor in self.trigger.state_descriptors():  # declared now, checked now
+            self._backend.get_or_create_keyed_state(self._window_serializer, descriptor)
         if self._merging:
             ser = self._window_serializer
             self._merging_sets = self._backend.get_or_create_keyed_state(

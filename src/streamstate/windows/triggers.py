@@ -128,6 +128,12 @@ class Trigger(ABC):
     def clear(self, window: Any, ctx: TriggerContext) -> None:
         """Delete every timer and state this trigger keeps for ``window``."""
 
+    def state_descriptors(self) -> list[StateDescriptor]:
+        """The states this trigger keeps per window (``ctx.get_partitioned_state``): the window
+        operator declares them when it opens, so that a restore checks them before any element
+        and does not report them as undeclared."""
+        return []
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 
@@ -210,6 +216,9 @@ class CountTrigger(Trigger):
         self.count = count
         self.state_descriptor = ReducingStateDescriptor("trigger-count", _sum, int)
 
+    def state_descriptors(self) -> list[StateDescriptor]:
+        return [self.state_descriptor]
+
     @classmethod
     def of(cls, count: int) -> CountTrigger:
         """Fires every ``count`` elements of a window."""
@@ -278,6 +287,9 @@ class PurgingTrigger(Trigger):
 
     def clear(self, window: Any, ctx: TriggerContext) -> None:
         self.nested.clear(window, ctx)
+
+    def state_descriptors(self) -> list[StateDescriptor]:
+        return self.nested.state_descriptors()
 
     def __repr__(self) -> str:
         return f"PurgingTrigger({self.nested!r})"
@@ -356,6 +368,9 @@ class _ContinuousTrigger(Trigger):
     def __init__(self, interval: int) -> None:
         self.interval = _interval(interval, type(self).__name__)
         self.state_descriptor = ReducingStateDescriptor("fire-time", _min, int)
+
+    def state_descriptors(self) -> list[StateDescriptor]:
+        return [self.state_descriptor]
 
     @classmethod
     def of(cls, interval: Any) -> Any:
@@ -492,6 +507,9 @@ class DeltaTrigger(Trigger):
         self.threshold = threshold
         self.delta_function = delta_function(delta_fn)
         self.state_descriptor = ValueStateDescriptor("last-element", state_serializer)
+
+    def state_descriptors(self) -> list[StateDescriptor]:
+        return [self.state_descriptor]
 
     @classmethod
     def of(cls, threshold: float, delta_fn: Any, state_serializer: Any) -> DeltaTrigger:

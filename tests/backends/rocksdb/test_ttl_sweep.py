@@ -73,12 +73,16 @@ def test_sweep_of_lists_and_maps_rewrites_partly_expired_entries(make_rocks: Any
         b.set_current_key(k)
         lst.update([1, -1, 2] if k % 2 else [-5])
         m.put_all({"a": 1, "b": -1})
+    assert b.state_figures().rows == 40  # counted now, then kept by the flushes and sweeps
     b.snapshot(1).release()
     for k in range(10):
         b.set_current_key(k)
         assert lst.get() == ([1, 2] if k % 2 else [])
         assert dict(m.items()) == {"a": 1}
-    assert b.num_entries("l") == 5
+    # the entries left (streamstate.format.entries): two elements in each odd key's list, one
+    # mapping per key
+    assert b.num_entries("l") == 10 and b.num_entries("m") == 10
+    assert b.state_figures().rows == 20  # the count the flushes and the sweep kept
 
 
 def test_sweep_disabled_with_zero_budget(make_rocks: Any) -> None:

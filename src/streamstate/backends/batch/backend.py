@@ -251,6 +251,11 @@ class BatchExecutionKeyedStateBackend(KeyedStateBackend):
             len(s) for s in self._raw if state_name is None or s.descriptor.name == state_name
         )
 
+    def state_entries(self) -> dict[str, int]:
+        """The entries of every state over the keys finished so far (what a savepoint of them
+        holds; ``streamstate.format.entries``); {} without a spool (no savepoint)."""
+        return {} if self._spool is None else dict(self._spool.counts)
+
     # ---- timers --------------------------------------------------------------------------------
 
     def create_timer_queue(

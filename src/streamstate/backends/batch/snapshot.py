@@ -39,6 +39,7 @@ from typing import Any
 
 from streamstate.errors import CheckpointError
 from streamstate.format.codec import EntryEncodeError, StateCodec
+from streamstate.format.entries import COUNTED_BY_ELEMENT
 from streamstate.format.meta import StateMetaInfo
 from streamstate.format.snapshot import (
     FULL_SNAPSHOT,
@@ -103,6 +104,9 @@ class KeyGroupSpool:
         self.keys = 0
         self.entries = 0
         self.bytes = 0
+        #: state name -> its entries spooled so far, as ``streamstate.format.entries`` counts
+        #: them (a list's elements, a map's mappings)
+        self.counts: dict[str, int] = {}
 
     def register(self, meta: StateMetaInfo, transform: Callable[[Any], Any] | None = None) -> None:
         """Declare a state whose entries will be spooled; ``transform`` (TTL's full-snapshot
@@ -129,11 +133,16 @@ class KeyGroupSpool:
             columns = self._collecting[slot] = _Columns()
         keys, namespaces, states = columns.keys, columns.namespaces, columns.states
         n = 0
+        by_element = self._metas[name].kind in COUNTED_BY_ELEMENT
+        counted = 0
         for ns, value in entries:
             keys.append(key)
             namespaces.append(ns)
             states.append(value)
             n += 1
+            if by_element:
+                counted += len(value)
+        self.counts[name] = self.counts.get(name, 0) + (counted if by_element else n)
         self.entries += n
         self._collected += n
         if len(keys) >= self.piece_entries:

@@ -12,6 +12,7 @@ from typing import Any
 
 from streamstate.api.descriptors import StateKind
 from streamstate.api.ttl import StateTtlConfig
+from streamstate.format.entries import COUNTED_BY_ELEMENT
 
 __all__ = [
     "LONG_MAX",
@@ -132,11 +133,25 @@ class IncrementalCleanup:
     Complexity: O(cleanup_size) per step, plus O(entries of a key group) once when entering it.
     """
 
-    __slots__ = ("_kg", "_map", "_maps", "_num_groups", "_pending", "_pos", "_size", "_transform")
+    __slots__ = (
+        "_elements",
+        "_kg",
+        "_map",
+        "_maps",
+        "_num_groups",
+        "_pending",
+        "_pos",
+        "_size",
+        "_table",
+        "_transform",
+    )
 
     def __init__(self, table: Any, transform: Callable[[Any], Any], cleanup_size: int) -> None:
         if cleanup_size < 1:
             raise ValueError(f"cleanup_size must be >= 1, got {cleanup_size}")
+        self._table = table
+        #: a list or map state: the table counts its elements, which a cleanup removes
+        self._elements = table.meta.kind in COUNTED_BY_ELEMENT
         # the table's own list (its last element is the no-current-key guard, never visited)
         self._maps = table.maps
         self._num_groups = len(table.maps) - 1
@@ -175,6 +190,10 @@ class IncrementalCleanup:
                 m.remove(key, ns)
             elif new is not state:
                 m.put(key, ns, new)
+            else:
+                continue
+            if self._elements:
+                self._table.elements -= len(state) - (0 if new is None else len(new))
         self._pending = pending
         self._pos = pos
         self._map = m

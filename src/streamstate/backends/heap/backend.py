@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
+
+import msgspec
 
 from streamstate.api.descriptors import StateDescriptor
 from streamstate.api.state import InternalKvState
@@ -24,12 +27,13 @@ from streamstate.backends.heap.state_map import StateMap
 from streamstate.backends.heap.state_table import StateTable
 from streamstate.backends.heap.states import STATE_FACTORIES
 from streamstate.backends.snapshot_strategy import SnapshotOptions, SnapshotStrategy
-from streamstate.errors import StateBackendError
+from streamstate.errors import StateBackendError, StateMigrationException
 from streamstate.format.meta import StateMetaInfo
 from streamstate.format.restore import KeyedStateRestore
 from streamstate.format.snapshot import DELTA_SNAPSHOT, SnapshotSource
 from streamstate.keygroups import KeyGroupRange
-from streamstate.serializers.base import TypeSerializer
+from streamstate.serializers.base import TypeSerializer, describe_snapshot
+from streamstate.serializers.migration import MigratingSerializer
 
 __all__ = ["HeapKeyedStateBackend", "TableKind"]
 
@@ -98,6 +102,8 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         #: entries written and removed that checkpoints captured since the last state_figures()
         self._rows_updated = 0
         self._rows_removed = 0
+        #: a restored state was migrated or renamed: an incremental chain starts over
+        self._full_snapshot_needed = False
 
     # ---- states --------------------------------------------------------------------------------
 
@@ -108,20 +114,39 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         namespace_serializer: TypeSerializer[Any],
         state_serializer: TypeSerializer[Any],
         ttl: dict[str, Any] | None = None,
+        *,
+        reader: TypeSerializer[Any] | None = None,
     ) -> StateTable:
-        """The table of state ``name``, created if new (restored tables are reused)."""
+        """The table of state ``name``, created if new (restored tables are reused).
+
+        ``reader`` reads the restored values of the state (``restored_value_reader``): a
+        :class:`~streamstate.serializers.migration.MigratingSerializer` converts them, once,
+        here (a table decoded at the restore, or the still-encoded entries)."""
         table = self._tables.get(name)
         meta = StateMetaInfo(name, kind, namespace_serializer, state_serializer, ttl)
+        migrating = isinstance(reader, MigratingSerializer)
         if table is None:
             factory = _map_factory(self.table_kind, state_serializer, self.incremental)
             table = StateTable(self.ctx, self.key_group_range, meta, factory)
             self._tables[name] = table
             if self._pending_restore is not None and self._pending_restore.fill(
-                table, self.key_serializer
+                table, self.key_serializer, reader
             ):
                 _take_changes(table)  # restored entries are already in the checkpoint chain
         else:
+            if migrating:
+                assert isinstance(reader, MigratingSerializer)
+                try:
+                    table.replace_states(reader.convert_values)
+                except (msgspec.ValidationError, msgspec.DecodeError, ValueError) as exc:
+                    raise StateMigrationException(
+                        f"state {name!r}: the checkpointed values cannot be migrated to "
+                        f"{describe_snapshot(state_serializer.snapshot())} ({exc})"
+                    ) from None
             table.meta = meta
+        if migrating:
+            # the chain's base holds the old values: the next checkpoint is a full snapshot
+            self._full_snapshot_needed = True
         return table
 
     def _create_internal_state(
@@ -134,9 +159,22 @@ class HeapKeyedStateBackend(KeyedStateBackend):
             namespace_serializer,
             descriptor.serializer,
             ttl,
+            reader=self.restored_value_reader(descriptor.name, descriptor.serializer),
         )
         factory = STATE_FACTORIES[descriptor.kind]
         return factory(table, descriptor, namespace_serializer)  # type: ignore[no-any-return]
+
+    def rename_restored_state(self, old: str, new: str) -> None:
+        """Restored state ``old`` becomes ``new``: its table or its still-encoded entries too
+        (the next checkpoint, a full one, holds it under ``new`` only)."""
+        super().rename_restored_state(old, new)
+        table = self._tables.pop(old, None)
+        if table is not None:
+            table.meta = dataclasses.replace(table.meta, name=new)
+            self._tables[new] = table
+        if self._pending_restore is not None:
+            self._pending_restore.rename(old, new)
+        self._full_snapshot_needed = True
 
     def state_table(self, name: str) -> StateTable:
         table = self._tables.get(name)
@@ -154,8 +192,9 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         return table.keys(namespace)
 
     def state_figures(self) -> StateFigures:
-        """Entries of every table (O(states x key groups)); with change tracking, the entries
-        written and removed that checkpoints captured since the previous call."""
+        """Entries of every table (``streamstate.format.entries``; O(states x key groups)); with
+        change tracking, the (key, namespace) entries written and removed that checkpoints
+        captured since the previous call."""
         updated = removed = None
         if self.incremental:
             updated, removed = self._rows_updated, self._rows_removed
@@ -163,10 +202,14 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         return StateFigures(rows=self.num_entries(), rows_updated=updated, rows_removed=removed)
 
     def num_entries(self, state_name: str | None = None) -> int:
+        pending = self._pending_restore
         if state_name is not None:
             table = self._tables.get(state_name)
-            return 0 if table is None else table.size()
-        return sum(t.size() for t in self._tables.values())
+            if table is not None:
+                return table.entry_count()
+            return 0 if pending is None else pending.num_entries(state_name)
+        total = sum(t.entry_count() for t in self._tables.values())
+        return total + (0 if pending is None else pending.num_entries())
 
     # ---- snapshots -----------------------------------------------------------------------------
 
@@ -226,6 +269,13 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         from streamstate.backends.heap.snapshot_strategy import heap_snapshot_strategy
 
         return heap_snapshot_strategy(self, options)
+
+    def take_full_snapshot_request(self) -> bool:
+        """Whether the next checkpoint of an incremental chain must be a full snapshot (a
+        restored state was migrated or renamed since the chain's base was written); asking
+        clears the request."""
+        needed, self._full_snapshot_needed = self._full_snapshot_needed, False
+        return needed
 
     def reset_change_tracking(self, count: bool = False) -> None:
         """Forget recorded changes: the current state is the base of the next delta.

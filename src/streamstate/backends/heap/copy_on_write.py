@@ -547,6 +547,34 @@ class CopyOnWriteStateMap(StateMap):
                         raise RuntimeError("state map changed during iteration")
                     e = e.next
 
+    def replace_states(self, convert: Callable[[list[Any]], list[Any]]) -> Callable[[], None]:
+        """In place: every entry's state is set to its image (O(capacity + n), no entry made
+        anew). While a snapshot shares entries, the entries are copied on write instead (one
+        ``put`` each).
+
+        >>> m = CopyOnWriteStateMap(); m.put("k", "ns", 1)
+        >>> m.replace_states(lambda states: [s * 2.5 for s in states])(); m.get("k", "ns")
+        2.5
+        """
+        if self._snapshot_versions or self._shared:
+            return super().replace_states(convert)
+        entries = []
+        tables = [self._primary]
+        if self._rehash_table is not _EMPTY_TABLE:
+            tables.append(self._rehash_table)  # type: ignore[arg-type]
+        for tab in tables:
+            for e in tab:
+                while e is not None:
+                    entries.append(e)
+                    e = e.next
+        states = convert([e.state for e in entries])
+
+        def commit() -> None:
+            for e, state in zip(entries, states, strict=True):
+                e.state = state
+
+        return commit
+
     def keys(self, namespace: Any) -> Iterator[Any]:
         """Keys that have an entry under ``namespace``; O(capacity + n), collected up front.
 

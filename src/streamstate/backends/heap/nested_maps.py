@@ -147,6 +147,16 @@ class NestedStateMap(StateMap):
             return
         super().put_all(keys, namespaces, states)
 
+    def replace_states(self, convert: Callable[[list[Any]], list[Any]]) -> Callable[[], None]:
+        """In place, one ``dict.update`` per namespace."""
+        parts = [(m, list(m), convert(list(m.values()))) for m in self._maps.values()]
+
+        def commit() -> None:
+            for m, keys, states in parts:
+                m.update(zip(keys, states, strict=True))
+
+        return commit
+
     def __len__(self) -> int:
         return self._size
 

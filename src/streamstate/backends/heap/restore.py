@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
+from streamstate.backends.base import check_key_type
 from streamstate.backends.timer_queues import TimerQueues, TimerRestore
 from streamstate.errors import (
     CorruptCheckpointError,
@@ -32,8 +33,10 @@ from streamstate.errors import (
     StateMigrationException,
 )
 from streamstate.format.codec import StateCodec
+from streamstate.format.entries import COUNTED_BY_ELEMENT, count_entries
 from streamstate.format.meta import StateMetaInfo, StateMetaSnapshot
 from streamstate.format.restore import (
+    EncodedKeyGroup,
     KeyedStateRestore,
     RestoredSerializer,
     expand_namespaces,
@@ -82,72 +85,29 @@ class HeapRestoreTarget(Protocol):
     def reset_change_tracking(self) -> None: ...
 
 
-_ENCODER = msgspec.msgpack.Encoder()
-_RAW_SECTION = msgspec.msgpack.Decoder(
-    tuple[list[msgspec.Raw], list[msgspec.Raw], list[msgspec.Raw]]
-)
-_RAW_REMOVED = msgspec.msgpack.Decoder(tuple[list[msgspec.Raw], list[msgspec.Raw]])
-
-
-class _RawKeyGroup:
-    """The merged, still-encoded entries of one state in one key group."""
-
-    __slots__ = ("encoded", "merged")
-
-    def __init__(self) -> None:
-        self.encoded: EncodedEntries | None = None
-        #: (key bytes, namespace bytes) -> state bytes, once a delta had to be merged in
-        self.merged: dict[tuple[bytes, bytes], bytes] | None = None
-
-    def apply(self, count: int, entries: bytes, removed: bytes | None) -> None:
-        if removed is None:  # replacement
-            self.encoded = EncodedEntries(bytes(entries), count)
-            self.merged = None
-            return
-        merged = self._materialize()
-        keys, nss, states = _RAW_SECTION.decode(entries)
-        for k, ns, s in zip(keys, expand_namespaces(nss, len(keys)), states, strict=True):
-            merged[(bytes(k), bytes(ns))] = bytes(s)
-        gone_keys, gone_nss = _RAW_REMOVED.decode(removed)
-        for k, ns in zip(gone_keys, expand_namespaces(gone_nss, len(gone_keys)), strict=True):
-            merged.pop((bytes(k), bytes(ns)), None)
-
-    def _materialize(self) -> dict[tuple[bytes, bytes], bytes]:
-        if self.merged is None:
-            self.merged = {}
-            if self.encoded is not None and self.encoded.count:
-                keys, nss, states = _RAW_SECTION.decode(self.encoded.data)
-                for k, ns, s in zip(keys, expand_namespaces(nss, len(keys)), states, strict=True):
-                    self.merged[(bytes(k), bytes(ns))] = bytes(s)
-            self.encoded = None
-        return self.merged
-
-    def result(self) -> EncodedEntries | None:
-        if self.merged is not None:
-            if not self.merged:
-                return None
-            items = list(self.merged.items())
-            data = _ENCODER.encode(
-                (
-                    [msgspec.Raw(k) for (k, _), _ in items],
-                    [msgspec.Raw(ns) for (_, ns), _ in items],
-                    [msgspec.Raw(s) for _, s in items],
-                )
-            )
-            return EncodedEntries(data, len(items))
-        if self.encoded is None or not self.encoded.count:
-            return None
-        return self.encoded
-
-
 class _PendingState:
     """One restored state kept encoded until it is registered."""
 
-    __slots__ = ("blocks", "meta")
+    __slots__ = ("_entries", "blocks", "meta")
 
     def __init__(self, meta: StateMetaSnapshot, num_key_groups: int) -> None:
         self.meta = meta
         self.blocks: list[EncodedEntries | None] = [None] * num_key_groups
+        self._entries: int | None = None
+
+    def entry_count(self) -> int:
+        """The state's entries (``streamstate.format.entries``): a list's elements and a map's
+        mappings are counted in the stored collections, read once (encoded state never
+        changes); other kinds count their (key, namespace) entries."""
+        if self._entries is None:
+            blocks = [b for b in self.blocks if b is not None]
+            if self.meta.kind in COUNTED_BY_ELEMENT:
+                self._entries = sum(
+                    count_entries(self.meta.kind, msgspec.msgpack.decode(b.data)[2]) for b in blocks
+                )
+            else:
+                self._entries = sum(b.count for b in blocks)
+        return self._entries
 
     def snapshot_meta(self) -> StateMetaInfo:
         """The live form, with serializers that write the encoded entries as they are."""
@@ -193,19 +153,51 @@ class RestoredRawStates:
     def reset_changes(self) -> None:
         return None  # encoded state never changes
 
-    def fill(self, table: StateTable, key_serializer: TypeSerializer[Any]) -> bool:
-        """Decode the pending entries of ``table``'s state into it; False if there are none."""
+    def num_entries(self, name: str | None = None) -> int:
+        """Entries of one pending state, or of all of them, counted as
+        ``streamstate.format.entries`` counts them."""
+        states = self.states.values() if name is None else [self.states.get(name)]
+        return sum(p.entry_count() for p in states if p is not None)
+
+    def rename(self, old: str, new: str) -> None:
+        """Pending state ``old`` is state ``new`` from now on."""
+        pending = self.states.pop(old, None)
+        if pending is not None:
+            pending.meta = msgspec.structs.replace(pending.meta, name=new)
+            self.states[new] = pending
+
+    def fill(
+        self,
+        table: StateTable,
+        key_serializer: TypeSerializer[Any],
+        reader: TypeSerializer[Any] | None = None,
+    ) -> bool:
+        """Decode the pending entries of ``table``'s state into it; False if there are none.
+        ``reader`` reads the stored values (a migrating serializer), by default the table's."""
         pending = self.states.pop(table.meta.name, None)
         if pending is None:
             return False
         codec = StateCodec(
-            key_serializer, table.meta.namespace_serializer, table.meta.state_serializer
+            key_serializer, table.meta.namespace_serializer, reader or table.meta.state_serializer
         )
         maps = table.key_group_maps()
         for index, block in enumerate(pending.blocks):
             if block is not None:
-                _put_section(maps[index], codec, block.data, None, table.meta.name, index)
+                kg = self._start + index
+                _put_section(maps[index], codec, block.data, None, table.meta.name, kg)
+        table.recount()  # the entries went into the maps directly
         return True
+
+
+#: what decoding (and migrating) entries that do not fit the declared types raises
+_UNREADABLE = (
+    msgspec.ValidationError,
+    msgspec.DecodeError,
+    ValueError,
+    TypeError,
+    KeyError,
+    IndexError,
+)
 
 
 def _put_section(
@@ -227,7 +219,7 @@ def _put_section(
         if removed is not None:
             gone_keys, gone_nss = codec.decode_removed(removed)
             gone = (gone_keys, expand_namespaces(gone_nss, len(gone_keys)))
-    except (msgspec.ValidationError, msgspec.DecodeError, ValueError) as exc:
+    except _UNREADABLE as exc:
         raise StateMigrationException(
             f"state {state_name!r}, key group {key_group}: the checkpointed entries cannot be "
             f"read with the declared serializers ({exc})"
@@ -263,7 +255,7 @@ class HeapRestoreOperation:
         kg_start = backend.key_group_range.start
         n = len(backend.key_group_range)
         pending = RestoredRawStates(kg_start, n)
-        raw: dict[str, list[_RawKeyGroup | None]] = {}
+        raw: dict[str, list[EncodedKeyGroup | None]] = {}
         timers = TimerRestore(self.timer_queues, backend.key_serializer)
         plans: dict[str, tuple[str, Any]] = {}
         gc_was_enabled = gc.isenabled()
@@ -303,7 +295,7 @@ class HeapRestoreOperation:
                         slots = raw.setdefault(name, [None] * n)
                         slot = slots[index]
                         if slot is None:
-                            slot = slots[index] = _RawKeyGroup()
+                            slot = slots[index] = EncodedKeyGroup()
                         try:
                             slot.apply(block.count, block.entries, block.removed)
                         except (msgspec.DecodeError, ValueError) as exc:
@@ -321,6 +313,9 @@ class HeapRestoreOperation:
             if gc_was_enabled:
                 gc.enable()
         # everything was read: install
+        for how, target in plans.values():
+            if how == "eager":
+                target[0].recount()  # the entries went into the maps directly
         for name, slots in raw.items():
             state = pending.states[name]
             for i, slot in enumerate(slots):
@@ -341,12 +336,7 @@ class HeapRestoreOperation:
                 f"has max_parallelism={backend.max_parallelism}; the number of key groups is "
                 "fixed for the life of a job"
             )
-        compat = backend.key_serializer.resolve_compatibility(f.key_serializer)
-        if compat.is_incompatible:
-            raise StateMigrationException(
-                f"{f.path}: the key serializer {backend.key_serializer!r} cannot read keys "
-                f"written by {f.key_serializer}"
-            )
+        check_key_type(f.key_serializer, backend.key_serializer, str(f.path))
 
     def _plan(
         self,

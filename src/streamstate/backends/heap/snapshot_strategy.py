@@ -52,6 +52,10 @@ class ChangeTrackingBackend(Protocol):
 
     def reset_change_tracking(self, count: bool = False) -> None: ...
 
+    def take_full_snapshot_request(self) -> bool:
+        """Whether the next checkpoint must be a full snapshot (a restored state migrated)."""
+        ...
+
 
 def heap_snapshot_strategy(
     backend: ChangeTrackingBackend, options: SnapshotOptions
@@ -156,7 +160,7 @@ class HeapSnapshotStrategy(SnapshotStrategy):
     def snapshot(self, checkpoint_id: int, streams: CheckpointStreams) -> SnapshotWrite:
         backend = self.backend
         self._collect_materialized()
-        if self._chain is None or self.broken:
+        if backend.take_full_snapshot_request() or self._chain is None or self.broken:
             self.broken = False
             keyed = backend.snapshot(checkpoint_id)
             backend.reset_change_tracking(count=True)

@@ -109,6 +109,21 @@ class StateMap(ABC):
             for k, ns, s in zip(keys, namespaces, states, strict=True):
                 put(k, ns, s)
 
+    def replace_states(self, convert: Callable[[list[Any]], list[Any]]) -> Callable[[], None]:
+        """Prepare replacing every entry's state by its image under ``convert`` (applied to the
+        column of all states at once: a restored state migrating to a new type); returns the
+        step that makes the replacement, so that a caller converts every map before changing
+        any. O(n); implementations may replace in place."""
+        entries = list(self)
+        states = convert([s for _, _, s in entries])
+
+        def commit() -> None:
+            put = self.put
+            for (key, namespace, _), state in zip(entries, states, strict=True):
+                put(key, namespace, state)
+
+        return commit
+
     @abstractmethod
     def snapshot(self) -> StateMapSnapshot:
         """A consistent view of the current content; must be released when written."""

@@ -14,6 +14,7 @@ from typing import Any
 from streamstate.backends.base import KeyContext
 from streamstate.backends.heap.state_map import StateMap, StateMapSnapshot, StateSnapshotTransformer
 from streamstate.errors import KeyGroupOutOfRangeError, NoCurrentKeyError
+from streamstate.format.entries import COUNTED_BY_ELEMENT, count_entries
 from streamstate.format.meta import StateMetaInfo
 from streamstate.keygroups import KeyGroupRange, assign_to_key_group
 
@@ -47,7 +48,7 @@ class NoCurrentKeyGuard(StateMap):
 class StateTable:
     """The storage of one registered heap state, split by key group."""
 
-    __slots__ = ("ctx", "key_group_range", "maps", "meta", "snapshot_transformer")
+    __slots__ = ("ctx", "elements", "key_group_range", "maps", "meta", "snapshot_transformer")
 
     def __init__(
         self,
@@ -63,6 +64,9 @@ class StateTable:
         self.maps.append(NoCurrentKeyGuard(meta.name))
         #: applied to each state while writing a full snapshot (TTL cleanup); None = identity
         self.snapshot_transformer: StateSnapshotTransformer | None = None
+        #: list and map states: their elements (mappings), kept by the state handles as they
+        #: change them, so that :meth:`entry_count` costs no walk
+        self.elements = 0
 
     # ---- current key ---------------------------------------------------------------------------
 
@@ -111,7 +115,20 @@ class StateTable:
     # ---- whole table ---------------------------------------------------------------------------
 
     def size(self) -> int:
+        """(key, namespace) entries (O(key groups))."""
         return sum(len(m) for m in self.maps)
+
+    def entry_count(self) -> int:
+        """The state's entries as ``streamstate.format.entries`` counts them: one per (key,
+        namespace) of a value, reducing or aggregating state, one per element or mapping of a
+        list or map state (O(key groups))."""
+        return self.elements if self.meta.kind in COUNTED_BY_ELEMENT else self.size()
+
+    def recount(self) -> None:
+        """Count a list or map state's elements again by walking it (O(entries)): after
+        entries were put into the maps directly (a restore)."""
+        if self.meta.kind in COUNTED_BY_ELEMENT:
+            self.elements = count_entries(self.meta.kind, (state for _, _, state in self))
 
     def __len__(self) -> int:
         return self.size()
@@ -128,6 +145,14 @@ class StateTable:
     def key_group_maps(self) -> list[StateMap]:
         """The maps of the key groups, in key-group order (without the guard)."""
         return self.maps[:-1]
+
+    def replace_states(self, convert: Callable[[list[Any]], list[Any]]) -> None:
+        """Replace every entry's state by its image under ``convert`` (applied to a column of
+        states at a time): a restored state migrating to a new type. O(entries); all or
+        nothing (every key group is converted before any changes)."""
+        commits = [m.replace_states(convert) for m in self.maps[:-1]]
+        for commit in commits:
+            commit()
 
     def snapshot_maps(self) -> list[StateMapSnapshot]:
         """One snapshot per key group, in key-group order (the synchronous phase)."""

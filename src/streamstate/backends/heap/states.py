@@ -3,7 +3,8 @@
 Each state is a thin handle over a :class:`StateTable`: it remembers its namespace and turns
 the state interface into state-map operations on the current key. Lists and dicts are stored as
 Python objects and mutated in place after a ``get`` (the copy-on-write map's ``get`` hands out a
-private copy whenever the stored object is shared with a snapshot).
+private copy whenever the stored object is shared with a snapshot). List and map states keep
+the table's count of their elements and mappings (``StateTable.elements``) as they change them.
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ from streamstate.errors import StateAccessError
 from streamstate.namespace import VOID_NAMESPACE
 from streamstate.serializers.base import TypeSerializer
 from streamstate.serializers.inference import VoidNamespaceSerializer
+
+#: what ``dict.pop`` returns for a user key the map does not hold
+_ABSENT: Any = object()
 
 __all__ = [
     "STATE_FACTORIES",
@@ -173,9 +177,16 @@ class HeapListState(_HeapState, InternalListState[Any]):
     def update_internal(self, values: list[Any] | None) -> None:
         ctx = self._ctx
         if values:
-            self._maps[ctx.kg_index].put(ctx.key, self._ns, values)
+            old = self._maps[ctx.kg_index].put_and_get_old(ctx.key, self._ns, values)
+            self._table.elements += len(values) - (0 if old is None else len(old))
         else:
-            self._maps[ctx.kg_index].remove(ctx.key, self._ns)
+            self.clear()
+
+    def clear(self) -> None:
+        ctx = self._ctx
+        old = self._maps[ctx.kg_index].remove_and_get_old(ctx.key, self._ns)
+        if old is not None:
+            self._table.elements -= len(old)
 
     def add(self, value: Any) -> None:
         if value is None:
@@ -191,6 +202,7 @@ class HeapListState(_HeapState, InternalListState[Any]):
             m.put(ctx.key, self._ns, [value])
         else:
             lst.append(value)
+        self._table.elements += 1
 
     def _checked(self, values: Iterable[Any] | None) -> list[Any]:
         return checked_list_elements(values, self._element, self._descriptor.name, self._ctx.key)
@@ -206,6 +218,7 @@ class HeapListState(_HeapState, InternalListState[Any]):
             m.put(ctx.key, self._ns, new)
         else:
             lst.extend(new)
+        self._table.elements += len(new)
 
     def update(self, values: Iterable[Any] | None) -> None:
         self.update_internal(self._checked(values))
@@ -269,7 +282,10 @@ class HeapMapState(_HeapState, InternalMapState[Any, Any]):
         d = m.get(ctx.key, self._ns)
         if d is None:
             m.put(ctx.key, self._ns, {key: value})
+            self._table.elements += 1
         else:
+            if key not in d:
+                self._table.elements += 1
             d[key] = value
 
     def put_all(self, mapping: dict[Any, Any]) -> None:
@@ -281,9 +297,13 @@ class HeapMapState(_HeapState, InternalMapState[Any, Any]):
         m = self._maps[ctx.kg_index]
         d = m.get(ctx.key, self._ns)
         if d is None:
-            m.put(ctx.key, self._ns, dict(mapping))
+            d = dict(mapping)
+            m.put(ctx.key, self._ns, d)
+            self._table.elements += len(d)
         else:
+            n = len(d)
             d.update(mapping)
+            self._table.elements += len(d) - n
 
     def remove(self, key: Any) -> None:
         ctx = self._ctx
@@ -291,7 +311,8 @@ class HeapMapState(_HeapState, InternalMapState[Any, Any]):
         d = m.get(ctx.key, self._ns)
         if d is None:
             return
-        d.pop(key, None)
+        if d.pop(key, _ABSENT) is not _ABSENT:
+            self._table.elements -= 1
         if not d:
             m.remove(ctx.key, self._ns)
 
@@ -316,6 +337,12 @@ class HeapMapState(_HeapState, InternalMapState[Any, Any]):
     def is_empty(self) -> bool:
         ctx = self._ctx
         return not self._maps[ctx.kg_index].contains(ctx.key, self._ns)
+
+    def clear(self) -> None:
+        ctx = self._ctx
+        old = self._maps[ctx.kg_index].remove_and_get_old(ctx.key, self._ns)
+        if old is not None:
+            self._table.elements -= len(old)
 
 
 class HeapReducingState(_HeapState, InternalReducingState[Any]):

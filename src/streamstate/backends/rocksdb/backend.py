@@ -13,11 +13,18 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from streamstate.api.descriptors import StateDescriptor, StateKind
 from streamstate.api.state import InternalKvState
 from streamstate.backends.base import Clock, KeyedStateBackend, RestoreInput, RestoreMode
 from streamstate.backends.figures import StateFigures
-from streamstate.backends.rocksdb.cache import MapCache, ValueCache, WriteBackCache
+from streamstate.backends.rocksdb.cache import (
+    MapCache,
+    ValueCache,
+    WriteBackCache,
+    msgpack_array_length,
+)
 from streamstate.backends.rocksdb.incremental import UploadTracker
 from streamstate.backends.rocksdb.instance import (
     DEFAULT_COLUMN_FAMILY,
@@ -29,10 +36,16 @@ from streamstate.backends.rocksdb.keys import KeyLayout
 from streamstate.backends.rocksdb.parts import RegisteredState
 from streamstate.backends.rocksdb.restore import (
     NativeSnapshotFile,
+    copy_column_family,
     migrate_column_family,
+    migrate_values,
     restore_incremental,
 )
-from streamstate.backends.rocksdb.restore_files import restore_deferred_state, restore_files
+from streamstate.backends.rocksdb.restore_files import (
+    materialize_deferred_state,
+    restore_deferred_state,
+    restore_files,
+)
 from streamstate.backends.rocksdb.restored import RestoredStates
 from streamstate.backends.rocksdb.snapshot import RocksDBKeyedStateSnapshot, take_snapshot
 from streamstate.backends.rocksdb.states import STATE_FACTORIES, CurrentKeyBytes
@@ -41,8 +54,9 @@ from streamstate.errors import InvalidStateNameError, StateBackendError, StateMi
 from streamstate.format.meta import StateMetaInfo, StateMetaSnapshot
 from streamstate.format.restore import KeyedStateRestore
 from streamstate.keygroups import KeyGroupRange
-from streamstate.serializers import serializer_from_snapshot
+from streamstate.serializers import describe_snapshot, serializer_from_snapshot
 from streamstate.serializers.base import TypeSerializer
+from streamstate.serializers.migration import MigratingSerializer, migrating_serializer
 
 if TYPE_CHECKING:
     from streamstate.backends.decorators.ttl_cleanup import TtlCleanupHook
@@ -134,9 +148,10 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         layout = self._layout_for(namespace_serializer, has_user_key=is_map)
         cf = self.instance.column_family(name)
         restored = self.restored.take_state(name)
+        reader = self.restored_value_reader(name, descriptor.serializer)
         if self.restored.is_deferred(name):
             restore_deferred_state(
-                self, name, kind.value, namespace_serializer, meta.state_serializer
+                self, name, kind.value, namespace_serializer, meta.state_serializer, reader
             )
         elif restored is not None:
             self._migrate_if_needed(name, restored, meta, cf, layout)
@@ -150,7 +165,9 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             )
         else:
             s = descriptor.serializer
-            cache = ValueCache(cf, layout, start, n, s.serialize, s.deserialize)
+            cache = ValueCache(
+                cf, layout, start, n, s.serialize, s.deserialize, elements=kind is StateKind.LIST
+            )
         self.cache.register(cache)
         self._registered[name] = RegisteredState(meta, cf, layout, cache)
         factory = STATE_FACTORIES[kind]
@@ -166,21 +183,58 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         cf: ColumnFamily,
         layout: KeyLayout,
     ) -> None:
-        """Rewrite a restored state whose serializer changed compatibly (Flink's migration)."""
+        """Rewrite a restored state whose declaration changed compatibly (Flink's migration):
+        every stored value read as the checkpoint wrote it and written as the program declares
+        it now, once, before the state is used. A map's keys keep their type (the rules of
+        schema evolution refuse a changed key type), so only its values are rewritten."""
         new = meta.state_serializer
-        compat = new.resolve_compatibility(restored.state_serializer)
-        if compat.is_compatible_as_is:
+        if restored.state_serializer == new.snapshot():
             return
-        if compat.is_incompatible:  # _check_restored already refused; keep the guard
-            raise StateMigrationException(f"state {name!r}: incompatible serializer")
+        old_snap = restored.state_serializer
+        values_old, values_new = old_snap, new
+        if meta.kind == "map":
+            values_old = old_snap.get("value", {})
+            values_new = new.value  # type: ignore[attr-defined]
+        reader = migrating_serializer(values_old, values_new, now=self.clock.now())
+        if reader is values_new:
+            return  # read as it is
+        if isinstance(reader, MigratingSerializer) and reader.reads_stored_bytes:
+            return  # the new serializer reads every old value from its bytes, as it is read
+        if not isinstance(reader, MigratingSerializer):  # no schema: the serializer's own rules
+            compat = new.resolve_compatibility(old_snap)
+            if compat.is_compatible_as_is:
+                return
+            if compat.is_incompatible:  # _check_restored already refused; keep the guard
+                raise StateMigrationException(f"state {name!r}: incompatible serializer")
+            try:
+                old = serializer_from_snapshot(old_snap)
+            except Exception as exc:
+                raise StateMigrationException(
+                    f"state {name!r} needs migration but its checkpointed serializer cannot be "
+                    f"rebuilt: {exc}"
+                ) from exc
+            migrate_column_family(self.instance, cf, meta.kind, old, new, layout)
+            return
         try:
-            old = serializer_from_snapshot(restored.state_serializer)
-        except Exception as exc:
+            migrate_values(self.instance, cf, reader)
+        except (msgspec.ValidationError, msgspec.DecodeError, ValueError, TypeError) as exc:
             raise StateMigrationException(
-                f"state {name!r} needs migration but its checkpointed serializer cannot be "
-                f"rebuilt: {exc}"
-            ) from exc
-        migrate_column_family(self.instance, cf, meta.kind, old, new, layout)
+                f"state {name!r}: the checkpointed values cannot be migrated to "
+                f"{describe_snapshot(new.snapshot())} ({exc})"
+            ) from None
+
+    def rename_restored_state(self, old: str, new: str) -> None:
+        """Restored state ``old`` becomes ``new``: its column family's entries are copied into
+        the column family of ``new`` and the old one is dropped (still-encoded state deferred
+        to snapshot files just changes its name)."""
+        super().rename_restored_state(old, new)
+        native = old in self.instance.column_family_names() and not self.restored.is_deferred(old)
+        self.restored.rename(old, new)
+        if native:
+            copy_column_family(
+                self.instance, self.instance.column_family(old), self.instance.column_family(new)
+            )
+            self.instance.drop_column_family(old)
 
     def register_ttl_cleanup(self, hook: TtlCleanupHook) -> Callable[[], object] | None:
         """Called by the TTL decorator (``create_ttl_state``) for every TTL state: the hook's
@@ -212,6 +266,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         restored = self.restored.state(name)
         if restored is None:
             return None
+        if self.restored.is_deferred(name):  # still in its files: written as they stored it
+            materialize_deferred_state(self, name)
         try:
             ns_serializer = serializer_from_snapshot(restored.namespace_serializer)
         except Exception as exc:
@@ -245,20 +301,20 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             yield decode_key(raw)
 
     def state_figures(self) -> StateFigures:
-        """RocksDB's estimates (keys, live data plus memtables, memtables plus caches: property
-        reads, no scan) and the entries the write-back cache wrote and deleted since the previous
-        call (after a flush of what it holds). A map state's ``clear()`` deletes a range, which
-        is not counted."""
+        """The entries of every state (``streamstate.format.entries``: counted by one scan of a
+        column family the first time, then kept by the flushes, which read the stored versions
+        of what they write), RocksDB's estimates of live data plus memtables and of memtables
+        plus caches (property reads), and the entries the write-back cache wrote and deleted
+        since the previous call (after a flush of what it holds)."""
         self.flush()
-        keys, live, memtables = self.instance.estimates()
+        _, live, memtables = self.instance.estimates()
         cache = self.cache
         written, deleted = cache.written, cache.deleted()
         updated = written - deleted - self._figures_base[0]
         removed = deleted - self._figures_base[1]
         self._figures_base = (written - deleted, deleted)
         return StateFigures(
-            rows=keys,
-            rows_estimated=True,
+            rows=self._entries(),
             rows_updated=updated,
             rows_removed=removed,
             state_bytes=live + memtables,
@@ -267,23 +323,26 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
 
     def num_entries(self, state_name: str | None = None) -> int:
         self.flush()
-        if state_name is not None:
-            names = [state_name]
-        else:
-            names = [*self._registered, *self.restored.state_names()]
-        total = 0
-        for name in names:
-            found = self._column_family_and_layout(name)
-            if found is None:
+        return self._entries(state_name)
+
+    def _entries(self, state_name: str | None = None) -> int:
+        """Entries of one state or of all (registered, and restored but not registered yet),
+        the cache flushed."""
+        names = [state_name] if state_name is not None else [*self._registered]
+        total = sum(r.cache.stored_entries() for n in names if (r := self._registered.get(n)))
+        restored = self.restored.state_names() if state_name is None else [state_name]
+        for name in restored:
+            if name in self._registered:
                 continue
-            cf, layout = found
-            entry_end = layout.entry_end
-            previous = None
-            for raw in cf.scan_keys(b""):
-                entry = raw[: entry_end(raw)]
-                if entry != previous:
-                    total += 1
-                    previous = entry
+            found = self._column_family_and_layout(name)
+            meta = self.restored.state(name)
+            if found is None or meta is None:
+                continue
+            cf, _ = found
+            if meta.kind == "list":
+                total += sum(msgpack_array_length(raw) for _, raw in cf.scan(b""))
+            else:  # a value per key (map: per mapping)
+                total += sum(1 for _ in cf.scan_keys(b""))
         return total
 
     # ---- restore -----------------------------------------------------------------------------

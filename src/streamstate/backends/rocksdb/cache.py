@@ -20,6 +20,11 @@ across column families. The cache flushes
   ``capacity`` entries: every write of the previous records is complete then, so a flush never
   contains part of a record. Afterwards the older half of the entries is evicted.
 
+Each state's cache also keeps how many entries its column family holds (``stored``, counted as
+``streamstate.format.entries`` counts them: a value per (key, namespace), a mapping, a list's
+elements): counted by one scan when first asked, then kept by every flush, which reads the dirty
+entries' stored versions in one multi-get before it writes them (O(changes) per flush).
+
 Crash semantics: the local database is never a recovery source (state is restored from the last
 complete checkpoint), so a crash loses exactly the work since that checkpoint, cached or not.
 
@@ -46,7 +51,15 @@ _INT64 = struct.Struct(">q")
 #: Int64Serializer.deserialize without its Python frame (8 bytes big-endian, signed)
 _int64_from_bytes = partial(int.from_bytes, byteorder="big", signed=True)
 
-__all__ = ["ABSENT", "MISS", "MapCache", "MapView", "ValueCache", "WriteBackCache"]
+__all__ = [
+    "ABSENT",
+    "MISS",
+    "MapCache",
+    "MapView",
+    "ValueCache",
+    "WriteBackCache",
+    "msgpack_array_length",
+]
 
 
 class _Marker:
@@ -109,6 +122,8 @@ class _StateCache:
         "layout",
         "name",
         "raw_get",
+        "stored",
+        "stored_change",
         "void",
     )
 
@@ -129,6 +144,11 @@ class _StateCache:
         self.count = 0
         #: deletions written by flushes so far (state figures: rows removed)
         self.deleted = 0
+        #: the state's entries in RocksDB (``streamstate.format.entries``); None until counted
+        #: (:meth:`stored_entries`), then kept by every flush
+        self.stored: int | None = None
+        #: the change to ``stored`` of the flush being written (applied once it is written)
+        self.stored_change = 0
 
     def composite(self, kg_index: int, cache_key: Any) -> bytes:
         """The RocksDB key (without user key) of a cache key."""
@@ -140,6 +160,23 @@ class _StateCache:
 
     def size(self) -> int:
         return self.count
+
+    def stored_entries(self) -> int:
+        """The state's entries in RocksDB (flush first to include the cache's): counted by one
+        scan of the column family the first time (O(entries)), then kept by the flushes."""
+        if self.stored is None:
+            self.stored = self.count_stored()
+        return self.stored
+
+    def count_stored(self) -> int:
+        """The entries of the column family, by a scan (one per RocksDB key)."""
+        return sum(1 for _ in self.cf.scan_keys(b""))
+
+    def apply_stored_change(self) -> None:
+        """The flush was written: its entries count."""
+        if self.stored is not None:
+            self.stored += self.stored_change
+        self.stored_change = 0
 
     def _groups(self) -> list[dict[Any, Any]]:
         return self.entries[:-1]
@@ -185,7 +222,7 @@ class ValueCache(_StateCache):
     and one deserialization; a flush costs one serialization and one batch put per dirty entry.
     """
 
-    __slots__ = ("deserialize", "serialize")
+    __slots__ = ("deserialize", "elements", "serialize")
 
     def __init__(
         self,
@@ -195,8 +232,12 @@ class ValueCache(_StateCache):
         num_key_groups: int,
         serialize: Any,
         deserialize: Any,
+        *,
+        elements: bool = False,
     ) -> None:
         super().__init__(cf, layout, start, num_key_groups)
+        #: a list state: each stored value counts its elements as entries
+        self.elements = elements
         # int64 values (counters, sums) skip the serializer's method frame on every miss and
         # flush: the struct's own C methods are the same encoding
         owner = getattr(serialize, "__self__", None)
@@ -214,10 +255,18 @@ class ValueCache(_StateCache):
         self.count += 1
         return v
 
+    def count_stored(self) -> int:
+        if not self.elements:
+            return super().count_stored()
+        return sum(msgpack_array_length(raw) for _, raw in self.cf.scan(b""))
+
     def write_dirty(self, batch: WriteBatch) -> int:
         entries = self.entries
         handle = self.cf.handle
         serialize = self.serialize
+        counting = self.stored is not None
+        written: list[bytes] = []
+        now = 0
         composite = self.composite
         layout = self.layout
         # the common layout (void namespace, fixed-length key) builds each key inline: two
@@ -234,6 +283,10 @@ class ValueCache(_StateCache):
                     raw_key = composite(kgi, ck)
             else:
                 raw_key = composite(kgi, ck)
+            if counting:
+                written.append(raw_key)
+                if v is not ABSENT:
+                    now += len(v) if self.elements else 1
             if v is ABSENT:
                 batch.delete(raw_key, handle)
                 self.deleted += 1
@@ -245,10 +298,19 @@ class ValueCache(_StateCache):
                     f"state {self.name!r}: cannot serialize {v!r} for RocksDB: {exc}"
                 ) from exc
             batch.put(raw_key, raw, handle)
+        if counting and self.stored is not None:
+            # the versions the batch replaces (it is written after every cache built its part)
+            before = self.cf.multi_get(written)
+            if self.elements:
+                was = sum(msgpack_array_length(raw) for raw in before if raw is not None)
+            else:
+                was = sum(raw is not None for raw in before)
+            self.stored_change = now - was
         return len(self.dirty)
 
     def mark_clean(self) -> None:
         self.dirty.clear()
+        self.apply_stored_change()
 
 
 class MapView:
@@ -350,6 +412,9 @@ class MapCache(_StateCache):
         entries = self.entries
         handle = self.cf.handle
         sk, sv = self.serialize_key, self.serialize_value
+        counting = self.stored is not None
+        written: list[bytes] = []
+        now = 0
         n = 0
         for kgi, ck in self.dirty:
             view = entries[kgi][ck]
@@ -364,12 +429,18 @@ class MapCache(_StateCache):
                         self.deleted += 1
                     else:
                         batch.put(raw_key, sv(v), handle)
+                        now += 1
                 except Exception as exc:
                     raise StateBackendError(
                         f"map state {self.name!r}: cannot serialize mapping {uk!r} -> {v!r} for "
                         f"RocksDB: {exc}"
                     ) from exc
+                if counting:
+                    written.append(raw_key)
                 n += 1
+        if counting and self.stored is not None:
+            before = self.cf.multi_get(written)
+            self.stored_change = now - sum(raw is not None for raw in before)
         return n
 
     def mark_clean(self) -> None:
@@ -377,10 +448,29 @@ class MapCache(_StateCache):
         for kgi, ck in self.dirty:
             entries[kgi][ck].dirty = None
         self.dirty.clear()
+        self.apply_stored_change()
 
     def recount(self) -> int:
         self.count = sum(len(v.items) + 1 for d in self._groups() for v in d.values())
         return self.count
+
+
+def msgpack_array_length(raw: bytes) -> int:
+    """The number of elements of the msgpack array ``raw`` begins with (a list state's stored
+    value), read from its header.
+
+    >>> import msgspec
+    >>> [msgpack_array_length(msgspec.msgpack.encode(list(range(n)))) for n in (0, 3, 16, 70000)]
+    [0, 3, 16, 70000]
+    """
+    head = raw[0]
+    if 0x90 <= head <= 0x9F:
+        return head & 0x0F
+    if head == 0xDC:
+        return int.from_bytes(raw[1:3], "big")
+    if head == 0xDD:
+        return int.from_bytes(raw[1:5], "big")
+    raise StateBackendError(f"a list state's stored value is not a msgpack array ({raw[:8]!r})")
 
 
 class WriteBackCache:

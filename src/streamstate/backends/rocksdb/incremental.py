@@ -19,6 +19,7 @@ list. :class:`UploadTracker` decides which uploaded files a backend's next check
 
 from __future__ import annotations
 
+import posixpath
 import struct
 from collections.abc import Iterable
 from typing import Any
@@ -28,6 +29,8 @@ import msgspec
 
 from streamstate.errors import CorruptCheckpointError
 from streamstate.format.meta import StateMetaSnapshot
+from streamstate.format.names import SHARED_DIRECTORY, file_name, name_below
+from streamstate.keygroups import UPPER_BOUND_MAX_PARALLELISM
 
 __all__ = [
     "MANIFEST_KIND",
@@ -114,9 +117,49 @@ class IncrementalManifest(msgspec.Struct, kw_only=True):
         if google_crc32c.value(body) != crc:
             raise CorruptCheckpointError(f"RocksDB manifest {path!r} fails its checksum")
         try:
-            return msgspec.msgpack.decode(body, type=cls)
-        except msgspec.DecodeError as exc:
+            manifest = msgspec.msgpack.decode(body, type=cls)
+        except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
             raise CorruptCheckpointError(f"RocksDB manifest {path!r} is unreadable: {exc}") from exc
+        manifest.check_names(path)
+        manifest.check_ranges(path)
+        return manifest
+
+    def check_ranges(self, path: str) -> None:
+        """Refuse a manifest whose key groups (its range, its timers') are not key groups of
+        its ``max_parallelism``."""
+        max_p = self.max_parallelism
+        start, end = self.key_group_range
+        if not 1 <= max_p <= UPPER_BOUND_MAX_PARALLELISM or not (
+            start >= 0 and end < max_p and start <= end + 1
+        ):
+            raise CorruptCheckpointError(
+                f"RocksDB manifest {path!r} is corrupt: key groups {start}-{end} of "
+                f"max_parallelism {max_p}"
+            )
+        for block in self.timers:
+            if any(not 0 <= kg < max_p for kg, _, _, _ in block.entries):
+                raise CorruptCheckpointError(
+                    f"RocksDB manifest {path!r} is corrupt: a timer of {block.meta.name!r} is in "
+                    f"no key group of max_parallelism {max_p}"
+                )
+
+    def check_names(self, path: str) -> None:
+        """Refuse (:class:`CorruptCheckpointError` naming the field) a file name that is not
+        one plain part, or a shared path that is not a plain name below ``shared/``
+        (``streamstate.format.names``): the names become files of a local directory and
+        paths in checkpoint storage."""
+        checkpoint = posixpath.dirname(path) or "."
+        for i, f in enumerate(self.shared):
+            file_name(f.name, checkpoint=checkpoint, file=path, field=f"shared[{i}].name")
+            name_below(
+                f.path,
+                SHARED_DIRECTORY,
+                checkpoint=checkpoint,
+                file=path,
+                field=f"shared[{i}].path",
+            )
+        for i, p in enumerate(self.private):
+            file_name(p.name, checkpoint=checkpoint, file=path, field=f"private[{i}].name")
 
 
 class IncrementalStateHandle(msgspec.Struct, kw_only=True):

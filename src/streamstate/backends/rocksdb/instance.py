@@ -43,7 +43,7 @@ from rocksdict import (
 )
 
 from streamstate.backends.rocksdb.keys import prefix_successor
-from streamstate.errors import InvalidStateNameError, StateBackendError
+from streamstate.errors import CorruptCheckpointError, InvalidStateNameError, StateBackendError
 
 __all__ = ["ColumnFamily", "RocksDBConfig", "RocksDBInstance", "open_read_only"]
 
@@ -205,6 +205,13 @@ class ColumnFamily:
         """The column family's bound point read (for hot paths; drop it when detached)."""
         return self._db().get
 
+    def multi_get(self, keys: list[bytes]) -> list[bytes | None]:
+        """The values of ``keys`` (None where absent), read in one call."""
+        if not keys:
+            return []
+        found: Any = self._db().get(list[Any](keys))
+        return list(found)
+
     def _iterator(self, start: bytes, end: bytes | None) -> Any:
         ro = ReadOptions()
         if end is not None:
@@ -224,6 +231,12 @@ class ColumnFamily:
                 it.next()
         finally:
             del it
+
+    def items(self) -> Iterator[tuple[bytes, bytes]]:
+        """Every ``(key, value)`` in key order, iterated by rocksdict itself (no Python frame
+        per entry: a whole column family's rewrite)."""
+        items: Any = self._db().items()  # raw mode: keys and values are bytes
+        return items  # type: ignore[no-any-return]
 
     def scan_keys(self, start: bytes, end: bytes | None = None) -> Iterator[bytes]:
         """The keys of :meth:`scan` (values are not copied to Python)."""
@@ -321,9 +334,9 @@ class RocksDBInstance:
         if self._db is not None:
             return
         names: list[str] = []
-        if os.path.exists(os.path.join(self.db_path, "CURRENT")):
-            names = [n for n in Rdict.list_cf(self.db_path) if n != DEFAULT_COLUMN_FAMILY]
         try:
+            if os.path.exists(os.path.join(self.db_path, "CURRENT")):
+                names = [n for n in Rdict.list_cf(self.db_path) if n != DEFAULT_COLUMN_FAMILY]
             self._db = Rdict(
                 self.db_path,
                 self._options,
@@ -361,6 +374,15 @@ class RocksDBInstance:
 
     def column_family_names(self) -> list[str]:
         return list(self._column_families)
+
+    def drop_column_family(self, name: str) -> None:
+        """Drop the column family of state ``name`` with its data (a renamed state's old one,
+        once copied); nothing if there is none."""
+        cf = self._column_families.pop(name, None)
+        if cf is None:
+            return
+        cf.detach()
+        self.db.drop_column_family(name)
 
     def new_batch(self) -> WriteBatch:
         return WriteBatch(raw_mode=True)
@@ -505,11 +527,20 @@ def open_read_only(
     the column families: rocksdict keeps the database open while they are referenced).
     """
     opts = (config or RocksDBConfig()).db_options(None)
-    names = [n for n in Rdict.list_cf(path) if n != DEFAULT_COLUMN_FAMILY]
-    db = Rdict(
-        path,
-        opts,
-        column_families={n: opts for n in names},
-        access_type=AccessType.read_only(False),
-    )
-    return db, {n: db.get_column_family(n) for n in names}
+    try:
+        names = [n for n in Rdict.list_cf(path) if n != DEFAULT_COLUMN_FAMILY]
+        db = Rdict(
+            path,
+            opts,
+            column_families={n: opts for n in names},
+            access_type=AccessType.read_only(False),
+        )
+    except Exception as exc:  # rocksdict raises Exception with RocksDB's status
+        raise CorruptCheckpointError(
+            f"the RocksDB snapshot at {path!r} does not open: {exc}"
+        ) from None
+    try:
+        return db, {n: db.get_column_family(n) for n in names}
+    except BaseException:
+        db.close()
+        raise

@@ -23,6 +23,7 @@ group.
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 from abc import abstractmethod
@@ -31,6 +32,7 @@ from typing import Any
 
 import google_crc32c
 
+from streamstate.backends.base import check_key_type
 from streamstate.backends.rocksdb.incremental import IncrementalManifest, IncrementalStateHandle
 from streamstate.backends.rocksdb.instance import ColumnFamily, RocksDBInstance, open_read_only
 from streamstate.backends.rocksdb.keys import KeyLayout, key_group_bound
@@ -42,19 +44,25 @@ from streamstate.errors import (
     CorruptCheckpointError,
     MaxParallelismMismatchError,
     StateBackendError,
-    StateMigrationException,
 )
 from streamstate.format.meta import StateMetaSnapshot
+from streamstate.format.names import create_restored_file, file_name
 from streamstate.format.restore import KeyedStateRestore, RestoredBlock
 from streamstate.keygroups import KeyGroupRange
 from streamstate.serializers.base import TypeSerializer
+from streamstate.serializers.migration import MigratingSerializer
+
+#: values converted per call when a state migrates (bench/migration.py)
+_MIGRATION_CHUNK = 4_096
 
 __all__ = [
     "NativeRestoreFile",
     "NativeSnapshotFile",
+    "copy_column_family",
     "download_snapshot",
     "load_manifest",
     "migrate_column_family",
+    "migrate_values",
     "restore_incremental",
 ]
 
@@ -131,11 +139,7 @@ def check_compatible(
             f"with max_parallelism={backend.max_parallelism}; the number of key groups cannot "
             "change"
         )
-    if not backend.key_serializer.resolve_compatibility(key_serializer).is_compatible_as_is:
-        raise StateMigrationException(
-            f"{where}: the key serializer {backend.key_serializer!r} cannot read keys written by "
-            f"{key_serializer}; RocksDB stores keys serialized, so it must be compatible as is"
-        )
+    check_key_type(key_serializer, backend.key_serializer, where)
 
 
 def check_fresh(backend: RocksDBParts) -> None:
@@ -164,19 +168,31 @@ def download_snapshot(
     """Download and verify every file of ``manifest`` into ``directory`` (a database opens
     there); ``where`` names the snapshot in errors."""
     os.makedirs(directory, exist_ok=True)
-    for f in manifest.shared:
-        local = os.path.join(directory, f.name)
-        store.get_file(f.path, local)
+    job = store.location
+    for i, f in enumerate(manifest.shared):
+        local = os.path.join(
+            directory, file_name(f.name, checkpoint=job, file=where, field=f"shared[{i}].name")
+        )
+        try:
+            store.get_file(f.path, local)
+        except FileExistsError:
+            raise CorruptCheckpointError(
+                f"{where}: shared[{i}].name {f.name!r} names a file that exists already in "
+                f"{directory} (a name given twice?); refused"
+            ) from None
         size, crc = crc32c_of_file(local)
         if size != f.size or crc != f.crc32c:
             raise CorruptCheckpointError(
                 f"{where}: shared file {f.path!r} is corrupt or truncated ({size} bytes, crc "
                 f"{crc:#x}; expected {f.size} bytes, crc {f.crc32c:#x})"
             )
-    for p in manifest.private:
+    for i, p in enumerate(manifest.private):
         if len(p.data) != p.size or google_crc32c.value(p.data) != p.crc32c:
             raise CorruptCheckpointError(f"{where}: private file {p.name!r} fails its checksum")
-        with open(os.path.join(directory, p.name), "wb") as out:
+        field = f"private[{i}].name"
+        with create_restored_file(
+            directory, p.name, checkpoint=job, file=where, field=field
+        ) as out:
             out.write(p.data)
 
 
@@ -212,7 +228,10 @@ def restore_incremental(
     instance.close_db()
     download_snapshot(store, base, instance.db_path, base_where)
     stats["base_files"] = len(base.shared)
-    instance.open()
+    try:
+        instance.open()
+    except StateBackendError as exc:  # the files verified, yet RocksDB refuses them
+        raise CorruptCheckpointError(f"{base_where} does not open as a database: {exc}") from None
     instance.drop_range_tombstones()
     n = backend.key_layout.kg_bytes
     if base_range.start < new_range.start:
@@ -308,5 +327,56 @@ def migrate_column_family(
         for raw_key, raw_value in cf.scan(b"", None):
             batch.put(raw_key, new.serialize(old.deserialize(raw_value)), handle)
             n += 1
+    instance.write(batch)
+    return n
+
+
+def migrate_values(instance: RocksDBInstance, cf: ColumnFamily, reader: MigratingSerializer) -> int:
+    """Rewrite every value of ``cf`` (a map state's: one entry per mapping, its key kept as it
+    is) from the old serializer's bytes to the new one's, ``reader`` converting a chunk of
+    values at a time; written in batches of ``restore_batch_bytes``. Returns the entries
+    rewritten."""
+    limit = instance.config.restore_batch_bytes
+    handle = cf.handle
+    convert = reader.convert_stored
+    batch = instance.new_batch()
+    n = size = 0
+    items = cf.items()
+    while chunk := list(itertools.islice(items, _MIGRATION_CHUNK)):
+        keys = [k for k, _ in chunk]
+        size += _put_all(batch, handle, keys, convert([v for _, v in chunk]))
+        n += len(keys)
+        if size >= limit:
+            instance.write(batch)
+            batch, size = instance.new_batch(), 0
+    instance.write(batch)
+    return n
+
+
+def _put_all(batch: Any, handle: Any, keys: list[bytes], values: list[bytes]) -> int:
+    """Put every pair into ``batch``; returns their bytes."""
+    put = batch.put
+    for key, value in zip(keys, values, strict=True):
+        put(key, value, handle)
+    return sum(map(len, keys)) + sum(map(len, values))
+
+
+def copy_column_family(
+    instance: RocksDBInstance, source: ColumnFamily, target: ColumnFamily
+) -> int:
+    """Copy every entry of ``source`` into ``target`` (a renamed state), in batches of
+    ``restore_batch_bytes``; returns the entries copied."""
+    limit = instance.config.restore_batch_bytes
+    handle = target.handle
+    batch = instance.new_batch()
+    n = size = 0
+    for key, value in source.scan(b"", None):
+        batch.put(key, value, handle)
+        n += 1
+        size += len(key) + len(value)  # type: ignore[arg-type]
+        if size >= limit:
+            instance.write(batch)
+            batch = instance.new_batch()
+            size = 0
     instance.write(batch)
     return n

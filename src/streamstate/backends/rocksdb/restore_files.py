@@ -9,9 +9,11 @@ the backend's key groups. This module turns those blocks into RocksDB entries:
   full block replaces the key group of its state, a delta block upserts and removes entries; an
   upserted map replaces every mapping of its ``(key, namespace)``);
 * states with other serializers (records, TTL-wrapped values, pickle) are decoded when the
-  program registers them, with the program's serializers, by reading their blocks again from
-  the files (the files stay in checkpoint storage: nothing is held in memory). Until then a
-  snapshot of the backend is refused with a clear error;
+  program registers them, with the program's serializers (migrated if its declaration changed),
+  by reading their blocks again from the files (the files stay in checkpoint storage: nothing
+  is held in memory). A state still unregistered when the backend is snapshotted (or scanned)
+  is written first as the checkpoint stored it, from the files' bytes (``stored_form.py``), so
+  that it reaches every later checkpoint;
 * timers go into the backend's timer queues (``backends/timer_queues.py``).
 
 The entries are decoded with the canonical format's codec (``streamstate.format``).
@@ -19,7 +21,7 @@ The entries are decoded with the canonical format's codec (``streamstate.format`
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -31,15 +33,16 @@ from streamstate.backends.rocksdb.restore import (
     check_fresh,
     remember_states,
 )
+from streamstate.backends.rocksdb.stored_form import StoredForm
 from streamstate.backends.timer_queues import TimerRestore
-from streamstate.errors import CorruptCheckpointError, StateMigrationException
+from streamstate.errors import CheckpointError, CorruptCheckpointError, StateMigrationException
 from streamstate.format.codec import StateCodec
 from streamstate.format.meta import StateMetaSnapshot
 from streamstate.format.restore import KeyedStateRestore, expand_namespaces, is_builtin_snapshot
 from streamstate.serializers import serializer_from_snapshot
 from streamstate.serializers.base import TypeSerializer
 
-__all__ = ["BlockWriter", "restore_deferred_state", "restore_files"]
+__all__ = ["BlockWriter", "materialize_deferred_state", "restore_deferred_state", "restore_files"]
 
 
 class BlockWriter:
@@ -52,6 +55,8 @@ class BlockWriter:
         kind: str,
         namespace_serializer: TypeSerializer[Any],
         state_serializer: TypeSerializer[Any],
+        *,
+        reader: TypeSerializer[Any] | None = None,
     ) -> None:
         self.name = name
         self.instance = backend.instance
@@ -65,7 +70,9 @@ class BlockWriter:
             has_user_key=self.is_map,
         )
         self.serializer = state_serializer
-        self.codec = StateCodec(backend.key_serializer, namespace_serializer, state_serializer)
+        self.codec = StateCodec(
+            backend.key_serializer, namespace_serializer, reader or state_serializer
+        )
         self.kg_bytes = self.layout.kg_bytes
         #: key groups already written (a later full block of one replaces it)
         self.written: set[int] = set()
@@ -83,7 +90,7 @@ class BlockWriter:
                 gone = list(
                     zip(gone_keys, expand_namespaces(gone_nss, len(gone_keys)), strict=True)
                 )
-        except (msgspec.ValidationError, msgspec.DecodeError, ValueError) as exc:
+        except (msgspec.ValidationError, msgspec.DecodeError, ValueError, TypeError) as exc:
             raise CorruptCheckpointError(
                 f"{where}: state {self.name!r}, key group {kg}: the entries cannot be read with "
                 f"the declared serializers ({exc})"
@@ -183,20 +190,42 @@ def restore_deferred_state(
     kind: str,
     namespace_serializer: TypeSerializer[Any],
     state_serializer: TypeSerializer[Any],
+    reader: TypeSerializer[Any] | None = None,
 ) -> int:
-    """Decode a deferred state's blocks with the program's serializers (on registration)."""
-    files: Iterable[KeyedStateRestore] = backend.restored.take_deferred(name)
-    writer = BlockWriter(backend, name, kind, namespace_serializer, state_serializer)
+    """Decode a deferred state's blocks with the program's serializers (on registration);
+    ``reader`` reads the stored values (a migrating serializer), by default
+    ``state_serializer``."""
+    files, source = backend.restored.take_deferred(name)
+    writer = BlockWriter(backend, name, kind, namespace_serializer, state_serializer, reader=reader)
     instance = backend.instance
     batch = instance.new_batch()
     written = 0
     try:
         for f in files:
             for block in f.blocks():
-                if block.state.name == name:
+                if block.state.name == source:
                     count, batch = writer.apply(batch, block, str(f.path))
                     written += count
     except CorruptCheckpointError as exc:
         raise StateMigrationException(str(exc)) from None
     instance.write(batch)
     return written
+
+
+def materialize_deferred_state(backend: RocksDBParts, name: str) -> int:
+    """Write a deferred state that the program has not registered into its column family as
+    the checkpoint's serializers stored it (``stored_form.py``: no value is decoded, no class
+    imported); returns the entries written. It is then a restored state like one restored
+    natively: registered later, it is checked and migrated from its column family."""
+    meta = backend.restored_state_meta(name)
+    assert meta is not None, name
+    where = f"state {name!r}, restored from snapshot files and not registered"
+    try:
+        namespace_serializer = serializer_from_snapshot(meta.namespace_serializer)
+    except Exception as exc:
+        raise CheckpointError(
+            f"{where}: its namespaces cannot be written without the program's serializer "
+            f"({exc}); register the state before the next checkpoint"
+        ) from exc
+    form = StoredForm(meta.state_serializer, meta.kind, where)
+    return restore_deferred_state(backend, name, meta.kind, namespace_serializer, form, reader=form)

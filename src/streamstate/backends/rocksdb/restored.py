@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import msgspec
+
 from streamstate.errors import CorruptCheckpointError
 from streamstate.format.meta import StateMetaSnapshot
 from streamstate.format.restore import KeyedStateRestore
@@ -26,11 +28,13 @@ __all__ = ["RestoredStates"]
 class RestoredStates:
     """Restored data of one RocksDB backend waiting for its state."""
 
-    __slots__ = ("_deferred_files", "_states")
+    __slots__ = ("_deferred_files", "_sources", "_states")
 
     def __init__(self) -> None:
         self._states: dict[str, StateMetaSnapshot] = {}
         self._deferred_files: dict[str, list[KeyedStateRestore]] = {}
+        #: a renamed state's name in the files it is deferred to
+        self._sources: dict[str, str] = {}
 
     # ---- states ------------------------------------------------------------------------------
 
@@ -60,6 +64,17 @@ class RestoredStates:
     def state_metas(self) -> list[StateMetaSnapshot]:
         return list(self._states.values())
 
+    def rename(self, old: str, new: str) -> None:
+        """Restored state ``old`` is state ``new`` from now on (its files still name it
+        ``old``)."""
+        meta = self._states.pop(old, None)
+        if meta is not None:
+            self._states[new] = msgspec.structs.replace(meta, name=new)
+        files = self._deferred_files.pop(old, None)
+        if files is not None:
+            self._deferred_files[new] = files
+            self._sources[new] = self._sources.pop(old, old)
+
     # ---- deferred states ---------------------------------------------------------------------
 
     def defer(self, name: str, f: KeyedStateRestore) -> None:
@@ -71,8 +86,9 @@ class RestoredStates:
     def is_deferred(self, name: str) -> bool:
         return name in self._deferred_files
 
-    def take_deferred(self, name: str) -> list[KeyedStateRestore]:
-        return self._deferred_files.pop(name, [])
+    def take_deferred(self, name: str) -> tuple[list[KeyedStateRestore], str]:
+        """The files state ``name`` is deferred to, and its name in them."""
+        return self._deferred_files.pop(name, []), self._sources.pop(name, name)
 
     def deferred_names(self) -> list[str]:
         return sorted(self._deferred_files)

@@ -42,8 +42,11 @@ from streamstate.backends.rocksdb.incremental import (
 from streamstate.backends.rocksdb.instance import ColumnFamily, RocksDBConfig, open_read_only
 from streamstate.backends.rocksdb.keys import KeyLayout, key_group_bound, key_group_prefix_bytes
 from streamstate.backends.rocksdb.parts import RegisteredState, RocksDBParts
+from streamstate.backends.rocksdb.restore_files import materialize_deferred_state
 from streamstate.backends.rocksdb.storage import SnapshotFileStore, crc32c_of_file
-from streamstate.errors import CheckpointError
+from streamstate.errors import CheckpointError, CorruptCheckpointError, StateMigrationException
+from streamstate.format.codec import UNREADABLE
+from streamstate.format.entries import COUNTED_BY_ELEMENT
 from streamstate.format.meta import StateMetaInfo, StateMetaSnapshot
 from streamstate.format.snapshot import KeyedStateSnapshot, SnapshotSource
 from streamstate.keygroups import KeyGroupRange
@@ -63,13 +66,8 @@ _SUBTASK_FILE = re.compile(r"^(?:.*/)?chk-\d+/([^/]+)/(\d+)-(\d+)(?:-[0-9a-f]+)?
 
 def take_snapshot(backend: RocksDBParts, checkpoint_id: int) -> RocksDBKeyedStateSnapshot:
     """The synchronous phase of a snapshot of ``backend`` (see the module docstring)."""
-    deferred = backend.restored.deferred_names()
-    if deferred:
-        raise CheckpointError(
-            f"states {deferred} were restored from snapshot files but are "
-            "not registered yet (their serializers are not built in, so they are decoded with the "
-            "program's serializers on registration); register them before the next checkpoint"
-        )
+    for name in backend.restored.deferred_names():  # never registered: kept as stored
+        materialize_deferred_state(backend, name)
     unbound = backend.timer_queues.unbound_names()
     if unbound:
         raise CheckpointError(
@@ -140,6 +138,9 @@ def sweep_ttl(backend: RocksDBParts, reg: RegisteredState) -> int:
     batch = backend.instance.new_batch()
     handle = cf.handle
     changed = 0
+    #: entries removed (``streamstate.format.entries``: mappings, list elements, values)
+    removed = 0
+    elements = meta.kind in COUNTED_BY_ELEMENT and not is_map
     cursor: bytes | None = None
     for raw_key, raw_value in cf.scan(hook.cursor or b"", None):
         if left <= 0:
@@ -153,6 +154,7 @@ def sweep_ttl(backend: RocksDBParts, reg: RegisteredState) -> int:
             if new is None or uk not in new:
                 batch.delete(raw_key, handle)
                 changed += 1
+                removed += 1
             elif new is not state:
                 batch.put(raw_key, value_ser.serialize(new[uk]), handle)
                 changed += 1
@@ -162,13 +164,17 @@ def sweep_ttl(backend: RocksDBParts, reg: RegisteredState) -> int:
             if new is None:
                 batch.delete(raw_key, handle)
                 changed += 1
+                removed += len(state) if elements else 1
             elif new is not state:
                 batch.put(raw_key, serializer.serialize(new), handle)
                 changed += 1
+                removed += len(state) - len(new) if elements else 0
     hook.cursor = cursor
     if changed:
         backend.instance.write(batch)
         reg.cache.clear()
+        if reg.cache.stored is not None:
+            reg.cache.stored -= removed
     return changed
 
 
@@ -231,8 +237,24 @@ def decode_entries(
     """``(key, namespace, state)`` from raw RocksDB entries of one state, in key order.
 
     Map mappings of one ``(key, namespace)`` are adjacent (they share the entry prefix) and are
-    gathered into one dict.
+    gathered into one dict. An entry the state's serializers cannot read (a restored
+    checkpoint's description of the state does not fit its data) raises
+    :class:`~streamstate.errors.StateMigrationException` naming the state.
     """
+    try:
+        yield from _decode_entries(meta, layout, raw_entries)
+    except UNREADABLE as exc:
+        raise StateMigrationException(
+            f"state {meta.name!r}: a stored entry cannot be read with its serializers "
+            f"({meta.state_serializer!r}; {type(exc).__name__}: {exc})"
+        ) from None
+
+
+def _decode_entries(
+    meta: StateMetaInfo,
+    layout: KeyLayout,
+    raw_entries: Iterable[tuple[bytes, bytes]],
+) -> Iterator[tuple[Any, Any, Any]]:
     decode_key = layout.decode_key
     key_end = layout.key_end
     decode_ns = layout.decode_namespace
@@ -548,9 +570,14 @@ class _ManifestTimers(SnapshotSource):
         self._by_index: dict[int, list[tuple[Any, Any, int]]] = {}
         key, namespace = key_serializer.deserialize, ns.deserialize
         for kg, raw_key, raw_ns, timestamp in block.entries:
-            self._by_index.setdefault(kg - key_groups.start, []).append(
-                (key(raw_key), namespace(raw_ns), timestamp)
-            )
+            try:
+                timer = (key(raw_key), namespace(raw_ns), timestamp)
+            except UNREADABLE as exc:
+                raise CorruptCheckpointError(
+                    f"timer queue {d.name!r}, key group {kg}: a checkpointed timer cannot be "
+                    f"read ({type(exc).__name__}: {exc})"
+                ) from None
+            self._by_index.setdefault(kg - key_groups.start, []).append(timer)
 
     def entries(self, key_group_index: int) -> list[tuple[Any, Any, int]] | None:
         return self._by_index.get(key_group_index)

@@ -17,6 +17,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import google_crc32c
 
+from streamstate.format.names import create_exclusive
+
 __all__ = [
     "CheckpointStorageFileStore",
     "SnapshotFileStore",
@@ -53,7 +55,8 @@ class SnapshotFileStore(Protocol):
         """Write ``data``; ``path`` appears complete or not at all."""
 
     def get_file(self, path: str, local_path: str) -> None:
-        """Download ``path`` to a local file."""
+        """Download ``path`` to a new local file, created exclusively and never through a link
+        (``FileExistsError`` if anything is at ``local_path``)."""
 
     def get_bytes(self, path: str) -> bytes: ...
 
@@ -90,7 +93,7 @@ class CheckpointStorageFileStore:
         self.storage.put_atomic(self._path(path), data)
 
     def get_file(self, path: str, local_path: str) -> None:
-        with self.storage.open_read(self._path(path)) as src, open(local_path, "wb") as dst:
+        with self.storage.open_read(self._path(path)) as src, create_exclusive(local_path) as dst:
             shutil.copyfileobj(src, dst, _CHUNK)
 
     def get_bytes(self, path: str) -> bytes:

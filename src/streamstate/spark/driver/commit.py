@@ -55,12 +55,26 @@ from typing import Any
 
 import msgspec
 
-from streamstate.errors import CheckpointError, CheckpointFencedError, CheckpointNotFoundError
+from streamstate.errors import (
+    CheckpointError,
+    CheckpointFencedError,
+    CheckpointMismatchError,
+    CheckpointNotFoundError,
+    CorruptCheckpointError,
+)
+from streamstate.format.names import name_below
 from streamstate.spark.driver.no_data import TimeProgress, due, next_watermark
-from streamstate.spark.subtask import MIN_WATERMARK, BatchResult, StagedOutput
+from streamstate.spark.driver.rollback import rollback_command
+from streamstate.spark.subtask import MIN_WATERMARK, OUTPUTS_DIR, BatchResult, StagedOutput
 from streamstate.spark.wire.step import StepTask
 
-__all__ = ["BatchPlan", "CheckpointLog", "spark_batch_of"]
+__all__ = [
+    "BatchPlan",
+    "CheckpointLog",
+    "spark_batch_of",
+    "staged_outputs",
+    "staged_side_outputs",
+]
 
 log = logging.getLogger(__name__)
 
@@ -122,10 +136,13 @@ class CheckpointLog:
         watermark_delay: int | None = None,
         retained: int | None = None,
         epoch: Any = None,
+        spark_checkpoint: str | None = None,
     ) -> None:
         from streamstate.checkpoint.coordinator import CheckpointCoordinator
 
         self.storage = storage
+        #: where Spark keeps the query's checkpoint (for the rollback command in errors)
+        self.spark_checkpoint = spark_checkpoint
         self.operator = operator
         self.parallelism = parallelism
         self.watermark_delay = watermark_delay
@@ -150,12 +167,10 @@ class CheckpointLog:
         self._check_epoch(f"run micro-batch {batch}")
         latest = self.latest()
         now = time.time_ns() // 1_000_000
+        problem = self.mismatch(batch)
+        if problem is not None:
+            raise CheckpointMismatchError(problem)
         if latest is None:
-            if batch != 0 and self.storage.checkpoint_ids():
-                raise CheckpointError(
-                    f"Spark runs micro-batch {batch} but {self.storage.url} has no complete "
-                    "checkpoint to start from (its checkpoints are incomplete or were deleted)"
-                )
             return BatchPlan(
                 batch,
                 -1,
@@ -168,20 +183,51 @@ class CheckpointLog:
                 spark_batch=batch,
                 during_batch=batch,
             )
+        if spark_batch_of(latest) == batch:
+            return self.delivery_of(latest)
+        return self._next_step(latest, now, spark_batch=batch, during_batch=batch)
+
+    def mismatch(self, batch: int) -> str | None:
+        """Why the state cannot be the one Spark micro-batch ``batch`` runs on (the message of a
+        :class:`CheckpointError`), or None: the latest complete checkpoint must have consumed
+        micro-batch ``batch - 1`` (a new step) or ``batch`` (a replay)."""
+        latest = self.latest()
+        url = self.storage.url
+        if latest is None:
+            if batch != 0 and self.storage.checkpoint_ids():
+                return (
+                    f"Spark runs micro-batch {batch} next but {url} has no complete checkpoint "
+                    "to start from (its checkpoints are incomplete or were deleted)"
+                )
+            return None
         cid = latest.checkpoint_id
         consumed = spark_batch_of(latest)
-        if consumed == batch:
-            return self.delivery_of(latest)
-        if consumed != batch - 1:
-            where = "" if consumed == cid else f" (after Spark micro-batch {consumed})"
-            raise CheckpointError(
-                f"Spark runs micro-batch {batch} but the latest complete state checkpoint in "
-                f"{self.storage.url} is chk-{cid}{where}: the state does not match the query's "
-                "progress (was the Spark checkpoint or the state directory replaced? if later "
-                f"checkpoints were lost or corrupt: streamstate checkpoints rollback "
-                f"{self.storage.url} --to {cid})"
-            )
-        return self._next_step(latest, now, spark_batch=batch, during_batch=batch)
+        if consumed in (batch - 1, batch):
+            return None
+        where = "" if consumed == cid else f" (after Spark micro-batch {consumed})"
+        rollback = rollback_command(url, cid, self.spark_checkpoint)
+        return (
+            f"Spark runs micro-batch {batch} next but the latest complete state checkpoint in "
+            f"{url} is chk-{cid}{where}: the state does not match the query's progress (was "
+            "the Spark checkpoint or the state directory replaced? if later checkpoints were "
+            f"lost or corrupt: {rollback})"
+        )
+
+    def check_start(self, spark_log: Any, batch: int) -> None:
+        """Before the query starts: raise :class:`CheckpointError` (:meth:`mismatch`) unless the
+        state fits micro-batch ``batch``, the one Spark runs first (``spark_log``: a
+        :class:`~streamstate.spark.driver.spark_log.SparkLog` of the query's Spark checkpoint),
+        so that a state behind Spark's commit log is found whether or not input is waiting."""
+        problem = self.mismatch(batch)
+        if problem is None:
+            return
+        committed = spark_log.last("commits")
+        done = (
+            f"Spark's checkpoint {spark_log.location} has committed micro-batch {committed}"
+            if committed >= 0
+            else f"Spark's checkpoint {spark_log.location} has no committed micro-batch"
+        )
+        raise CheckpointMismatchError(f"the query cannot start: {done}. {problem}")
 
     def delivery_of(self, checkpoint: Any) -> BatchPlan:
         """A plan that only delivers a committed checkpoint's staged outputs again (``replay``)."""
@@ -197,11 +243,8 @@ class CheckpointLog:
             time.time_ns() // 1_000_000,
             0,
             replay=True,
-            outputs=[msgspec.convert(o, StagedOutput) for o in props.get("outputs", [])],
-            side_outputs={
-                tag: [msgspec.convert(o, StagedOutput) for o in files]
-                for tag, files in props.get("side_outputs", {}).items()
-            },
+            outputs=staged_outputs(checkpoint),
+            side_outputs=staged_side_outputs(checkpoint),
             spark_batch=spark_batch_of(checkpoint),
             no_data=bool(props.get("no_data")),
             during_batch=props.get("during_batch"),
@@ -392,3 +435,38 @@ def spark_batch_of(checkpoint: Any) -> int:
 
 def _lineage() -> str:
     return uuid.uuid4().hex
+
+
+def _staged(checkpoint: Any, values: Any, field: str) -> list[StagedOutput]:
+    """The staged outputs a committed checkpoint's properties record under ``field``: each
+    path a plain name below ``outputs/`` of the job directory (``streamstate.format.names``),
+    else :class:`CorruptCheckpointError` naming the checkpoint and the field."""
+    try:
+        staged = msgspec.convert(values, list[StagedOutput])
+    except msgspec.ValidationError as exc:
+        raise CorruptCheckpointError(
+            f"checkpoint {checkpoint.url}: {field} in _metadata is malformed ({exc})"
+        ) from None
+    for i, o in enumerate(staged):
+        name_below(
+            o.path, OUTPUTS_DIR, checkpoint=checkpoint.url, file="_metadata", field=f"{field}[{i}]"
+        )
+    return staged
+
+
+def staged_outputs(checkpoint: Any) -> list[StagedOutput]:
+    """The outputs a committed checkpoint staged (its ``outputs`` property), checked."""
+    return _staged(checkpoint, checkpoint.metadata.properties.get("outputs", []), "outputs")
+
+
+def staged_side_outputs(checkpoint: Any) -> dict[str, list[StagedOutput]]:
+    """The side outputs a committed checkpoint staged, per tag id, checked."""
+    side = checkpoint.metadata.properties.get("side_outputs", {})
+    if not isinstance(side, dict):
+        raise CorruptCheckpointError(
+            f"checkpoint {checkpoint.url}: side_outputs in _metadata is not a map"
+        )
+    return {
+        str(tag): _staged(checkpoint, files, f"side_outputs[{tag!r}]")
+        for tag, files in side.items()
+    }

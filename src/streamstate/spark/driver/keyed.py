@@ -21,10 +21,22 @@ from streamstate.spark.driver.reader import register
 from streamstate.spark.driver.session import default_parallelism, parse_ddl
 from streamstate.spark.driver.streaming import KeyedStream
 
-__all__ = ["EXECUTION_MODES", "checkpointed_backend", "keyed_process", "resolve_execution_mode"]
+__all__ = [
+    "BACKEND_SWITCH",
+    "EXECUTION_MODES",
+    "STREAMSTATE_EVENT",
+    "checkpointed_backend",
+    "keyed_process",
+    "resolve_execution_mode",
+]
 
 #: ``keyed_process(execution_mode=...)``: Flink's ``execution.runtime-mode`` values
 EXECUTION_MODES = ("automatic", "batch", "streaming")
+#: the log-record attribute naming what a warning reports, for programs that say it their own
+#: way (the demo announces a backend switch itself)
+STREAMSTATE_EVENT = "streamstate_event"
+#: ``STREAMSTATE_EVENT`` of the warning that a checkpoint is restored into another backend
+BACKEND_SWITCH = "backend-switch"
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +125,7 @@ def _follow_backend(state_backend: Any, restored: Any, operator: str) -> Any:
             found,
             restored.directory,
             family,
+            extra={STREAMSTATE_EVENT: BACKEND_SWITCH},
         )
     return state_backend
 

@@ -3,17 +3,33 @@
 By default ``<checkpoint>/spark``, next to the state checkpoint; ``write_stream(...,
 spark_checkpoint=...)`` puts it elsewhere, e.g. a local or HDFS path when the state checkpoint
 is on an object store Spark has no Hadoop connector for (``s3a://`` needs ``hadoop-aws``).
+
+A query records where it put Spark's checkpoint in its epoch file, so that ``streamstate
+checkpoints rollback`` edits the right logs. Inside the state checkpoint (the default) the record
+is relative to it (``"spark"``): a copied or moved job directory then names its own Spark
+checkpoint, never the original's (:func:`recorded_spark_checkpoint`,
+:func:`resolve_spark_checkpoint`). A location outside it is recorded as given.
 """
 
 from __future__ import annotations
 
 import os
+import posixpath
 from typing import Any
 
 from streamstate.spark.driver.session import is_connect
 from streamstate.spark.driver.sinks import spark_readable
 
-__all__ = ["spark_checkpoint_location"]
+__all__ = [
+    "DEFAULT_SPARK_CHECKPOINT",
+    "inside_job",
+    "recorded_spark_checkpoint",
+    "resolve_spark_checkpoint",
+    "spark_checkpoint_location",
+]
+
+#: Spark's checkpoint relative to the state checkpoint directory, unless ``spark_checkpoint=``
+DEFAULT_SPARK_CHECKPOINT = "spark"
 
 
 def spark_checkpoint_location(
@@ -50,3 +66,53 @@ def spark_checkpoint_location(
                 "write_stream(..., spark_checkpoint=<a local or HDFS path>)"
             ) from None
     return location
+
+
+def _comparable(url: str) -> str:
+    """``url`` in one spelling per place: no ``file:`` scheme, ``s3a://`` as ``s3://``, no
+    trailing slash."""
+    for prefix in ("file://", "file:"):
+        if url.startswith(prefix):
+            url = url[len(prefix) :]
+            break
+    if url.startswith("s3a://"):
+        url = "s3://" + url[len("s3a://") :]
+    return url.rstrip("/")
+
+
+def inside_job(location: str, job_url: str) -> str | None:
+    """``location`` relative to the job directory ``job_url`` when it lies inside it (a plain
+    relative path, "/"-separated), else None.
+
+    >>> inside_job("/data/ck/spark", "/data/ck"), inside_job("s3a://b/ck/spark", "s3://b/ck")
+    ('spark', 'spark')
+    >>> inside_job("/data/ck-copy/spark", "/data/ck") is None
+    True
+    """
+    where, job = _comparable(location), _comparable(job_url)
+    if not where.startswith(job + "/"):
+        return None
+    relative = posixpath.normpath(where[len(job) + 1 :])
+    return None if relative in (".", "") or relative.startswith("..") else relative
+
+
+def recorded_spark_checkpoint(location: str, job_url: str) -> str:
+    """What a query records in its epoch for Spark's checkpoint ``location``: the path relative
+    to the job directory when it is inside it, else ``location`` itself."""
+    return inside_job(location, job_url) or location
+
+
+def resolve_spark_checkpoint(recorded: str, storage: Any) -> str:
+    """The location of a Spark checkpoint an epoch recorded, seen from the job directory
+    ``storage`` was opened on: a relative record is inside it; an absolute one (a location
+    outside the job directory, or the record of a streamstate that stored absolute paths) is
+    taken as it is. A relative record that leaves the directory raises ValueError."""
+    if "://" in recorded or recorded.startswith("/") or recorded.startswith("file:"):
+        return recorded
+    relative = posixpath.normpath(recorded)
+    if relative in (".", "") or relative.startswith("..") or "\\" in recorded:
+        raise ValueError(
+            f"the Spark checkpoint recorded in {storage.url_of('_epochs')} is {recorded!r}, "
+            "which is not a path inside the job directory"
+        )
+    return str(storage.url_of(relative))

@@ -16,9 +16,14 @@ import threading
 import time
 from typing import Any
 
-import msgspec
-
-from streamstate.spark.driver.commit import BatchPlan, CheckpointLog, spark_batch_of
+from streamstate.errors import CheckpointMismatchError
+from streamstate.spark.driver.commit import (
+    BatchPlan,
+    CheckpointLog,
+    spark_batch_of,
+    staged_outputs,
+    staged_side_outputs,
+)
 from streamstate.spark.driver.connect_reports import ConnectReports
 from streamstate.spark.driver.no_data import MAX_NO_DATA_BATCHES, MIN_IDLE_INTERVAL, IdleTicker
 from streamstate.spark.driver.options import KeyedOptions
@@ -31,7 +36,7 @@ from streamstate.spark.failures import (
     original_error,
     quiet_query_failure_log,
 )
-from streamstate.spark.subtask import OUTPUTS_DIR, StagedOutput
+from streamstate.spark.subtask import OUTPUTS_DIR
 
 __all__ = ["MicroBatchRunner"]
 
@@ -190,7 +195,9 @@ class MicroBatchRunner:
         traces; keep what was raised, for the query's await_termination() and
         process_all_available() to raise instead."""
         self.failure = original_error(exc)
-        if is_function_error(self.failure) and self.restore_logs is None:
+        if self.restore_logs is None and (
+            is_function_error(self.failure) or isinstance(self.failure, CheckpointMismatchError)
+        ):
             # raised once, by this driver: Spark need not log it with its Java frames
             self.restore_logs = quiet_query_failure_log(session)
         if self.reports is not None:  # Spark Connect: the client reads it
@@ -313,12 +320,8 @@ class MicroBatchRunner:
         if completed.metadata.properties.get("lineage") != plan.new_lineage:
             # an older run committed this step just before this query took over: its
             # outputs are the step's (commit.CheckpointLog._adopt)
-            props = completed.metadata.properties
-            files = [msgspec.convert(o, StagedOutput) for o in props.get("outputs", [])]
-            side_files = {
-                tag: [msgspec.convert(o, StagedOutput) for o in staged]
-                for tag, staged in props.get("side_outputs", {}).items()
-            }
+            files = staged_outputs(completed)
+            side_files = staged_side_outputs(completed)
         self._deliver(session, plan, files, side_files, figures)
         self._finish(figures, t0)
 

@@ -65,7 +65,7 @@ FIGURES = (
     "numSteps",  # total: checkpoints committed (1 + the no-data micro-batches run with it)
     "numInputRows",  # total: records the subtasks processed
     "numOutputRows",  # total: rows given to the sink
-    "numRowsTotal",  # level: state entries over every subtask (RocksDB: its estimate)
+    "numRowsTotal",  # level: state entries over every subtask (streamstate.format.entries)
     "numRowsUpdated",  # total: state entries written
     "numRowsRemoved",  # total: state entries removed
     "stateBytes",  # level: RocksDB's live data and memtables (null on the heap backend)

@@ -30,6 +30,11 @@ parquet sink skips a batch whose marker exists), which is exact for a determinis
 a source that plans the same batches again (files with ``maxFilesPerTrigger``); otherwise pass
 the sink. The rollback takes a new epoch first, so a driver still running on the directory is
 fenced and cannot commit over it.
+
+The Spark checkpoint is the one of the directory given: the newest epoch records it relative to
+the job directory, so a copied or moved directory rolls back its own. A recorded location outside
+the directory (a Spark checkpoint kept elsewhere, or the absolute path an older streamstate
+recorded, which in a copy names the original's) is refused unless ``spark_checkpoint=`` names it.
 """
 
 from __future__ import annotations
@@ -44,11 +49,15 @@ from streamstate.checkpoint.storage import (
     shared_file_checkpoint_id,
 )
 from streamstate.errors import CheckpointError
+from streamstate.spark.driver.locations import (
+    DEFAULT_SPARK_CHECKPOINT,
+    inside_job,
+    resolve_spark_checkpoint,
+)
+from streamstate.spark.driver.spark_log import SparkLog, batch_of
 
-__all__ = ["RollbackPlan", "plan_rollback", "rollback", "spark_checkpoint_of"]
+__all__ = ["RollbackPlan", "plan_rollback", "rollback", "rollback_command", "spark_checkpoint_of"]
 
-#: Spark's metadata-log file names: "<batch>", "<batch>.compact", and Hadoop's ".<name>.crc"
-_LOG_FILE = re.compile(r"^\.?(\d+)(\.compact)?(\.crc)?$")
 OUTPUTS_DIR = "outputs"
 
 
@@ -67,7 +76,7 @@ class RollbackPlan:
     spark_files: list[str] = dataclasses.field(default_factory=list)
     sink_batches: list[int] = dataclasses.field(default_factory=list)
     sink: Any = None
-    _spark_fs: Any = None
+    _spark_log: SparkLog | None = None
 
     def summary(self) -> list[tuple[str, str]]:
         def few(items: list[Any]) -> str:
@@ -86,38 +95,51 @@ class RollbackPlan:
 
 
 def spark_checkpoint_of(storage: CheckpointStorage) -> str:
-    """Where the job's queries kept Spark's streaming checkpoint: what the newest epoch that
-    says so recorded (``spark_checkpoint=``), else ``<job>/spark``."""
+    """Where the job's queries kept Spark's streaming checkpoint, seen from the directory
+    ``storage`` was opened on: what the newest epoch that says so recorded (``spark_checkpoint=``;
+    relative to the job directory when inside it), else ``<job>/spark``."""
     for number in reversed(storage.epoch_numbers()):
         where = storage.read_epoch(number).owner.get("spark_checkpoint")
         if where:
-            return str(where)
-    return storage.url_of("spark")
+            try:
+                return resolve_spark_checkpoint(str(where), storage)
+            except ValueError as exc:
+                raise CheckpointError(str(exc)) from None
+    return storage.url_of(DEFAULT_SPARK_CHECKPOINT)
 
 
-def _fs_of(url: str, storage_options: dict[str, Any] | None) -> tuple[Any, str]:
-    import fsspec
+def rollback_command(job_url: str, to: int, spark_checkpoint: str | None = None) -> str:
+    """The command that rolls the job in ``job_url`` back to ``chk-<to>``: with
+    ``--spark-checkpoint`` when Spark's checkpoint lies outside the job directory (the rollback
+    does not take it from the epoch then, see :func:`plan_rollback`)."""
+    command = f"streamstate checkpoints rollback {job_url} --to {to}"
+    if spark_checkpoint is not None and inside_job(spark_checkpoint, job_url) is None:
+        command += f" --spark-checkpoint {spark_checkpoint}"
+    return command
 
-    if url.startswith("s3a://"):
-        url = "s3://" + url[len("s3a://") :]
-    fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
-    return fs, root.rstrip("/")
 
+def _own_spark_checkpoint(storage: CheckpointStorage, to: int) -> str:
+    """The Spark checkpoint of the job directory ``storage`` was opened on, when the epochs say
+    it is inside that directory; a CheckpointError otherwise.
 
-def _log_files(fs: Any, directory: str) -> list[tuple[str, int, bool]]:
-    """(path, batch, compacted) of every file of a Spark metadata log directory."""
-    try:
-        names = fs.ls(directory, detail=False, refresh=True)
-    except FileNotFoundError:
-        return []
-    except TypeError:  # a filesystem without refresh=
-        names = fs.ls(directory, detail=False)
-    out = []
-    for name in names:
-        m = _LOG_FILE.match(posixpath.basename(str(name).rstrip("/")))
-        if m is not None:
-            out.append((str(name), int(m.group(1)), m.group(2) is not None))
-    return out
+    A recorded location outside the directory may be another job's: a copy or a move of a job
+    directory whose epochs an older streamstate wrote with absolute paths names the original's
+    Spark checkpoint, and so does a copy of a job that kept its Spark checkpoint elsewhere.
+    Editing it would roll back the other job's Spark log (and leave this one's ahead of its
+    state), so the user says which one it is."""
+    where = spark_checkpoint_of(storage)
+    job = storage.url_of("")
+    if inside_job(where, job) is not None:
+        return where
+    own = storage.url_of(DEFAULT_SPARK_CHECKPOINT)
+    raise CheckpointError(
+        f"the epochs of {job} record Spark's streaming checkpoint at {where}, outside this "
+        "directory: if the directory is a copy or a move of a job directory, that is the "
+        "original job's Spark checkpoint, and rolling it back would change the original. Name "
+        f"the Spark checkpoint of this directory: {rollback_command(job, to)} "
+        f"--spark-checkpoint {own} (a copy that brought its spark/ directory), or "
+        f"--spark-checkpoint {where} if it really is this job's"
+    )
 
 
 def plan_rollback(
@@ -139,7 +161,7 @@ def plan_rollback(
             f"cannot roll back to {target.url}: it is not intact ({'; '.join(problems)}); "
             "pick an earlier checkpoint"
         )
-    where = spark_checkpoint or spark_checkpoint_of(storage)
+    where = spark_checkpoint or _own_spark_checkpoint(storage, to)
     # the Spark micro-batch of the checkpoint (older checkpoints: their id)
     batch = int(target.metadata.properties.get("batch_id", to))
     plan = RollbackPlan(to, storage, where, batch)
@@ -151,38 +173,33 @@ def plan_rollback(
         m = re.match(r"^batch-(\d+)$", name)
         if is_dir and m and int(m.group(1)) > to:
             plan.outputs.append(f"{OUTPUTS_DIR}/{name}")
-    fs, root = _fs_of(where, storage_options)
-    plan._spark_fs = fs
-    if fs.exists(root):
-        offsets = {b for _, b, _ in _log_files(fs, f"{root}/offsets")}
+    spark_log = plan._spark_log = SparkLog(where, storage_options)
+    if spark_log.exists():
+        offsets = {f.batch for f in spark_log.files("offsets")}
         if any(b > batch for b in offsets):
             # Spark re-runs batch+1 from offsets/batch+1 and reads offsets/batch as its start
             missing = sorted({batch, batch + 1} - offsets - {-1})
             if missing:
                 raise CheckpointError(
-                    f"cannot roll Spark's offset log in {root}/offsets back to batch {batch + 1}: "
-                    f"it no longer has batch(es) {missing} (Spark keeps the last "
+                    f"cannot roll Spark's offset log in {spark_log.root}/offsets back to batch "
+                    f"{batch + 1}: it no longer has batch(es) {missing} (Spark keeps the last "
                     "spark.sql.streaming.minBatchesToRetain batches); roll back to a later "
                     "checkpoint"
                 )
         for log, keep_upto in (("commits", batch), ("offsets", batch + 1)):
-            plan.spark_files += [p for p, b, _ in _log_files(fs, f"{root}/{log}") if b > keep_upto]
-        try:
-            sources = fs.ls(f"{root}/sources", detail=False)
-        except FileNotFoundError:
-            sources = []
-        for source in sources:
-            for path, logged, compacted in _log_files(fs, str(source)):
-                if logged <= batch + 1:
+            plan.spark_files += [f.path for f in spark_log.files(log) if f.batch > keep_upto]
+        for source in spark_log.source_logs():
+            for f in source:
+                if f.batch <= batch + 1:
                     continue
-                if compacted:
+                if f.compacted:
                     raise CheckpointError(
-                        f"cannot roll Spark's source log back to batch {batch + 1}: {path} is a "
-                        f"compaction of it up to batch {logged} (roll back to a checkpoint at "
+                        f"cannot roll Spark's source log back to batch {batch + 1}: {f.path} is "
+                        f"a compaction of it up to batch {f.batch} (roll back to a checkpoint at "
                         "or after the last compaction, or restart the query with a new "
                         "Spark checkpoint)"
                     )
-                plan.spark_files.append(path)
+                plan.spark_files.append(f.path)
     if sink is not None:
         from streamstate.spark.driver.sinks import FileSink
 
@@ -224,18 +241,13 @@ def rollback(
             for path in (marker, final, s._p("_staging", f"batch={b}")):
                 if s.fs.exists(path):
                     s.fs.rm(path, recursive=True)
-    fs = plan._spark_fs
+    spark_log = plan._spark_log
+    assert spark_log is not None
     # newest first: Spark reads the latest entry of each log
-    for path in sorted(plan.spark_files, key=_batch_of, reverse=True):
-        if fs.exists(path):
-            fs.rm(path)
+    for path in sorted(plan.spark_files, key=batch_of, reverse=True):
+        spark_log.remove(path)
     for directory in reversed(plan.checkpoints):
         storage.delete(directory)
     for path in plan.shared + plan.outputs:
         storage.delete(path)
     return plan
-
-
-def _batch_of(path: str) -> int:
-    m = _LOG_FILE.match(posixpath.basename(path))
-    return int(m.group(1)) if m else -1

@@ -82,7 +82,10 @@ class StagedBatch:
         return sum(f.rows for f in self.files)
 
     def urls(self) -> list[str]:
-        """The staged files' URLs."""
+        """The staged files' URLs (each checked to be a file of the checkpoint, not a link:
+        whoever reads a URL follows links)."""
+        for f in self.files:
+            self.storage.size(f.path)
         return [self.storage.url_of(f.path) for f in self.files]
 
     def to_arrow(self) -> Any:
@@ -294,16 +297,14 @@ class FileSink(Sink):
             self.fs.pipe_file(marker, info)
 
     def _copy(self, storage: Any, path: str, target: str) -> None:
-        source = storage.url_of(path)
-        if self._local and "://" not in source:
-            try:
-                os.link(source, target)
+        # the storage opens the staged file itself (a regular file inside the checkpoint,
+        # reached through no link): a link planted in the checkpoint is refused, not delivered
+        with storage.open_read(path) as src:
+            source = storage.url_of(path)
+            if self._local and "://" not in source and _link_opened(src, source, target):
                 return
-            except OSError:
-                shutil.copyfile(source, target)
-                return
-        with storage.open_read(path) as src, self.fs.open(target, "wb") as dst:
-            shutil.copyfileobj(src, dst, 8 << 20)
+            with self.fs.open(target, "wb") as dst:
+                shutil.copyfileobj(src, dst, 8 << 20)
 
     def read_arrow(self) -> Any:
         """Every committed batch's outputs (with a ``batch`` column), read on the driver."""
@@ -319,6 +320,21 @@ class FileSink(Sink):
                         t = pq.read_table(fh)
                     tables.append(t.append_column("batch", pa.array([b] * t.num_rows, pa.int64())))
         return pa.concat_tables(tables) if tables else None
+
+
+def _link_opened(src: Any, source: str, target: str) -> bool:
+    """Hard-link ``source`` to ``target`` if it is still the file ``src`` has open (the name
+    may have been replaced since it was opened); False (nothing left at ``target``) if it
+    cannot be linked or is another file now."""
+    try:
+        os.link(source, target, follow_symlinks=False)
+    except OSError:
+        return False
+    opened, linked = os.fstat(src.fileno()), os.stat(target, follow_symlinks=False)
+    if (opened.st_dev, opened.st_ino) == (linked.st_dev, linked.st_ino):
+        return True
+    os.unlink(target)
+    return False
 
 
 def sink_from(

@@ -49,10 +49,15 @@ from typing import Any
 
 import msgspec
 
+from streamstate.errors import CheckpointMismatchError
 from streamstate.spark.driver.commit import CheckpointLog
 from streamstate.spark.driver.connect_reports import ConnectReports
 from streamstate.spark.driver.host_fleet import HostFleet
-from streamstate.spark.driver.locations import spark_checkpoint_location
+from streamstate.spark.driver.locations import (
+    DEFAULT_SPARK_CHECKPOINT,
+    recorded_spark_checkpoint,
+    spark_checkpoint_location,
+)
 from streamstate.spark.driver.micro_batches import MicroBatchRunner
 from streamstate.spark.driver.no_data import trigger_interval
 from streamstate.spark.driver.options import KeyedOptions
@@ -73,7 +78,6 @@ __all__ = ["KeyedStream", "KeyedStreamingQuery"]
 
 log = logging.getLogger(__name__)
 
-SPARK_CHECKPOINT_DIR = "spark"
 #: Spark's switch for its own no-data micro-batches: ``write_stream(no_data_batches=None)``
 #: follows it
 NO_DATA_CONF = "spark.sql.streaming.noDataMicroBatches.enabled"
@@ -121,7 +125,8 @@ class KeyedStream:
             host_bind: the address state hosts listen on for tasks of other nodes
                 (``"10.0.0.5"``, ``"0.0.0.0"``, ``"off"`` for none; default
                 ``$STREAMSTATE_HOST_BIND``, else ``$SPARK_LOCAL_IP``, else the node's address;
-                127.0.0.1 with a ``local`` master).
+                with a ``local`` master ``"off"``, hosts on Unix sockets only, unless
+                ``$STREAMSTATE_HOST_BIND`` is set).
             host_connect_timeout: seconds a task waits for the TCP connection to a host on
                 another node before it starts one on its own node (which reloads).
             spark_checkpoint: where Spark keeps its own streaming checkpoint (offsets and
@@ -231,12 +236,18 @@ class KeyedStreamingQuery:
         )
         self.storage = job_storage(self.job)
         self.spark_checkpoint = spark_checkpoint_location(
-            self.spark, self.storage.url_of(SPARK_CHECKPOINT_DIR), spark_checkpoint, checkpoint
+            self.spark, self.storage.url_of(DEFAULT_SPARK_CHECKPOINT), spark_checkpoint, checkpoint
         )
         t = time.perf_counter()
-        #: this query's epoch: starting takes the job over from any earlier query
+        self._check_progress(options, spark_checkpoint is None)
+        #: this query's epoch: starting takes the job over from any earlier query. The Spark
+        #: checkpoint is recorded relative to the job directory when inside it, so that a copy
+        #: of the directory never names the original's
         self.epoch = self.storage.acquire_epoch(
-            operator=options.operator_name, spark_checkpoint=self.spark_checkpoint
+            operator=options.operator_name,
+            spark_checkpoint=recorded_spark_checkpoint(
+                self.spark_checkpoint, self.storage.url_of("")
+            ),
         )
         self.log = CheckpointLog(
             self.storage,
@@ -245,6 +256,7 @@ class KeyedStreamingQuery:
             watermark_delay=options.watermark_delay,
             retained=options.retained_checkpoints,
             epoch=self.epoch,
+            spark_checkpoint=self.spark_checkpoint,
         )
         self.timings["epoch_ms"] = (time.perf_counter() - t) * 1e3
         #: with a local master, the driver JVM's pid: the driver delivers pre-aggregated rows
@@ -332,6 +344,37 @@ class KeyedStreamingQuery:
         if storage.size(path) != len(blob):
             storage.put_atomic(path, blob)
         return job
+
+    def _check_progress(self, options: KeyedOptions, default_location: bool) -> None:
+        """Compare the state checkpoint with Spark's offset and commit logs before the query
+        starts (and before it takes the job over): a state behind Spark's log (a lost latest
+        ``_metadata``) raises :class:`CheckpointError` with the rollback command now, whether
+        or not input is waiting; otherwise Spark would run nothing (no input) or fail inside
+        its first micro-batch.
+
+        The driver reads Spark's logs through fsspec. Where it cannot (a scheme fsspec does not
+        reach from here, or a Spark Connect server's local ``spark_checkpoint`` that this
+        client does not see), the first micro-batch makes the same check."""
+        from streamstate.spark.driver.spark_log import SparkLog
+
+        try:
+            # the state checkpoint's storage options are for its filesystem: a Spark checkpoint
+            # put elsewhere (a local or HDFS path) is read without them
+            storage_options = options.storage_options if default_location else None
+            spark_log = SparkLog(self.spark_checkpoint, storage_options)
+            visible = spark_log.exists()
+            if not visible and is_connect(self.spark) and not default_location:
+                return  # perhaps a path on the Connect server's machine
+            next_batch = spark_log.next_batch()
+        except Exception as exc:  # no fsspec filesystem for it here: the first batch checks
+            log.info("could not read Spark's checkpoint %s: %r", self.spark_checkpoint, exc)
+            return
+        CheckpointLog(
+            self.storage,
+            options.operator_name,
+            options.parallelism,
+            spark_checkpoint=self.spark_checkpoint,
+        ).check_start(spark_log, next_batch)
 
     def _prespawn_hosts(self) -> threading.Thread | None:
         """With a ``local`` master the tasks run on this node and would each start their host
@@ -501,9 +544,10 @@ class KeyedStreamingQuery:
         failure = runner.failure
         if failure is None or failure is exc:
             raise exc
-        if is_function_error(failure):
-            # the function's own error, once: Spark's exception (query.exception()) only
-            # repeats it with Java frames
+        if is_function_error(failure) or isinstance(failure, CheckpointMismatchError):
+            # the function's own error, once (or the refusal of a state that does not match
+            # Spark's progress, which says all there is): Spark's exception (query.exception())
+            # only repeats it with Java frames and the query's plan
             raise failure.with_traceback(None) from None
         raise failure from exc
 

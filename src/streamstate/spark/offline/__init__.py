@@ -1,4 +1,4 @@
-"""Reading checkpoints offline: state as a Spark data source.
+"""Checkpoints outside a running query: state as a Spark data source, and savepoint rewrites.
 
 The formats ``streamstate`` and ``streamstate-metadata`` (``source.py``) read a checkpoint or
 savepoint without the program that wrote it, in Spark's Python workers:
@@ -10,4 +10,7 @@ savepoint without the program that wrote it, in Spark's Python workers:
 * ``layout.py``, ``spark_types.py``: entries as columns, values as Spark types;
 * ``keyed_rows.py``, ``changes.py``, ``operator_rows.py``, ``metadata.py``: the rows of
   each kind of read.
+
+On the driver, ``rewrite.py`` (``rewrite_savepoint``) writes a new savepoint with states
+replaced from DataFrames, renamed, dropped or re-keyed.
 """

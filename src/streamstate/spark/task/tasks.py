@@ -25,10 +25,17 @@ from typing import Any
 
 import msgspec
 
+from streamstate.spark.job import KEY_GROUP_COLUMN
 from streamstate.spark.wire.hosts import HostSettings
 from streamstate.spark.wire.step import StepTask
 
-__all__ = ["ACK_SCHEMA", "bounded_task", "fold_task", "micro_batch_task"]
+__all__ = [
+    "ACK_SCHEMA",
+    "bounded_task",
+    "fold_task",
+    "micro_batch_task",
+    "subtask_of_partition",
+]
 
 #: the Spark schema of acknowledgement rows: ``error`` (JSON) is set instead of ``result`` when
 #: the function raised (spark/failures.py: a function error is data, not a failed task)
@@ -128,8 +135,16 @@ def bounded_task(
         from streamstate.spark.job import JobSpec
 
         ctx = _task_context(TaskContext.get())
-        index = ctx.partitionId()
         job = msgspec.msgpack.decode(job_bytes, type=JobSpec)
+        found, batches = subtask_of_partition(job, batches)
+        if found is None:
+            if savepoint is None:
+                return  # no record: no key, no state, no timer, no output
+            # every subtask writes its savepoint file, with or without records: this plan is
+            # streamstate's own, collected at once (never part of a user's plan), so Spark's
+            # partition is the placement's
+            found = ctx.partitionId()
+        index = found
         runtime: Any
         if execution_mode == "batch":
             from streamstate.spark.task.batch_subtask import BatchSubtaskRuntime
@@ -212,6 +227,62 @@ def fold_task(
         yield from fold.batches()
 
     return task
+
+
+def subtask_of_partition(job: Any, batches: Iterator[Any]) -> tuple[int | None, Iterator[Any]]:
+    """The subtask whose records a partition of placed input holds, read from the records'
+    key groups (``_kg``), and the partition's batches (the first ones looked at included); None
+    for a partition without records.
+
+    A task of a batch-mode result must not take its subtask from Spark's partition id: in a
+    larger plan (a union with the result on either side, ``exceptAll``, ``intersect``, a
+    coalesce) Spark numbers the task's partition in the whole plan, not in the placement
+    shuffle. Every batch is checked to hold only the subtask's key groups, so a partition that
+    mixes subtasks fails with an error that says so."""
+    import itertools
+
+    from streamstate.errors import KeyGroupOutOfRangeError
+
+    first = None
+    for batch in batches:
+        if batch.num_rows:
+            first = batch
+            break
+    if first is None:
+        return None, iter(())
+    from streamstate.keygroups import (
+        compute_key_group_range_for_operator_index,
+        compute_operator_index_for_key_group,
+    )
+
+    p, max_p = job.parallelism, job.max_parallelism
+    index = compute_operator_index_for_key_group(
+        max_p, p, first.column(KEY_GROUP_COLUMN)[0].as_py()
+    )
+    owned = compute_key_group_range_for_operator_index(max_p, p, index)
+    kg_range = (owned.start, owned.end)
+
+    def checked(stream: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow.compute as pc
+
+        for batch in stream:
+            if batch.num_rows:
+                bounds = pc.min_max(batch.column(KEY_GROUP_COLUMN))
+                low, high = bounds["min"].as_py(), bounds["max"].as_py()
+                if low < kg_range[0] or high > kg_range[1]:
+                    outside = low if low < kg_range[0] else high
+                    raise KeyGroupOutOfRangeError(
+                        f"a task of keyed_process {job.operator!r} got records of key groups "
+                        f"{kg_range[0]}..{kg_range[1]} (subtask {index} of {p}) and of key group "
+                        f"{outside} (subtask "
+                        f"{compute_operator_index_for_key_group(max_p, p, outside)}): Spark merged "
+                        "partitions "
+                        "of the placement shuffle (repartitionById) before the keyed function "
+                        "ran, e.g. an adaptive coalesce"
+                    )
+            yield batch
+
+    return index, checked(itertools.chain([first], batches))
 
 
 def _task_context(ctx: Any) -> Any:

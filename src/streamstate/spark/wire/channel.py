@@ -140,6 +140,8 @@ class SecureChannel:
         self._read_into(memoryview(sealed), "a message head")
         plain = bytearray(n - TAG)
         self._open_record(memoryview(sealed), memoryview(plain), n, "a message head")
+        if len(plain) < _BODY_LEN.size:
+            raise FrameError(f"a message head of {len(plain)} bytes has no body length: refused")
         size = _BODY_LEN.unpack_from(plain)[0]
         head = bytes(plain[_BODY_LEN.size :])
         if size > max_body:

@@ -116,7 +116,7 @@ class Connection:
             raise ProtocolError(str(exc)) from exc
         try:
             header = _decode(head)
-        except msgspec.DecodeError as exc:
+        except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
             raise ProtocolError(f"malformed message header: {exc}") from exc
         if not isinstance(header, dict) or not isinstance(header.get("t"), str):
             raise ProtocolError(f"malformed message header {str(header)[:100]!r}")

@@ -276,13 +276,24 @@ def check_parents(path: str) -> None:
 
 def run_dir(override: str | None = None) -> str:
     """The node's directory of host sockets, locks and logs: ``override``, else
-    ``$STREAMSTATE_RUN_DIR``, else ``/tmp/streamstate-<uid>``; created with mode 0700. An
+    ``$STREAMSTATE_RUN_DIR``, else ``/tmp/streamstate-<uid>``; created (with any missing
+    parent) with mode 0700 after its existing parents passed :func:`check_parents`. An
     existing directory that is not the current user's or is open to group/others, or that lies
-    below a parent others may write (:func:`check_parents`), is refused (``PermissionError``
-    naming it)."""
+    below a parent others may write, is refused (``PermissionError`` naming it) and nothing is
+    created."""
     d = override or os.environ.get("STREAMSTATE_RUN_DIR") or f"/tmp/streamstate-{os.getuid()}"
-    with contextlib.suppress(FileExistsError):
-        os.makedirs(d, mode=0o700)
+    missing = []
+    here = os.path.abspath(d)
+    while not os.path.lexists(here) and here != os.path.dirname(here):
+        missing.append(here)
+        here = os.path.dirname(here)
+    if missing:
+        # the parents are checked before anything is created below them: a refused run
+        # directory leaves nothing behind
+        check_parents(missing[-1])
+        for directory in reversed(missing):
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(directory, 0o700)
     check_private_dir(d)
     check_parents(d)
     return d
