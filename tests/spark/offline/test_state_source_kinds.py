@@ -290,3 +290,39 @@ def test_a_state_first_written_in_a_delta_file_is_read(tmp_path: Path) -> None:
     job = str(tmp_path / "job")
     assert [(r["key"], r["value"]) for r in read_rows(job, state="late")] == [("a", "x")]
     assert "late" in {r["state"] for r in metadata_rows(job)}
+
+
+def test_metadata_entries_are_the_one_count_of_inspect_and_of_the_state_read(visits: str) -> None:
+    """The ``entries`` of format ``streamstate-metadata`` are ``streamstate checkpoints
+    inspect``'s per-state figures, and the state read back with every stored entry kept
+    (``includeExpired``), counted by the one definition (``streamstate.format.entries``: a
+    value per key and namespace, a list's elements, a map's mappings), gives them too."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from streamstate.cli import app
+    from streamstate.format.entries import count_entries
+
+    rows = {r["state"]: r for r in metadata_rows(visits)}
+    result = CliRunner().invoke(app, ["checkpoints", "inspect", "--json", f"{visits}/chk-1"])
+    assert result.exit_code == 0, result.output
+    (doc,) = json.loads(result.output)["checkpoints"]
+    inspected: dict[str, int] = {}
+    for sub in doc["operators"]["keyed-process"]["subtasks"]:
+        for state, n in sub["state_entries"].items():
+            inspected[state] = inspected.get(state, 0) + n
+    keyed = {s: r for s, r in rows.items() if r["kind"] in ("value", "list", "map")}
+    assert {s: r["entries"] for s, r in keyed.items()} == inspected
+    for state, row in keyed.items():
+        read = read_rows(visits, state=state, includeExpired="true", now=10**9)
+        assert row["entries"] == count_entries(row["kind"], (plain(r["value"]) for r in read))
+    assert sum(inspected.values()) == doc["operators"]["keyed-process"]["entries"] > 0
+    # timers and operator states are not counted as entries
+    assert {s for s, r in rows.items() if r["entries"] is None} == {
+        "_timers.user.event",
+        "_timers.user.processing",
+        "seen",
+        "records",
+        "latest",
+    }

@@ -15,6 +15,11 @@ column                    meaning
 ``ttl_ms``                the time-to-live in milliseconds, null without
 ``parallelism``           the operator's parallelism in the checkpoint
 ``max_parallelism``       its number of key groups
+``entries``               the entries of a keyed state when the checkpoint was taken, by the one
+                          count of ``streamstate.format.entries`` (the figure of
+                          ``numRowsTotal`` and ``streamstate checkpoints inspect``); null for
+                          timers, operator states, and checkpoints written before the
+                          subtasks recorded their counts
 ========================  =====================================================================
 """
 
@@ -25,6 +30,7 @@ from typing import Any
 
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 
+from streamstate.checkpoint.metadata import OperatorMetadata
 from streamstate.checkpoint.storage import CompletedCheckpoint
 from streamstate.format.meta import TIMER_STATE_KIND
 from streamstate.serializers.plain import readable_schema
@@ -47,6 +53,7 @@ METADATA_SCHEMA = StructType(
         StructField("ttl_ms", LongType()),
         StructField("parallelism", IntegerType()),
         StructField("max_parallelism", IntegerType()),
+        StructField("entries", LongType()),
     ]
 )
 """The columns of the ``streamstate-metadata`` format (module docstring)."""
@@ -54,6 +61,16 @@ METADATA_SCHEMA = StructType(
 
 def _ddl(snapshot: Any) -> str:
     return spark_ddl(readable_schema(snapshot))
+
+
+def _entries(op: OperatorMetadata, state: str) -> int | None:
+    """The entries of ``state`` the subtasks of ``op`` recorded (None if one did not)."""
+    total = 0
+    for sub in op.subtasks:
+        if sub.entries is None:
+            return None
+        total += sub.entries.get(state, 0)
+    return total
 
 
 def metadata_rows(cp: CompletedCheckpoint) -> Iterator[tuple[Any, ...]]:
@@ -75,6 +92,7 @@ def metadata_rows(cp: CompletedCheckpoint) -> Iterator[tuple[Any, ...]]:
                 value,
                 int(meta.ttl["ttl"]) if meta.ttl else None,
                 *tail,
+                None if timers else _entries(op, meta.name),
             )
             continue
         serializers = ref.serializers
@@ -88,4 +106,5 @@ def metadata_rows(cp: CompletedCheckpoint) -> Iterator[tuple[Any, ...]]:
             _ddl(serializers["value_serializer" if broadcast else "element_serializer"]),
             None,
             *tail,
+            None,
         )
