@@ -20,7 +20,7 @@ from typing import Any
 import msgspec
 
 from streamstate.checkpoint.restore import operator_metadata
-from streamstate.checkpoint.storage import CompletedCheckpoint, open_location
+from streamstate.checkpoint.storage import CheckpointStorage, CompletedCheckpoint, open_location
 from streamstate.errors import CheckpointError
 from streamstate.keygroups import assign_to_key_group
 from streamstate.spark.offline.catalog import (
@@ -172,6 +172,9 @@ def _plan_feed(options: ReadOptions, now: int) -> ReadPlan:
     start = options.change_start
     end = options.change_end if options.change_end is not None else max(complete)
     assert start is not None
+    # up to the last checkpoint written when the feed runs to the latest
+    last_written = end if options.change_end is not None else max(storage.checkpoint_ids())
+    _refuse_damaged(storage, complete, range(start - 1, last_written + 1))
     steps = sorted(c for c in complete if start <= c <= end)
     if start > end or not steps:
         raise CheckpointError(
@@ -203,6 +206,17 @@ def _plan_feed(options: ReadOptions, now: int) -> ReadPlan:
             )
         )
     return ReadPlan(options, CheckpointRef.of(last, storage_options), now, keyed=ref, feed=feed)
+
+
+def _refuse_damaged(
+    storage: CheckpointStorage, complete: dict[int, CompletedCheckpoint], ids: range
+) -> None:
+    """A checkpoint of ``ids`` that wrote its ``_metadata`` but is not complete is damaged (a
+    name refused, a file missing): the feed fails with its error rather than skip it as a
+    checkpoint that failed (no ``_metadata``) and diff its neighbours instead."""
+    for c in sorted(set(storage.checkpoint_ids()) & set(ids) - set(complete)):
+        if storage.read_metadata(storage.checkpoint_directory(c)) is not None:
+            storage.load(c)
 
 
 def _same_state(cp: CompletedCheckpoint, ref: KeyedStateRef, name: str) -> KeyedStateRef | None:
