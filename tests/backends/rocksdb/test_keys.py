@@ -139,8 +139,8 @@ LONG_BYTES = st.one_of(BYTES, st.binary(min_size=120, max_size=300))
 )
 @pytest.mark.parametrize("ns_ser,ns_st", NAMESPACES, ids=lambda x: type(x).__name__)
 @given(data=st.data())
-@settings(max_examples=60, deadline=None)
-def test_decoded_entries_equal_the_layouts_decode(
+@settings(max_examples=40, deadline=None)
+def test_decoded_entries_are_the_entries_written(
     key_ser: Any, key_st: Any, ns_ser: Any, ns_st: Any, data: Any
 ) -> None:
     """``decode_entries`` (with its shortcut for keys without a namespace) gives back the
