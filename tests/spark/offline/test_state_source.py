@@ -234,3 +234,14 @@ def test_an_unknown_state_lists_every_readable_name(job: tuple[str, list[Any]]) 
     message = str(e.value)
     for name in ("'last'", "'pages'", "'per-page'", "'_timers.user.event'"):
         assert name in message
+
+
+def test_a_path_that_holds_no_checkpoint_says_how_it_was_resolved(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(CheckpointError, match="for a LocalRunner give <checkpoint_storage>/job$"):
+        read_rows(str(tmp_path / "ck"), state="total")
+    # a relative path is resolved where the read is planned: the message says so
+    with pytest.raises(CheckpointError, match=r"'ck' is relative: .* give an absolute path"):
+        read_rows("ck", state="total")

@@ -76,6 +76,12 @@ def _storage(url: str, storage_options: dict[str, Any]) -> CheckpointStorage:
     return FileSystemCheckpointStorage(url, "", durable=False, storage_options=storage_options)
 
 
+_RELATIVE = (
+    "it was resolved in the process that plans the read, a Spark Python worker whose working "
+    "directory need not be yours; give an absolute path"
+)
+
+
 def open_checkpoint(options: ReadOptions, checkpoint_id: int | None = None) -> CompletedCheckpoint:
     """The checkpoint ``options.path`` names: a checkpoint or savepoint directory, or a job's
     checkpoint directory, of which ``checkpoint_id`` (default ``options.checkpoint_id``; None:
@@ -85,10 +91,15 @@ def open_checkpoint(options: ReadOptions, checkpoint_id: int | None = None) -> C
     storage, directory = open_location(path, options.storage_options)
     if directory is None:
         if not storage.checkpoint_ids() and storage.size("_metadata") is None:
+            relative = (
+                ""
+                if "://" in options.path or os.path.isabs(options.path)
+                else f" ({options.path!r} is relative: {_RELATIVE})"
+            )
             raise CheckpointNotFoundError(
                 f"{storage.url} is neither a checkpoint, a savepoint nor a job's checkpoint "
                 "directory (it holds no chk-<id> directory); for a LocalRunner give "
-                "<checkpoint_storage>/job"
+                f"<checkpoint_storage>/job{relative}"
             )
         return storage.load(wanted)
     cp = storage.load(directory)
