@@ -42,9 +42,9 @@ import pyarrow as pa
 
 from streamstate import KeyedProcessFunction, ValueStateDescriptor
 from streamstate.keygroups import assign_key_groups
-from streamstate.spark.driver.commit import CheckpointLog
+from streamstate.spark.driver.step.commit import CheckpointLog
 from streamstate.spark.job import JobSpec, arrow_schema_to_bytes, pickle_function
-from streamstate.spark.subtask import BatchResult, job_storage
+from streamstate.spark.subtask import job_storage
 from streamstate.spark.task.host_client import run_batch, shutdown
 from streamstate.spark.wire.hosts import HostSettings
 from streamstate.spark.wire.security import new_secret
@@ -128,12 +128,18 @@ def measure(args: Any) -> dict[str, list[dict[str, Any]]]:
         step = plan.task(msgspec.msgpack.encode(job))
         data = _batches(args.rows, args.keys, args.batch_rows, seed=b)
         t0 = time.perf_counter()
-        raw, timings = run_batch(specs[on], step, attempt, data, secret=secret, location=location)
+        ack = run_batch(specs[on], step, attempt, data, secret=secret, location=location)
         total = time.perf_counter() - t0
-        result = msgspec.msgpack.decode(raw, type=BatchResult)
+        result = ack.result
+        assert result is not None
         log.commit(plan, [result])
-        location = timings["location"]
-        return {"total_ms": total * 1e3, **timings, "host_ms": result.stats["host_ms"]}
+        location = ack.location
+        return {
+            "total_ms": total * 1e3,
+            **msgspec.structs.asdict(ack.timings),
+            "restore": result.restore,
+            "host_ms": result.stats["host_ms"],
+        }
 
     try:
         batch(0, "node-a")  # the host starts on node A and loads every key
@@ -160,7 +166,8 @@ def channel_cost(args: Any, repeat: int = 20) -> dict[str, float]:
     import struct
     import threading
 
-    from streamstate.spark.wire.protocol import Connection
+    from streamstate.spark.wire.messages import Data, Ok
+    from streamstate.spark.wire.protocol import CLIENT_RECEIVES, HOST_RECEIVES, Connection
     from streamstate.spark.wire.security import new_secret, session_keys
 
     bodies = [b.serialize() for b in _batches(args.rows, args.keys, args.batch_rows, seed=0)]
@@ -188,14 +195,14 @@ def channel_cost(args: Any, repeat: int = 20) -> dict[str, float]:
     def run(sealed: bool) -> float:
         a, b = socket.socketpair()
         secret, hn, cn = new_secret(), os.urandom(32), os.urandom(32)
-        client = Connection(a, session_keys(secret, "h", hn, cn, client=True))
-        host = Connection(b, session_keys(secret, "h", hn, cn, client=False))
+        client = Connection(a, session_keys(secret, "h", hn, cn, client=True), CLIENT_RECEIVES)
+        host = Connection(b, session_keys(secret, "h", hn, cn, client=False), HOST_RECEIVES)
 
         def serve() -> None:
             for _ in bodies:
                 if sealed:
                     host.recv()
-                    host.send({"t": "OK"})
+                    host.send(Ok())
                 else:
                     plain_recv(b)
                     plain_send(b, ok)
@@ -205,7 +212,7 @@ def channel_cost(args: Any, repeat: int = 20) -> dict[str, float]:
         t.start()
         for body in bodies:
             if sealed:
-                client.send({"t": "DATA"}, body)
+                client.send(Data(), body)
                 client.recv()
             else:
                 plain_send(a, head, body)

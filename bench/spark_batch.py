@@ -271,7 +271,7 @@ def run_streamstate(
 
 
 def run_floor(df: Any, job: str, rows: int) -> float:
-    from streamstate.spark.driver.batch import sort_columns
+    from streamstate.spark.driver.query.batch import sort_columns
 
     sort = sort_columns(["k"], "ts" if job == "window" else None, exact=True)
     return spark_floor_ms(df, rows, sort=sort) / 1e3

@@ -139,7 +139,7 @@ def spark_floor_ms(df: Any, rows: int, sort: list[str] | None = None) -> float:
     batch execution adds (``sortWithinPartitions(*sort)``), and a Python ``mapInArrow``
     pass-through, collected; no state, no function, no output rows beyond one per Arrow batch.
     Milliseconds."""
-    from streamstate.spark.driver.placement import place
+    from streamstate.spark.driver.plan.placement import place
 
     t0 = time.perf_counter()
     placed = place(df, ["k"], 2, 128)

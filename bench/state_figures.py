@@ -162,7 +162,7 @@ def bench_spark(files: int, rows: int, repeat: int) -> dict[str, Any]:
     import pyarrow.parquet as pq
     from pyspark.sql import SparkSession
 
-    from streamstate.spark.driver.progress import (
+    from streamstate.spark.driver.monitor.progress import (
         ProgressPublisher,
         micro_batch_figures,
         observe_state,

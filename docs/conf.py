@@ -41,7 +41,8 @@ nitpicky = True
 nitpick_ignore_regex = [
     # type variables, private base classes, and internal types that public signatures name
     (r"py:.*", r"streamstate\..*\.(T|K|V|IN|OUT|ACC|W|NS|_\w+)"),
-    (r"py:.*", r"streamstate\.spark\.driver\.options\.KeyedOptions"),
+    (r"py:.*", r"streamstate\.spark\.driver\.plan\.options\.KeyedOptions"),
+    (r"py:.*", r"streamstate\.spark\.driver\.step\.micro_batches\.RunParts"),
     (r"py:.*", r"streamstate\.windows\.contents\..*"),
     (r"py:.*", r"streamstate\.runtime\.stream_task\..*"),
     (r"py:.*", r"streamstate\.runtime\.operator\.KeyedProcessOperator"),

@@ -60,7 +60,7 @@ CLUSTER_MODULES = (
     "tests/spark_cluster/test_netns_faults.py",
 )
 #: the test module of the Spark Connect server (``connect_spark``, ``tests/spark/conftest.py``)
-CONNECT_MODULE = "tests/spark/test_connect.py"
+CONNECT_MODULE = "tests/spark/driver/query/test_connect.py"
 
 
 def xdist_scope(nodeid: str) -> str:

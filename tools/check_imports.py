@@ -8,14 +8,19 @@ import is still a dependency). Three rules:
    independent: none imports another. ``streamstate.spark`` is layered by process
    (docs/architecture.md, "spark/ by process"): the state host (``spark.host``) imports neither
    the driver's modules nor a task's, a task (``spark.task``) does not import the driver's, and
-   both import only ``spark.wire`` and the shared top-level modules; no runtime module imports
-   the development tools (``streamstate.devtools``, above every runtime layer).
+   both import only ``spark.wire`` and the shared top-level modules. The driver is layered by
+   the life of a micro-batch, and the offline tools (``spark.offline``) sit below its query
+   API, which registers their state formats. No runtime module imports the development tools
+   (``streamstate.devtools``, above every runtime layer).
 2. **No cycle** between modules: the graph of the imports that run (all but the type-only ones)
    has no strongly connected component of more than one module, except the ones listed in
    :data:`KNOWN_CYCLES` (none now; one listed there is scheduled to go). A package's ``__init__``
    that re-exports its modules is a module too.
 3. **No private name crosses a module**: ``from x import _name`` is refused; a name another
    module needs is public.
+
+A part may be narrowed further (:data:`NARROW`): the offline tools (``spark.offline``) import, of
+the driver, only the modules directly in ``spark/driver/``.
 
 Run: ``python tools/check_imports.py`` (``make lint`` does); exit status 1 on any violation,
 each printed as ``file:line: rule: what``. Imports made with ``importlib`` by name (the backend
@@ -31,6 +36,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = "streamstate"
+
+#: the modules directly in spark/driver/: what all of the driver and the offline tools use
+DRIVER_BASE = [
+    "streamstate.spark.driver",
+    "streamstate.spark.driver.session",
+    "streamstate.spark.driver.environment",
+    "streamstate.spark.driver.sinks",
+    "streamstate.spark.driver.reports",
+    "streamstate.spark.driver.spark_checkpoint",
+]
 
 #: bottom first; a layer is a list of parts, each a list of module prefixes; the parts of one
 #: layer are independent of each other
@@ -58,17 +73,29 @@ LAYERS: list[list[list[str]]] = [
         [
             "streamstate.spark.job",
             "streamstate.spark.records",
+            "streamstate.spark.output_columns",
             "streamstate.spark.partials",
+            "streamstate.spark.partial_fold",
+            "streamstate.spark.columns",
+            "streamstate.spark.record_batches",
+            "streamstate.spark.staging",
             "streamstate.spark.subtask",
             "streamstate.spark.failures",
         ]
     ],
     [["streamstate.spark.host"], ["streamstate.spark.task"]],
-    # reading checkpoints offline (the state formats): run by the driver's and the executors'
-    # Python workers that Spark starts for a data source, so below the driver, which registers
-    # them
+    # the driver by the life of a micro-batch (docs/architecture.md, "The driver"): the modules
+    # directly in driver/ that all of it and the offline tools use (the session's kind, the
+    # workers' Python, the sinks, the reports' interfaces, Spark's checkpoint), then what is
+    # planned once at start, what is measured, the steps of each micro-batch, the offline
+    # tools (which take of the driver only its base: NARROW) and the public query API, which
+    # registers the offline tools' state formats
+    [DRIVER_BASE],
+    [["streamstate.spark.driver.plan"]],
+    [["streamstate.spark.driver.monitor"]],
+    [["streamstate.spark.driver.step"]],
     [["streamstate.spark.offline"]],
-    [["streamstate.spark.driver"]],
+    [["streamstate.spark.driver.query"]],
     [["streamstate.spark"]],
     # the local cluster, Connect server and network namespaces: above every runtime module,
     # so none imports them
@@ -76,6 +103,14 @@ LAYERS: list[list[list[str]]] = [
     [["streamstate.demo"]],
     [["streamstate.cli"]],
     [["streamstate.__main__", "streamstate.demo.__main__", "streamstate"]],
+]
+
+#: parts that may import, of a package below them, only some of its modules: (the importing
+#: part's prefix, the package's prefix, the modules allowed). The offline tools take of the
+#: driver only its base (the session, the workers' Python, the sinks), nothing that plans,
+#: measures or runs a micro-batch, and nothing of the query API above them
+NARROW: list[tuple[str, str, list[str]]] = [
+    ("streamstate.spark.offline", "streamstate.spark.driver", DRIVER_BASE),
 ]
 
 #: cycles that exist and are scheduled to go (each a sorted list of modules)
@@ -157,6 +192,10 @@ def layer_of(module: str) -> tuple[int, int]:
     return best[0], best[1]
 
 
+def _under(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """Strongly connected components of more than one module (Tarjan, iterative)."""
     index: dict[str, int] = {}
@@ -229,6 +268,12 @@ def main() -> int:
                 problems.append(f"{rel}:{line}: upward import: {name} imports {target}")
             elif dst_layer[0] == src_layer[0] and dst_layer[1] != src_layer[1]:
                 problems.append(f"{rel}:{line}: independent parts: {name} imports {target}")
+            problems.extend(
+                f"{rel}:{line}: narrow import: {name} imports {target} (of {package} only "
+                f"{', '.join(allowed)})"
+                for part, package, allowed in NARROW
+                if _under(name, part) and _under(target, package) and target not in allowed
+            )
             problems.extend(
                 f"{rel}:{line}: private name: {name} imports {target}.{n}"
                 for n in names

@@ -15,7 +15,7 @@ the file and key group of any corruption.
 ``chk-N``: later checkpoints go, Spark's offset and commit logs are rolled back with them, and
 (with ``--sink``) the parquet sink's later batches, so the restarted query re-runs the Spark
 micro-batch after chk-N's and every later one exactly once
-(:mod:`streamstate.spark.driver.rollback`).
+(:mod:`streamstate.spark.offline.rollback`).
 """
 
 from __future__ import annotations
@@ -368,7 +368,7 @@ def rollback_command(
     Stop the query first (a running one is fenced anyway): the restarted query re-runs the
     Spark micro-batch after chk-N's (N+1 until the query's first no-data micro-batch) and every
     later one from chk-N."""
-    from streamstate.spark.driver.rollback import plan_rollback, rollback
+    from streamstate.spark.offline.rollback import plan_rollback, rollback
 
     console = Console()
     storage, directory = open_location(path)

@@ -126,6 +126,60 @@ def test_the_processes_of_spark_import_only_what_they_may(
     ]
 
 
+def test_the_driver_is_layered_by_the_life_of_a_micro_batch_and_offline_tools_below_its_query(
+    checker: ModuleType,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Planning does not reach the steps of a micro-batch, the steps do not reach the query
+    API, the offline tools take of the driver only the modules directly in ``spark/driver/``
+    (not the query API, which registers their formats); what each may import passes."""
+    package = tmp_path / "streamstate"
+    subs = ("", "spark", "spark/driver", "spark/driver/plan", "spark/driver/step")
+    for sub in (*subs, "spark/driver/query", "spark/offline"):
+        (package / sub).mkdir(parents=True, exist_ok=True)
+        (package / sub / "__init__.py").write_text("")
+    files = {
+        "spark/driver/sinks.py": "",
+        "spark/driver/query/streaming.py": "from streamstate.spark.driver.step import runner\n"
+        "from streamstate.spark.offline import reader\n",
+        "spark/driver/step/runner.py": "from streamstate.spark.driver.plan import options\n"
+        "from streamstate.spark.driver.query import streaming\n",
+        "spark/driver/plan/options.py": "from streamstate.spark.driver import sinks\n"
+        "from streamstate.spark.driver.step import runner\n",
+        "spark/offline/reader.py": "from streamstate.spark.driver import sinks\n"
+        "from streamstate.spark.driver.plan import options\n"
+        "from streamstate.spark.driver.query import streaming\n",
+    }
+    for path, text in files.items():
+        (package / path).write_text(text)
+    monkeypatch.setattr(checker, "ROOT", tmp_path)
+    assert checker.main() == 1
+    out = capsys.readouterr().out
+    found = sorted(
+        line.split(": ", 1)[1]
+        for line in out.splitlines()
+        if re.match(r"\S+\.py:\d+: (upward|independent|narrow)", line)
+    )
+    assert found == [
+        "narrow import: streamstate.spark.offline.reader imports "
+        "streamstate.spark.driver.plan.options (of streamstate.spark.driver only "
+        + ", ".join(checker.DRIVER_BASE)
+        + ")",
+        "narrow import: streamstate.spark.offline.reader imports "
+        "streamstate.spark.driver.query.streaming (of streamstate.spark.driver only "
+        + ", ".join(checker.DRIVER_BASE)
+        + ")",
+        "upward import: streamstate.spark.driver.plan.options imports "
+        "streamstate.spark.driver.step.runner",
+        "upward import: streamstate.spark.driver.step.runner imports "
+        "streamstate.spark.driver.query.streaming",
+        "upward import: streamstate.spark.offline.reader imports "
+        "streamstate.spark.driver.query.streaming",
+    ]
+
+
 @pytest.mark.subprocess
 def test_a_state_host_and_a_task_load_none_of_the_drivers_modules() -> None:
     """``streamstate.spark``'s public names load on first use, so the processes that import
@@ -142,4 +196,4 @@ def test_a_state_host_and_a_task_load_none_of_the_drivers_modules() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
     ).stdout.split("\n")
     assert out[0] == "[]"
-    assert out[1] == "streamstate.spark.driver.keyed"
+    assert out[1] == "streamstate.spark.driver.query.keyed"

@@ -463,7 +463,7 @@ def _connection_receiving(records: list[bytes]) -> Any:
 
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-    from streamstate.spark.wire.protocol import Connection
+    from streamstate.spark.wire.protocol import HOST_RECEIVES, Connection
     from streamstate.spark.wire.security import session_keys
 
     secret, nonces = bytes(32), (b"h" * 32, b"c" * 32)
@@ -477,7 +477,7 @@ def _connection_receiving(records: list[bytes]) -> Any:
     a.sendall(wire)
     a.close()
     b.settimeout(5)
-    return Connection(b, session_keys(secret, "h", *nonces, client=False))
+    return Connection(b, session_keys(secret, "h", *nonces, client=False), HOST_RECEIVES)
 
 
 @pytest.mark.parametrize(

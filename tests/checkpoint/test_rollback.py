@@ -11,7 +11,7 @@ import pytest
 from streamstate.checkpoint.storage import FileSystemCheckpointStorage
 from streamstate.errors import CheckpointError
 from streamstate.runtime.local import LocalRunner
-from streamstate.spark.driver.rollback import plan_rollback, rollback, spark_checkpoint_of
+from streamstate.spark.offline.rollback import plan_rollback, rollback, spark_checkpoint_of
 from support.checkpoint import AllKinds, all_kinds_records, runner_content
 
 

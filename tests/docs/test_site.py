@@ -34,9 +34,10 @@ def test_the_site_builds_without_warnings(tmp_path: Path) -> None:
     # the API reference: autodoc found the documented names
     spark = (html / "api" / "spark.html").read_text()
     for name in (
-        "driver.keyed.keyed_process",
-        "driver.reader.read_state",
-        "driver.streaming.KeyedStreamingQuery",
+        "driver.query.keyed.keyed_process",
+        "offline.reader.read_state",
+        "driver.query.streaming.KeyedStreamingQuery",
+        "driver.reports.QueryReports",
         "failures.original_error",
         "records.Row",
     ):

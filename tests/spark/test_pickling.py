@@ -136,7 +136,7 @@ class Tracker(KeyedProcessFunction):
 
 
 def test_the_drivers_check_leaves_the_users_classes_as_it_found_them() -> None:
-    from streamstate.spark.driver.checks import _open_function
+    from streamstate.spark.driver.plan.checks import _open_function
 
     classes = [Visit, Place, Tagged, Base]
     for cls in classes:

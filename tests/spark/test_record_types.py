@@ -1,7 +1,7 @@
 """Record types defined in the job script (``__main__``) as state values, map keys and values,
 list elements, window accumulators and outputs, on Spark: a script run as ``__main__`` in a
-process of its own (``record_types_job.py``), on a classic session with both backends and as a
-client of the Spark Connect server, compared with an oracle."""
+process of its own (``tests/support/record_types_job.py``), on a classic session with both
+backends and as a client of the Spark Connect server, compared with an oracle."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from support.killed_driver import driver_env
 
 pytestmark = [pytest.mark.spark, pytest.mark.subprocess]
 
-JOB = os.path.join(os.path.dirname(__file__), "record_types_job.py")
+JOB = os.path.join(os.path.dirname(__file__), os.pardir, "support", "record_types_job.py")
 
 
 def _run(base: Path, *args: str) -> dict[str, Any]:

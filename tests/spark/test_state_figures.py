@@ -13,9 +13,10 @@ import pytest
 
 from streamstate import KeyedProcessFunction, ValueStateDescriptor
 from streamstate.keygroups import assign_key_groups
-from streamstate.spark.driver.progress import FIGURES, micro_batch_figures, step_figures
+from streamstate.spark.driver.monitor.figures import FIGURES, micro_batch_figures, state_figures
 from streamstate.spark.job import JobSpec, arrow_schema_to_bytes
-from streamstate.spark.subtask import BatchResult, SubtaskRuntime
+from streamstate.spark.subtask import SubtaskRuntime
+from streamstate.spark.wire.results import BatchResult
 
 SCHEMA = pa.schema([("user", pa.string()), ("v", pa.int64()), ("_kg", pa.int32())])
 OUT = pa.schema([("user", pa.string()), ("n", pa.int64())])
@@ -128,13 +129,20 @@ def test_figures_follow_a_model_of_the_state(tmp_path: Any, backend: str) -> Non
 
 def _result(subtask: int, **kw: Any) -> BatchResult:
     from streamstate.backends.figures import StateFigures
+    from streamstate.checkpoint.metadata import SubtaskStateHandle
 
     return BatchResult(
         subtask=subtask,
         batch=0,
         version=0,
         attempt=1,
-        handle=b"",
+        handle=SubtaskStateHandle(
+            operator="op",
+            subtask_index=subtask,
+            parallelism=2,
+            max_parallelism=128,
+            key_group_range=(64 * subtask, 64 * subtask + 63),
+        ),
         state=StateFigures(**kw.pop("state")),
         **kw,
     )
@@ -149,7 +157,7 @@ def test_a_micro_batch_adds_up_its_steps_totals_and_keeps_the_last_levels() -> N
                 checkpoint_bytes=20, checkpoint_full_bytes=60, memory_bytes=200,
                 stats={"stage_ms": 9.0}, state={"rows": 4, "rows_updated": 2, "rows_removed": 0}),
     ]  # fmt: skip
-    first = step_figures(a, 7, 1000, output_rows=9)
+    first = state_figures(a, 7, 1000, output_rows=9)
     assert first["numInputRows"] == 9 and first["numRowsTotal"] == 11
     assert (first["numRowsUpdated"], first["numRowsRemoved"]) == (5, 1)
     assert (first["numHotSubtasks"], first["numReloadedSubtasks"]) == (1, 1)
@@ -159,7 +167,7 @@ def test_a_micro_batch_adds_up_its_steps_totals_and_keeps_the_last_levels() -> N
     # a no-data step after it, on a backend that tracks no changes
     b = [_result(0, restore="hot", timers=0, timers_fired=3, checkpoint_bytes=5,
                  checkpoint_full_bytes=55, state={"rows": 6})]  # fmt: skip
-    second = step_figures(b, 8, 2000, output_rows=3)
+    second = state_figures(b, 8, 2000, output_rows=3)
     both = micro_batch_figures([first, second])
     assert both is not None and set(both) == set(FIGURES)
     assert both["checkpointId"] == 8 and both["numSteps"] == 2
@@ -169,7 +177,7 @@ def test_a_micro_batch_adds_up_its_steps_totals_and_keeps_the_last_levels() -> N
     assert both["numRowsUpdated"] is None  # unknown in one step: unknown for the micro-batch
     assert both["memoryUsedBytes"] is None
     assert micro_batch_figures([]) is None
-    assert step_figures(b, 9, -(1 << 63), 0)["watermarkMs"] is None
+    assert state_figures(b, 9, -(1 << 63), 0)["watermarkMs"] is None
 
 
 @pytest.mark.parametrize("backend", ["heap", "rocksdb"])

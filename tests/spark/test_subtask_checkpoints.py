@@ -7,11 +7,11 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from functions import Count
 
 from streamstate.keygroups import assign_key_groups
 from streamstate.spark.job import JobSpec, arrow_schema_to_bytes
 from streamstate.spark.subtask import SubtaskRuntime
+from support.spark_functions import Count
 
 SCHEMA = pa.schema([("user", pa.string()), ("v", pa.int64()), ("_kg", pa.int32())])
 OUT = pa.schema([("user", pa.string()), ("n", pa.int64())])

@@ -28,10 +28,17 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from test_cluster import make_batches, oracle, restores, routes, sink_rows, write_batches
 
 from streamstate.devtools.local_cluster import LocalCluster, Node, live_processes
 from streamstate.devtools.local_netns import NetnsNetwork, unavailable
+from support.cluster_results import (
+    make_batches,
+    oracle,
+    restores,
+    routes,
+    sink_rows,
+    write_batches,
+)
 from support.jvm import JAVA_OPTIONS
 
 pytestmark = pytest.mark.netns

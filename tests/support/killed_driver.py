@@ -1,4 +1,4 @@
-"""``tests/spark/stream_driver.py`` as a child driver process that a test SIGKILLs: its start
+"""``tests/support/stream_driver.py`` as a child driver process that a test SIGKILLs: its start
 (JVM and SparkSession at once, the query on a signal), the kill at a chosen point with the
 check that every process of the query goes with it, and the state hosts left afterwards."""
 
@@ -20,17 +20,19 @@ from support.jvm import JAVA_OPTIONS
 
 __all__ = ["STREAM_DRIVER", "driver_env", "processes_naming", "run_until_killed", "start_driver"]
 
-#: the driver script (``tests/spark/stream_driver.py``; it imports its neighbours by bare name)
-STREAM_DRIVER = os.path.join(
-    os.path.dirname(os.path.dirname(__file__)), "spark", "stream_driver.py"
-)
+#: the driver script (``tests/support/stream_driver.py``)
+STREAM_DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stream_driver.py")
+#: the tests' directory (``support`` is a package in it)
+_TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def driver_env() -> dict[str, str]:
     """This process's environment for a child process (a driver, a cluster's daemons): it
-    imports the same streamstate (a source checkout is not installed)."""
+    imports the same streamstate (a source checkout is not installed), and the tests' helpers
+    as the tests do (``support.<module>``: ``tests/`` last on its path)."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (src_path(), env.get("PYTHONPATH")) if p)
+    paths = (src_path(), env.get("PYTHONPATH"), _TESTS)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     return env
 
 

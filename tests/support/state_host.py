@@ -11,11 +11,12 @@ from typing import Any
 import msgspec
 import pyarrow as pa
 
-from streamstate.spark.driver.commit import CheckpointLog
+from streamstate.spark.driver.step.commit import CheckpointLog
 from streamstate.spark.job import JobSpec, arrow_schema_to_bytes, pickle_function
-from streamstate.spark.subtask import BatchResult, job_storage
+from streamstate.spark.subtask import job_storage
 from streamstate.spark.task.host_client import run_batch, shutdown
 from streamstate.spark.wire.hosts import HostSpec, host_id, proc_start_time
+from streamstate.spark.wire.results import BatchResult
 from streamstate.spark.wire.step import StepTask
 
 __all__ = ["OUT", "SCHEMA", "Driver", "step_task", "user_batch", "wait_gone"]
@@ -83,8 +84,8 @@ class Driver:
         plan = self.log.plan(b)
         self.attempt += 1
         batch = user_batch(users)
-        raw, _ = run_batch(self.spec, step_task(self.job, plan), self.attempt, [batch])
-        result = msgspec.msgpack.decode(raw, type=BatchResult)
+        result = run_batch(self.spec, step_task(self.job, plan), self.attempt, [batch]).result
+        assert result is not None
         if commit:
             self.log.commit(plan, [result])
         return result

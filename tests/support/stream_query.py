@@ -1,4 +1,4 @@
-"""The query of ``tests/spark/stream_driver.py`` started in a test's own Spark session: what a
+"""The query of ``tests/support/stream_driver.py`` started in a test's own Spark session: what a
 driver started after another one (killed, or fenced off) runs on the same checkpoint."""
 
 from __future__ import annotations

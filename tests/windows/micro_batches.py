@@ -1,7 +1,7 @@
 """Micro-batches of a keyed window job without Spark: the driver's loop of
-``streamstate.spark.driver.streaming`` (plan, one :class:`SubtaskRuntime` per subtask, commit)
+``streamstate.spark.driver.query.streaming`` (plan, one :class:`SubtaskRuntime` per subtask, commit)
 with the records routed by key group in Python, per record or pre-aggregated by the Python
-fold the Spark task runs (:class:`~streamstate.spark.partials.PartialFold`)
+fold the Spark task runs (:class:`~streamstate.spark.partial_fold.PartialFold`)
 over random map partitions.
 
 It runs the very code of a state host's batch (prepare, begin, process, finish) and of the
@@ -20,9 +20,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from streamstate.keygroups import assign_key_groups, compute_operator_index_for_key_group
-from streamstate.spark.driver.commit import CheckpointLog
+from streamstate.spark.driver.step.commit import CheckpointLog
 from streamstate.spark.job import JobSpec, arrow_schema_to_bytes
-from streamstate.spark.partials import PartialFold, partial_schema
+from streamstate.spark.partial_fold import PartialFold
+from streamstate.spark.partials import partial_schema
 from streamstate.spark.subtask import MIN_WATERMARK, SubtaskRuntime, job_storage
 from streamstate.windows.pre_aggregation import PreAggregation
 

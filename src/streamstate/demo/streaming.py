@@ -34,7 +34,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from streamstate.demo.job import HOUR_MS, page_view_batch, page_views_per_hour
-from streamstate.spark.driver.keyed import (
+from streamstate.spark.driver.plan.resolve import (
     BACKEND_SWITCH,
     STREAMSTATE_EVENT,
     checkpointed_backend,

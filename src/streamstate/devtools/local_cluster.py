@@ -34,7 +34,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
-from streamstate.spark.task.host_client import log_tail
+from streamstate.spark.task.spawn import log_tail
 
 __all__ = ["LocalCluster", "Node", "descendants", "live_processes", "pyspark_home"]
 

@@ -705,7 +705,7 @@ class KeyedProcessOperator:
     def earliest_timers(self) -> tuple[int | None, int | None]:
         """The next event-time and processing-time timer to fire over every timer service
         (None: none pending); what a subtask reports so that the driver knows when a no-data
-        micro-batch is due (``streamstate.spark.driver.no_data``)."""
+        micro-batch is due (``streamstate.spark.driver.step.no_data``)."""
         event = processing = None
         for s in self.timer_services.values():
             e = s.earliest_event_time_timer()

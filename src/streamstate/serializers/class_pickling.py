@@ -23,7 +23,7 @@ job script, so a name such as another record class would not resolve there.
 ``detached=True`` makes the classes carried by value new classes when they are loaded, even in
 this process (cloudpickle otherwise hands back the original class and sets its attributes
 again): the driver opens a copy of the function to check its states
-(``spark/driver/checks.py``) and must leave the user's classes as it found them.
+(``spark/driver/plan/checks.py``) and must leave the user's classes as it found them.
 
 Everything here relies on cloudpickle's reduction of a class by value (its
 ``_make_skeleton_class`` / ``_make_skeleton_enum`` and ``_class_setstate``); the version is

@@ -38,8 +38,8 @@ from streamstate.lazy_exports import lazy_getattr
 
 if TYPE_CHECKING:
     from streamstate.spark.driver.environment import WorkerPythonError
-    from streamstate.spark.driver.keyed import keyed_process
-    from streamstate.spark.driver.reader import read_state, register
+    from streamstate.spark.driver.query.keyed import keyed_process
+    from streamstate.spark.driver.query.streaming import KeyedStream, KeyedStreamingQuery
     from streamstate.spark.driver.sinks import (
         ConsoleSink,
         FileSink,
@@ -48,8 +48,8 @@ if TYPE_CHECKING:
         Sink,
         StagedBatch,
     )
-    from streamstate.spark.driver.streaming import KeyedStream, KeyedStreamingQuery
     from streamstate.spark.failures import original_error
+    from streamstate.spark.offline.reader import read_state, register
     from streamstate.spark.offline.rewrite import rewrite_savepoint
     from streamstate.spark.records import Row
 
@@ -76,9 +76,9 @@ __all__ = [
 #: where each public name lives
 _MODULES = {
     "WorkerPythonError": "streamstate.spark.driver.environment",
-    "keyed_process": "streamstate.spark.driver.keyed",
-    "read_state": "streamstate.spark.driver.reader",
-    "register": "streamstate.spark.driver.reader",
+    "keyed_process": "streamstate.spark.driver.query.keyed",
+    "read_state": "streamstate.spark.offline.reader",
+    "register": "streamstate.spark.offline.reader",
     "rewrite_savepoint": "streamstate.spark.offline.rewrite",
     "ConsoleSink": "streamstate.spark.driver.sinks",
     "FileSink": "streamstate.spark.driver.sinks",
@@ -86,8 +86,8 @@ _MODULES = {
     "MemorySink": "streamstate.spark.driver.sinks",
     "Sink": "streamstate.spark.driver.sinks",
     "StagedBatch": "streamstate.spark.driver.sinks",
-    "KeyedStream": "streamstate.spark.driver.streaming",
-    "KeyedStreamingQuery": "streamstate.spark.driver.streaming",
+    "KeyedStream": "streamstate.spark.driver.query.streaming",
+    "KeyedStreamingQuery": "streamstate.spark.driver.query.streaming",
     "original_error": "streamstate.spark.failures",
     "Row": "streamstate.spark.records",
 }

@@ -3,7 +3,7 @@
 A *function error* (:func:`is_function_error`: raised by the user's function, or one of
 streamstate's errors about what the job declares) is deterministic, so it is not a task
 failure: the state host reports it as plain data (:func:`task_error_report`), the task returns
-it in its acknowledgement row, and the driver raises it once (:func:`raise_function_error`),
+it in its acknowledgement, and the driver raises it once (:func:`raise_function_error`),
 before anything is committed, with Spark's query-failure log silenced while the query stops
 (:func:`quiet_query_failure_log`). Errors of the infrastructure fail their task as before, and
 Spark retries it.
@@ -15,7 +15,7 @@ executor reaches the driver only as text, inside a ``PythonException`` with Java
 object when the driver raised it (a commit, the sink), or an exception of the same class with
 the same message and notes when a task or a state host raised it (a streamstate error, a
 built-in one such as the ``TypeError`` of a user's function), with the remote traceback in a
-note. :class:`~streamstate.spark.driver.streaming.KeyedStreamingQuery` re-raises it from
+note. :class:`~streamstate.spark.driver.query.streaming.KeyedStreamingQuery` re-raises it from
 ``await_termination()`` and ``process_all_available()``, with Spark's exception chained.
 
 Through Spark Connect the micro-batches run in a Python process on the server, so the client
@@ -39,6 +39,7 @@ import json
 import re
 import sys
 import traceback
+from collections.abc import Iterable
 from typing import Any
 
 from streamstate.errors import (
@@ -55,6 +56,8 @@ from streamstate.errors import (
     UnsupportedKeyTypeError,
     UnsupportedStateTypeError,
 )
+from streamstate.spark.wire.acks import TaskAck
+from streamstate.spark.wire.messages import ErrorReport
 
 __all__ = [
     "error_from_report",
@@ -104,34 +107,34 @@ def is_function_error(exc: BaseException) -> bool:
     return any(str(n).startswith("streamstate: raised in ") for n in getattr(exc, "__notes__", ()))
 
 
-def task_error_report(error: BaseException, where: str) -> dict[str, Any]:
-    """A function error as plain data (it travels in a task's acknowledgement row): the
-    class's qualified name, message, notes, traceback, and where it was raised."""
-    return {
-        "type": _qualified_name(type(error)),
-        "message": str(error),
-        "notes": [str(n) for n in getattr(error, "__notes__", ())],
+def task_error_report(error: BaseException, where: str) -> ErrorReport:
+    """A function error as plain data (it travels in a task's acknowledgement): the class's
+    qualified name, message, notes, traceback, and where it was raised."""
+    return ErrorReport(
+        type=_qualified_name(type(error)),
+        message=str(error),
+        notes=[str(n) for n in getattr(error, "__notes__", ())],
         # the frames only: the error's own line and notes are above them when it is raised
-        "traceback": "".join(traceback.format_tb(error.__traceback__)),
-        "where": where,
-    }
+        traceback="".join(traceback.format_tb(error.__traceback__)),
+        where=where,
+    )
 
 
-def error_from_task_report(report: dict[str, Any]) -> BaseException:
+def error_from_task_report(report: ErrorReport) -> BaseException:
     """The error a :func:`task_error_report` describes, rebuilt on the driver: its class
     (built-in, streamstate's, or of a module the driver imported) with its message and notes,
     else a :class:`~streamstate.errors.StateHostError` naming it; a last note says where it
     was raised and carries the traceback."""
-    name, message = str(report.get("type", "Exception")), str(report.get("message", ""))
+    name, message = report.type, report.message
     error = _instantiate(name, message)
     if error is None:
         error = StateHostError(f"{name}: {message}")
         error.remote_type, error.remote_message = name, message  # type: ignore[attr-defined]
-    for note in report.get("notes", []):
-        error.add_note(str(note))
+    for note in report.notes:
+        error.add_note(note)
     error.add_note(
-        f"streamstate: raised {report.get('where', 'on a Spark executor')}, at:\n"
-        + str(report.get("traceback", "")).rstrip()
+        f"streamstate: raised {report.where or 'on a Spark executor'}, at:\n"
+        + report.traceback.rstrip()
     )
     return error
 
@@ -231,7 +234,7 @@ def _qualified_name(cls: type) -> str:
     return cls.__qualname__ if module == "builtins" else f"{module}.{cls.__qualname__}"
 
 
-def failure_report(error: BaseException, batch: int, operator: str) -> bytes:
+def failure_report(error: BaseException, batch: int | None, operator: str) -> bytes:
     """What a Spark Connect server's micro-batch reports to its client about ``error`` (the
     :func:`original_error` of what it raised), as JSON: the class's qualified name, message,
     notes and traceback (plain data: the client never unpickles what a checkpoint holds)."""
@@ -275,12 +278,12 @@ def error_from_report(data: bytes) -> BaseException:
     return error
 
 
-def raise_function_error(rows: list[Any]) -> None:
-    """Raise the function error the first failing subtask's acknowledgement row carries
-    (``error`` column), if any: once, on the driver, before anything is committed."""
-    errors = sorted((int(r["subtask"]), r["error"]) for r in rows if r["error"])
-    if errors:
-        raise error_from_task_report(json.loads(errors[0][1]))
+def raise_function_error(acks: Iterable[TaskAck]) -> None:
+    """Raise the function error the first failing subtask's acknowledgement carries, if any:
+    once, on the driver, before anything is committed."""
+    failed = sorted((a for a in acks if a.error is not None), key=lambda a: a.subtask)
+    if failed and failed[0].error is not None:
+        raise error_from_task_report(failed[0].error)
 
 
 def quiet_query_failure_log(spark: Any) -> Any:

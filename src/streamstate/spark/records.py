@@ -2,7 +2,8 @@
 
 In: every input row reaches ``process_element`` as a :class:`Row`, a tuple with the input's
 column names (``row.user``, ``row["user"]``, ``row[0]``, ``row.asDict()``), like PySpark's
-``Row`` but built from whole Arrow columns at C speed.
+``Row`` but built from whole Arrow columns at C speed (their values:
+:mod:`streamstate.spark.columns`).
 
 Out: a function yields tuples (by position), dicts or rows (by name); :class:`OutputConverter`
 turns a subtask's outputs into one Arrow batch of the declared output schema, matching by name
@@ -25,21 +26,17 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import decimal
 import functools
 import operator
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import msgspec
-
 from streamstate.errors import OutputSchemaError
+from streamstate.spark.output_columns import column_builder
 
 __all__ = [
     "OutputConverter",
     "Row",
-    "column_values",
-    "event_time_ms",
     "record_fields",
     "row_class",
     "row_serializer",
@@ -203,7 +200,7 @@ class OutputConverter:
         self.schema = schema
         self.names: list[str] = list(schema.names)
         self._index = {n: i for i, n in enumerate(self.names)}
-        self._builders = [_column_builder(f.type) for f in schema]
+        self._builders = [column_builder(f.type) for f in schema]
 
     def empty(self) -> Any:
         return _empty_batch(self.schema)
@@ -298,15 +295,6 @@ class OutputConverter:
         return OutputSchemaError(f"output column {field.name!r} cannot be built as {field.type}")
 
 
-# ---- building one column -------------------------------------------------------------------
-#
-# ``pa.array(values, type=int64)`` truncates floats (1.7 -> 1, -2.9 -> -2) and takes numbers
-# for timestamps in the column's unit. Columns of those types are built by inference and a
-# *safe* cast instead, which rejects truncation, overflow and lost precision in one vectorized
-# pass; for values that are already ints (the common case) the cast is free. What this costs
-# per output: bench/output_conversion.py.
-
-
 def record_fields(value: Any) -> dict[str, Any] | None:
     """The fields of a record instance (a dataclass, a ``msgspec.Struct``, an attrs class) by
     name, or None for any other value.
@@ -333,253 +321,7 @@ def record_fields(value: Any) -> dict[str, Any] | None:
     return {name: getattr(value, name) for name in names}
 
 
-#: values that Arrow builds as they are when records inside a column become dicts
-_ARROW_BUILTINS = (
-    bytes,
-    bytearray,
-    memoryview,
-    datetime.datetime,
-    datetime.date,
-    datetime.time,
-    datetime.timedelta,
-    decimal.Decimal,
-)
-
-
-def _direct(values: Sequence[Any], type_: Any) -> Any:
-    import pyarrow as pa
-
-    return pa.array(values, type=type_, from_pandas=False)
-
-
-def _nested(values: Sequence[Any], type_: Any) -> Any:
-    """An array, map or struct column: inferred and safely cast where Arrow can infer the
-    values (lists, dicts for structs), so that a fraction in an integer list or struct field
-    raises as in a top-level column, and a struct dict must give exactly the declared fields;
-    built directly otherwise (maps from dicts or pairs, structs from tuples)."""
-    import pyarrow as pa
-
-    try:
-        inferred = pa.array(values, from_pandas=False)
-    except (pa.ArrowException, OverflowError, TypeError, ValueError):
-        try:
-            return _direct(values, type_)
-        except (pa.ArrowException, TypeError):
-            # records (dataclasses, msgspec Structs) inside the column: as dicts of their fields
-            plain = msgspec.to_builtins(values, builtin_types=_ARROW_BUILTINS)
-            if plain == values:
-                raise
-            return _nested(plain, type_)
-    if pa.types.is_struct(type_) and pa.types.is_struct(inferred.type):
-        declared = {type_.field(i).name for i in range(type_.num_fields)}
-        given = {inferred.type.field(i).name for i in range(inferred.type.num_fields)}
-        if given != declared:
-            extra, missing = sorted(given - declared), sorted(declared - given)
-            raise ValueError(
-                "a struct value must give exactly the declared fields"
-                + (f"; not declared: {extra}" if extra else "")
-                + (f"; missing: {missing} (give None for a null)" if missing else "")
-            )
-    if _strings_in(inferred.type) and not _strings_in(type_):
-        raise ValueError("strings where the declared type has none (a cast would parse them)")
-    try:
-        return inferred.cast(type_)
-    except (pa.ArrowNotImplementedError, pa.ArrowTypeError):
-        return _direct(values, type_)  # Arrow inferred another shape (dicts for a map)
-
-
-def _strings_in(type_: Any) -> bool:
-    """Whether a (nested) Arrow type has string leaves."""
-    import pyarrow as pa
-
-    if pa.types.is_string(type_) or pa.types.is_large_string(type_):
-        return True
-    return any(_strings_in(type_.field(i).type) for i in range(type_.num_fields))
-
-
-def _integer(values: Sequence[Any], type_: Any) -> Any:
-    import pyarrow as pa
-
-    try:
-        arr = pa.array(values, from_pandas=False)
-    except (pa.ArrowException, OverflowError, TypeError, ValueError):
-        # no common type (ints, floats and decimals mixed): check value by value (rare)
-        return pa.array([_integral(v) for v in values], type=type_, from_pandas=False)
-    got = arr.type
-    if got == type_:
-        return arr
-    if pa.types.is_boolean(got):
-        raise pa.ArrowTypeError("expected an integer, got a bool (declare the column boolean)")
-    if not (
-        pa.types.is_integer(got)
-        or pa.types.is_floating(got)
-        or pa.types.is_decimal(got)
-        or pa.types.is_null(got)
-    ):
-        raise pa.ArrowTypeError(f"expected an integer, got {got}")
-    # safe: a float or decimal with a fraction, NaN, inf or a value out of range raises
-    return arr.cast(type_, safe=True)
-
-
-def _integral(value: Any) -> Any:
-    if value is None or type(value) is int:
-        return value
-    if isinstance(value, bool):
-        raise _pa_type_error("expected an integer, got a bool (declare the column boolean)")
-    if isinstance(value, str | bytes):
-        raise _pa_type_error(f"expected an integer, got {type(value).__name__}")
-    as_int = int(value)  # floats, decimals, numpy numbers; NaN and inf raise here
-    if as_int != value:
-        raise ValueError(f"{value!r} is not integral")
-    return as_int
-
-
-def _pa_type_error(message: str) -> Exception:
-    import pyarrow as pa
-
-    return pa.ArrowTypeError(message)
-
-
-_NUMBERS = frozenset({int, float, bool, decimal.Decimal})
-
-
-def _timestamp(values: Sequence[Any], type_: Any) -> Any:
-    import pyarrow as pa
-
-    arr = pa.array(values, from_pandas=False)
-    got = arr.type
-    # inference turns numbers mixed with datetimes into timestamps too: look at the types
-    numbers = not _NUMBERS.isdisjoint(map(type, values))
-    if got == type_ and not numbers:
-        return arr
-    if not numbers and not (pa.types.is_timestamp(got) or pa.types.is_null(got)):
-        raise pa.ArrowTypeError(f"a timestamp column takes datetime values, not {got}")
-    if numbers:
-        raise pa.ArrowTypeError(
-            "a timestamp column takes datetime values, not numbers: a number's unit would be a "
-            "guess (event times in streamstate are milliseconds: "
-            "datetime.fromtimestamp(ms / 1000, timezone.utc)), or declare the column long"
-        )
-    # safe: nanoseconds that do not fit microseconds raise; naive datetimes are taken as UTC
-    return arr.cast(type_, safe=True)
-
-
-def _date(values: Sequence[Any], type_: Any) -> Any:
-    import pyarrow as pa
-
-    # Arrow drops a datetime's time of day into a date column (and infers date for dates
-    # mixed with datetimes): a datetime must be made a date explicitly
-    if any(isinstance(v, datetime.datetime) for v in values):
-        raise pa.ArrowTypeError(
-            "a date column takes datetime.date values; a datetime would lose its time of day "
-            "(use .date(), or declare the column timestamp)"
-        )
-    return pa.array(values, type=type_, from_pandas=False)
-
-
-def _float32(values: Sequence[Any], type_: Any) -> Any:
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    arr = pa.array(values, type=type_, from_pandas=False)
-    if pc.any(pc.is_inf(arr)).as_py():  # a finite double beyond float32's range became inf
-        wide = pa.array(values, type=pa.float64(), from_pandas=False)
-        if pc.sum(pc.is_inf(wide)).as_py() != pc.sum(pc.is_inf(arr)).as_py():
-            raise pa.ArrowInvalid("the value overflows a 32-bit float")
-    return arr
-
-
-def _column_builder(type_: Any) -> Any:
-    import pyarrow as pa
-
-    if pa.types.is_integer(type_):
-        return _integer
-    if pa.types.is_timestamp(type_):
-        return _timestamp
-    if pa.types.is_float32(type_):
-        return _float32
-    if pa.types.is_date(type_):
-        return _date
-    if pa.types.is_list(type_) or pa.types.is_struct(type_) or pa.types.is_map(type_):
-        return _nested
-    return _direct
-
-
 def _empty_batch(schema: Any) -> Any:
     import pyarrow as pa
 
     return pa.RecordBatch.from_arrays([pa.array([], f.type) for f in schema], schema=schema)
-
-
-#: time zones with a zero offset all year: their datetimes are the UTC ones with the zone set
-_UTC_ZONES = frozenset(
-    ("UTC", "Etc/UTC", "+00:00", "Z", "GMT", "Etc/GMT", "UCT", "Etc/UCT", "Universal", "Zulu")
-)
-#: datetime.datetime's range in microseconds since the epoch (year 1 to year 9999)
-_DATETIME_US = (-62135596800_000_000, 253402300799_999_999)
-
-
-def column_values(column: Any) -> list[Any]:
-    """``column.to_pylist()``, faster for timestamps (Spark sends every timestamp column in
-    the session's zone, UTC on most servers): pyarrow builds each aware datetime through the
-    zone (about 5 us a value, more than the rest of a record's path); numpy builds naive ones
-    in C and setting a zero-offset zone is cheap. Same values, same ``tzinfo``."""
-    import pyarrow as pa
-
-    typ = column.type
-    if not pa.types.is_timestamp(typ) or typ.unit == "ns" or not len(column):
-        return column.to_pylist()
-    if typ.tz is not None and typ.tz not in _UTC_ZONES:
-        return column.to_pylist()
-    import datetime
-
-    import numpy as np
-    import pyarrow.compute as pc
-
-    us = pc.cast(column, pa.timestamp("us", typ.tz)).cast(pa.int64())
-    bounds = pc.min_max(us)
-    low, high = bounds["min"].as_py(), bounds["max"].as_py()
-    if low is None:  # all nulls
-        return column.to_pylist()
-    if low < _DATETIME_US[0] or high > _DATETIME_US[1]:
-        return column.to_pylist()  # pyarrow raises the error the user would get
-    raw = us.to_numpy(zero_copy_only=False)
-    nulls = us.is_null().to_numpy(zero_copy_only=False) if column.null_count else None
-    if typ.tz is None:
-        naive = raw.astype("datetime64[us]").astype(object)
-        if nulls is not None:
-            naive[nulls] = None
-        values: list[Any] = naive.tolist()
-        return values
-    zone = column[pc.index(us, low).as_py()].as_py().tzinfo
-    # the zone's epoch plus each value as a timedelta (numpy builds those in C): datetime's
-    # C addition keeps the zone object, ~4x faster than ``replace(tzinfo=zone)`` per value
-    epoch = datetime.datetime(1970, 1, 1, tzinfo=zone)
-    if nulls is not None:
-        raw = np.where(nulls, 0, raw)
-    aware: list[Any] = list(
-        map(epoch.__add__, raw.astype("timedelta64[us]").astype(object).tolist())
-    )
-    if nulls is not None:
-        for i in np.flatnonzero(nulls).tolist():
-            aware[i] = None
-    return aware
-
-
-def event_time_ms(column: Any) -> Any:
-    """An event-time column as int64 milliseconds (timestamps of any unit, or longs)."""
-    import numpy as np
-    import pyarrow as pa
-
-    if column.null_count:
-        raise ValueError("the event-time column has nulls; every record needs an event time")
-    t = column.type
-    if pa.types.is_timestamp(t):
-        raw = column.cast(pa.int64()).to_numpy(zero_copy_only=False)
-        if t.unit == "s":
-            return pa.array(raw * 1000)
-        per_ms = {"ms": 1, "us": 1000, "ns": 1_000_000}[t.unit]
-        return pa.array(raw if per_ms == 1 else np.floor_divide(raw, per_ms))
-    if pa.types.is_integer(t):
-        return column.cast(pa.int64())
-    raise TypeError(f"event-time column has type {t}; use a timestamp or a long in milliseconds")

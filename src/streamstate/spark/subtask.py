@@ -24,26 +24,24 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-import uuid
 from collections.abc import Iterator
 from itertools import repeat
 from typing import Any
 
-import msgspec
-
-from streamstate.backends.figures import StateFigures
+from streamstate.spark.columns import column_values, event_time_ms
 from streamstate.spark.job import (
     KEY_GROUP_COLUMN,
     JobSpec,
     arrow_schema_from_bytes,
     key_serializer_for,
 )
-from streamstate.spark.records import OutputConverter, column_values, event_time_ms, row_class
+from streamstate.spark.record_batches import check_columns, check_key_groups, check_well_formed
+from streamstate.spark.records import OutputConverter, row_class
+from streamstate.spark.staging import side_output_directory, write_staged
+from streamstate.spark.wire.results import BatchResult, StagedOutput
 
 __all__ = [
     "OUTPUTS_DIR",
-    "BatchResult",
-    "StagedOutput",
     "SubtaskRuntime",
     "job_storage",
     "resident_bytes",
@@ -53,61 +51,6 @@ OUTPUTS_DIR = "outputs"
 #: outputs are converted to Arrow whenever this many are pending (bounds Python memory)
 _OUTPUT_CHUNK = 65536
 MIN_WATERMARK = -(1 << 63)
-
-
-class StagedOutput(msgspec.Struct, kw_only=True):
-    """One subtask's staged outputs of one batch (a Parquet file in checkpoint storage)."""
-
-    #: relative to the job's checkpoint directory
-    path: str
-    size: int
-    rows: int
-
-
-class BatchResult(msgspec.Struct, kw_only=True):
-    """What a subtask reports at the end of a batch (the acknowledgement the driver collects)."""
-
-    subtask: int
-    batch: int
-    #: the state version the subtask now holds (== batch)
-    version: int
-    attempt: int
-    #: encoded SubtaskStateHandle (msgpack) of chk-<batch> or of the savepoint
-    handle: bytes
-    outputs: StagedOutput | None = None
-    rows: int = 0
-    output_rows: int = 0
-    #: largest event time of the batch's records (ms), None without event time or records
-    max_event_time: int | None = None
-    restore: str = ""
-    stats: dict[str, float] = {}
-    #: side-output tag id -> its staged outputs (only the tags the job declares)
-    side_outputs: dict[str, StagedOutput] = {}
-    #: values emitted to side outputs the job does not declare (dropped)
-    side_outputs_dropped: int = 0
-    #: late elements the window operator dropped in this batch (no late-data side output)
-    late_records_dropped: int = 0
-    #: the subtask's earliest pending event-time and processing-time timers after the batch
-    #: (None: none): the driver runs a no-data micro-batch when one is due
-    #: (streamstate.spark.driver.no_data)
-    event_timer: int | None = None
-    processing_timer: int | None = None
-    #: pre-aggregated rows received (SPEC §13.2; ``rows`` counts the records they fold)
-    partials: int = 0
-    #: the keyed backend's figures after the checkpoint (rows, changes, bytes)
-    state: StateFigures | None = None
-    #: timers pending after the batch, and timers the batch fired
-    timers: int = 0
-    timers_fired: int = 0
-    #: bytes of the files this checkpoint wrote, and of every file it references (the
-    #: subtask's whole checkpointed state)
-    checkpoint_bytes: int = 0
-    checkpoint_full_bytes: int = 0
-    #: resident memory of the process that holds the state (the state host), None if unknown
-    memory_bytes: int | None = None
-    #: the latency and size histograms of the backend's metrics decorators (only with
-    #: ``latency_tracking`` / ``size_tracking`` on): ``streamstate.metrics.report_rows``
-    state_metrics: list[dict[str, Any]] = []
 
 
 def job_storage(job: JobSpec) -> Any:
@@ -339,30 +282,26 @@ class SubtaskRuntime:
     def process(self, batch: Any) -> None:
         """Process one Arrow batch of this subtask's records (value columns plus ``_kg``).
 
-        The batch is validated in full first (offsets, UTF-8; about 0.6 ms for 65,536 rows): it
-        crossed a process boundary, and reading values out of a malformed batch reads outside
-        its buffers. A malformed one raises ``ProtocolError``."""
+        The batch is checked first (:mod:`streamstate.spark.record_batches`): it crossed a
+        process boundary. A malformed one raises ``ProtocolError``, records of key groups this
+        subtask does not own ``KeyGroupOutOfRangeError``."""
         job = self.job
         n = batch.num_rows
         if not n:
             return
-        try:
-            batch.validate(full=True)
-        except (ValueError, OSError) as exc:  # pyarrow's ArrowInvalid is a ValueError
-            from streamstate.spark.wire.protocol import ProtocolError
-
-            raise ProtocolError(f"a malformed record batch: {exc}") from None
+        check_well_formed(batch)
         if job.pre_aggregation:
             self._process_partials(batch)
             return
-        self._check_columns(batch)
-        self._check_key_groups(batch.column(KEY_GROUP_COLUMN))
+        check_columns(batch, job, self.input_schema)
+        kg_column = batch.column(KEY_GROUP_COLUMN)
+        check_key_groups(kg_column, self.op.key_group_range, self.index, job.operator)
         self._rows += n
         if len(job.key_columns) == 1:
             keys: Any = batch.column(job.key_columns[0]).to_pylist()
         else:
             keys = list(zip(*(batch.column(c).to_pylist() for c in job.key_columns), strict=True))
-        kgs = batch.column(KEY_GROUP_COLUMN).to_pylist()
+        kgs = kg_column.to_pylist()
         timestamps: Any = repeat(None)
         if job.event_time is not None:
             ts = event_time_ms(batch.column(job.event_time))
@@ -377,41 +316,6 @@ class SubtaskRuntime:
         self.op.process_elements(keys, rows, timestamps, kgs)
         if len(self.op.output) >= _OUTPUT_CHUNK:
             self._collect()
-
-    def _check_columns(self, batch: Any) -> None:
-        """The batch has every column the job reads, its key groups as integers. (Other types
-        are converted as the job's schema says: Spark may send a column in another physical
-        type of the same kind, such as a large string.)"""
-        import pyarrow as pa
-
-        schema, job = batch.schema, self.job
-        for name in (*job.key_columns, *job.value_columns, KEY_GROUP_COLUMN):
-            i = schema.get_field_index(name)
-            if i < 0 or (
-                name == KEY_GROUP_COLUMN and not pa.types.is_integer(schema.field(i).type)
-            ):
-                from streamstate.spark.wire.protocol import ProtocolError
-
-                got = "no such column" if i < 0 else str(schema.field(i).type)
-                raise ProtocolError(
-                    f"a record batch for {job.operator!r} has column {name!r} as {got}; the job "
-                    f"reads {self.input_schema.field(name).type}"
-                )
-
-    def _check_key_groups(self, column: Any) -> None:
-        """Every record's key group is one of this subtask's (one pass over the column in C)."""
-        import pyarrow.compute as pc
-
-        bounds = self.op.key_group_range
-        low_high = pc.min_max(column)
-        low, high = low_high["min"].as_py(), low_high["max"].as_py()
-        if column.null_count or low < bounds.start or high > bounds.end:
-            from streamstate.errors import KeyGroupOutOfRangeError
-
-            raise KeyGroupOutOfRangeError(
-                f"records of key groups {low}-{high} (nulls: {column.null_count}) reached "
-                f"subtask {self.index} of {self.job.operator!r}, which owns {bounds}"
-            )
 
     def _process_partials(self, batch: Any) -> None:
         """One Arrow batch of pre-aggregated rows (:mod:`streamstate.spark.partials`)."""
@@ -502,7 +406,7 @@ class SubtaskRuntime:
             batch=batch_id,
             version=batch_id,
             attempt=attempt,
-            handle=msgspec.msgpack.encode(handle),
+            handle=handle,
             outputs=outputs,
             rows=self._rows,
             output_rows=self._output_rows,
@@ -538,6 +442,11 @@ class SubtaskRuntime:
         directory = f"{savepoint}/{OUTPUTS_DIR}" if savepoint else f"{OUTPUTS_DIR}/batch-{batch_id}"
         return self._write_staged(pending, self.converter.schema, directory, attempt)
 
+    def _write_staged(
+        self, batches: list[Any], schema: Any, directory: str, attempt: int
+    ) -> StagedOutput | None:
+        return write_staged(self._storage(), batches, schema, directory, self.index, attempt)
+
     def _stage_side(
         self, batch_id: int, attempt: int, savepoint: str | None
     ) -> dict[str, StagedOutput]:
@@ -547,27 +456,11 @@ class SubtaskRuntime:
         base = f"{savepoint}/{OUTPUTS_DIR}" if savepoint else f"{OUTPUTS_DIR}/batch-{batch_id}"
         staged = {}
         for tag, batches in pending.items():
-            directory = f"{base}/side-{_safe_name(tag)}"
+            directory = side_output_directory(base, tag)
             out = self._write_staged(batches, self.side_converters[tag].schema, directory, attempt)
             if out is not None:
                 staged[tag] = out
         return staged
-
-    def _write_staged(
-        self, pending: list[Any], schema: Any, directory: str, attempt: int
-    ) -> StagedOutput | None:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        rows = sum(b.num_rows for b in pending)
-        if not rows:
-            return None
-        token = uuid.uuid4().hex[:6]
-        path = f"{directory}/part-{self.index:05d}-{attempt}-{token}.parquet"
-        storage = self._storage()
-        with storage.open_write(path) as f:
-            pq.write_table(pa.Table.from_batches(pending, schema=schema), f)
-        return StagedOutput(path=path, size=storage.size(path) or 0, rows=rows)
 
 
 def resident_bytes() -> int | None:
@@ -579,18 +472,6 @@ def resident_bytes() -> int | None:
     except (OSError, ValueError, IndexError):
         return None
     return pages * os.sysconf("SC_PAGE_SIZE")
-
-
-def _safe_name(tag: str) -> str:
-    """A side-output tag id as a file-name part (other characters become ``_`` plus a short
-    digest, so that two tags never share a directory)."""
-    import hashlib
-    import re
-
-    clean = re.sub(r"[^A-Za-z0-9_.-]", "_", tag)
-    if clean == tag:
-        return tag
-    return f"{clean}-{hashlib.sha1(tag.encode()).hexdigest()[:8]}"
 
 
 def _max(column: Any) -> int | None:

@@ -86,7 +86,7 @@ def test_bad_row_cache_size_names_the_setting(bad: Any) -> None:
 
 
 def test_spark_runtime_passes_row_cache_size_to_subtasks(tmp_path: Any) -> None:
-    from streamstate.spark.driver.keyed import _backend_name
+    from streamstate.spark.driver.plan.resolve import _backend_name
     from streamstate.spark.subtask import _state_backend
 
     name, options = _backend_name(RocksDBStateBackend(row_cache_size=4 << 20))

@@ -96,6 +96,8 @@ def _batch() -> tuple[bytes, bytes]:
 
 
 def channel_seeds() -> list[Seed]:
+    from streamstate.spark.wire.messages import Data, End, Hello, Ping
+    from streamstate.spark.wire.security import PROTOCOL_VERSION
     from streamstate.spark.wire.step import Begin, StepTask
 
     job = _job()
@@ -112,16 +114,16 @@ def channel_seeds() -> list[Seed]:
     )
     begin = Begin(task=task, subtask=0, attempt=0, schema=schema)
     batch = [
-        *_message({"t": "HELLO", "proto": 4}),
+        *_message(Hello(proto=PROTOCOL_VERSION)),
         *_message(begin),
-        *_message({"t": "DATA"}, body),
-        *_message({"t": "DATA"}, body),
-        *_message({"t": "END"}),
+        *_message(Data(), body),
+        *_message(Data(), body),
+        *_message(End()),
     ]
     return [
         Seed(join_records(batch), "begin-data-end", {"job": job}),
         Seed(
-            join_records(_message({"t": "PING"}) + _message({"t": "HELLO", "proto": 4})),
+            join_records(_message(Ping()) + _message(Hello(proto=PROTOCOL_VERSION))),
             "ping-hello",
             {"job": job},
         ),
@@ -150,7 +152,7 @@ def decode_channel(data: bytes, job: Any, max_body: int = 1 << 20) -> None:
     from streamstate.spark.host.state_host import StateHost
     from streamstate.spark.subtask import SubtaskRuntime
     from streamstate.spark.wire.hosts import HostSpec, JobPin
-    from streamstate.spark.wire.protocol import Connection
+    from streamstate.spark.wire.protocol import HOST_RECEIVES, Connection
     from streamstate.spark.wire.security import session_keys
 
     client = session_keys(_SECRET, _HOST, *_NONCES, client=True)
@@ -165,7 +167,7 @@ def decode_channel(data: bytes, job: Any, max_body: int = 1 << 20) -> None:
         b.settimeout(5.0)
         a.sendall(wire)
         a.shutdown(socket.SHUT_WR)
-        conn = Connection(b, host_keys, max_body=max_body)
+        conn = Connection(b, host_keys, HOST_RECEIVES, max_body=max_body)
         spec = HostSpec(
             id=_HOST,
             job=job.checkpoint_url,
@@ -187,16 +189,19 @@ def decode_channel(data: bytes, job: Any, max_body: int = 1 << 20) -> None:
             runtime.close()
 
 
-def _serve(host: Any, runtime: Any, header: dict[str, Any], body: Any, schema: list[Any]) -> None:
-    """One message, decoded as the host decodes it (``schema``: the current BEGIN's, updated)."""
+def _serve(host: Any, runtime: Any, header: Any, body: Any, schema: list[Any]) -> None:
+    """One message, decoded as the host decodes it (``header``: a typed message of
+    :mod:`streamstate.spark.wire.messages`; ``schema``: the current BEGIN's, updated)."""
     import pyarrow as pa
 
-    kind = header["t"]
-    if kind == "BEGIN":
-        begin, _ = host.check_begin(header)
-        if begin.schema is not None:
-            schema[0] = _arrow(pa.ipc.read_schema, pa.py_buffer(begin.schema))
-    elif kind == "DATA" and schema[0] is not None and body is not None:
+    from streamstate.spark.wire.messages import Data
+    from streamstate.spark.wire.step import Begin
+
+    if isinstance(header, Begin):
+        host.check_begin(header)
+        if header.schema is not None:
+            schema[0] = _arrow(pa.ipc.read_schema, pa.py_buffer(header.schema))
+    elif isinstance(header, Data) and schema[0] is not None and body is not None:
         # as the host reads a DATA body (state_host.py), then hands it to its runtime
         runtime.process(_arrow(pa.ipc.read_record_batch, pa.py_buffer(body), schema[0]))
 

@@ -192,7 +192,7 @@ def _keyed_restore(backend_factory: Callable[[Any], Any]) -> Callable[[bytes, Se
 def _metadata(corpus: Corpus) -> Callable[[bytes, Seed], Any]:
     from streamstate.checkpoint.metadata import decode_metadata
     from streamstate.checkpoint.storage import CompletedCheckpoint, FileSystemCheckpointStorage
-    from streamstate.spark.driver.commit import staged_outputs, staged_side_outputs
+    from streamstate.spark.driver.step.staged import staged_outputs, staged_side_outputs
 
     storages: dict[str, Any] = {}
 

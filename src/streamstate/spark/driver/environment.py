@@ -28,6 +28,8 @@ import sys
 from typing import Any
 
 from streamstate.errors import StreamStateError
+from streamstate.spark.driver.session import is_connect
+from streamstate.spark.job import src_path
 
 __all__ = [
     "WORKER_MODULES",
@@ -55,31 +57,9 @@ class WorkerPythonError(StreamStateError, RuntimeError):
     """Spark's Python workers run an interpreter that cannot run streamstate."""
 
 
-def ensure_worker_path(spark: Any) -> None:
-    """Make Python workers find this ``streamstate`` (a source checkout is not installed):
-    functions (and data sources) created from now on carry its directory in their
-    PYTHONPATH."""
-    from streamstate.spark.driver.session import is_connect
-    from streamstate.spark.job import src_path
-
-    if is_connect(spark):
-        # no sparkContext: the server's Python workers must import streamstate themselves
-        # (installed there; docs/spark/connect.md), which is checked once
-        check_worker_python(spark)
-        return
-    sc = spark.sparkContext
-    here = src_path()
-    current = sc.environment.get("PYTHONPATH", "")
-    if here not in current.split(os.pathsep):
-        sc.environment["PYTHONPATH"] = os.pathsep.join(p for p in (here, current) if p)
-    check_worker_python(spark, sc.environment["PYTHONPATH"])
-
-
 def check_worker_python(spark: Any, pythonpath: str = "") -> None:
     """Raise :class:`WorkerPythonError` if the Python that Spark's workers run on this machine
     cannot import what streamstate needs (local masters only; cached per interpreter)."""
-    from streamstate.spark.driver.session import is_connect
-
     if is_connect(spark):
         check_connect_server_python(spark)  # the workers run on the server, with its Python
         return
@@ -210,3 +190,20 @@ def check_connect_server_python(spark: Any) -> None:
             f"({report['missing'][0][1]}). {remedy}"
         )
     _CHECKED_SESSIONS.add(session)
+
+
+def ensure_worker_path(spark: Any) -> None:
+    """Make Python workers find this ``streamstate`` (a source checkout is not installed):
+    functions (and data sources) created from now on carry its directory in their
+    PYTHONPATH."""
+    if is_connect(spark):
+        # no sparkContext: the server's Python workers must import streamstate themselves
+        # (installed there; docs/spark/connect.md), which is checked once
+        check_worker_python(spark)
+        return
+    sc = spark.sparkContext
+    here = src_path()
+    current = sc.environment.get("PYTHONPATH", "")
+    if here not in current.split(os.pathsep):
+        sc.environment["PYTHONPATH"] = os.pathsep.join(p for p in (here, current) if p)
+    check_worker_python(spark, sc.environment["PYTHONPATH"])

@@ -7,7 +7,7 @@ sink gets the same staged files again (the batch is not recomputed), so a sink t
 per batch id makes the query exactly-once end to end.
 
 The batch id a sink sees is the **checkpoint id** of the step: the same as Spark's micro-batch
-id until the query's first no-data micro-batch (:mod:`streamstate.spark.driver.no_data`),
+id until the query's first no-data micro-batch (:mod:`streamstate.spark.driver.step.no_data`),
 which takes the next id, as every later step does. It is stable across replays and restarts,
 so it stays the key to deduplicate by; :attr:`StagedBatch.spark_batch` names Spark's micro-batch and
 :attr:`StagedBatch.no_data` marks a micro-batch without input.
@@ -73,7 +73,7 @@ class StagedBatch:
     spark: Any
     #: the Spark micro-batch whose input the state had consumed (None: unknown)
     spark_batch: int | None = None
-    #: a no-data micro-batch: only timers fired (streamstate.spark.driver.no_data)
+    #: a no-data micro-batch: only timers fired (streamstate.spark.driver.step.no_data)
     no_data: bool = False
 
     @property
@@ -120,6 +120,15 @@ class Sink(ABC):
     @abstractmethod
     def write(self, batch: StagedBatch) -> None:
         """Deliver one committed micro-batch (called again with the same id on a replay)."""
+
+    def mirror_to(self, storage: Any, directory: str) -> None:  # noqa: B027 - optional hook
+        """Spark Connect: the query's micro-batches run on the server, which writes what this
+        sink receives in its process under ``directory`` of the checkpoint's ``storage``, for
+        the client's copy to :meth:`sync` (a sink that keeps its batches in memory; the others
+        deliver where the client reads them anyway)."""
+
+    def sync(self) -> None:  # noqa: B027 - optional hook
+        """Spark Connect client: take in what the server's copy received (:meth:`mirror_to`)."""
 
 
 class MemorySink(Sink):

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from streamstate.spark.wire.network import tcp_tune
-from streamstate.spark.wire.protocol import Connection
+from streamstate.spark.wire.protocol import HOST_RECEIVES, Connection
 from streamstate.spark.wire.security import REPLY_BYTES, AuthError, ServerHandshake, peer_uid
 
 __all__ = ["MAX_LINE", "Acceptor", "Ready", "RefusalLog"]
@@ -268,7 +268,7 @@ class Acceptor:
             self.refusals(p.peer, "connection", exc)
             p.sock.close()
             return
-        ready = Ready(Connection(p.sock, keys, self.max_frame), p.kind, p.peer)
+        ready = Ready(Connection(p.sock, keys, HOST_RECEIVES, self.max_frame), p.kind, p.peer)
         self.ready.put((0 if p.kind == "unix" else 1, next(self._seq), ready))
 
     def _expire(self, now: float) -> None:

@@ -55,6 +55,8 @@ import msgspec
 import setproctitle
 
 from streamstate.spark.host import state_host
+from streamstate.spark.host.run_dir import hold_lock, listen_unix
+from streamstate.spark.host.startup import warm_imports
 from streamstate.spark.wire.hosts import ForkRequest, JobPin, host_paths, proc_start_time
 from streamstate.spark.wire.security import peer_uid
 
@@ -85,7 +87,7 @@ def serve_zygote(
     fork a host for each request until the JVM ``watch_pid`` exits or ``idle_timeout`` seconds
     pass without one."""
     paths = host_paths(zid, run_dir)
-    lock, holder = state_host.hold_lock(paths["lock"])
+    lock, holder = hold_lock(paths["lock"])
     if lock is None:
         _report(status_fd, f"ERROR another zygote (pid {holder or '?'}) holds {paths['lock']}")
         return 3
@@ -93,14 +95,14 @@ def serve_zygote(
         _report(status_fd, f"ERROR the JVM {watch_pid} is already gone")
         return 4
     watch = os.pidfd_open(watch_pid)
-    state_host.warm_imports()
+    warm_imports()
     import cloudpickle  # noqa: F401 - what serve() imports before READY
     import pyarrow  # noqa: F401
 
     import streamstate.spark.subtask  # noqa: F401
 
     try:
-        listener = state_host.listen_unix(paths["sock"], 64)
+        listener = listen_unix(paths["sock"], 64)
     except OSError as exc:
         _report(status_fd, f"ERROR cannot bind {paths['sock']}: {exc}")
         return 5

@@ -1,4 +1,5 @@
-"""Checkpoints outside a running query: state as a Spark data source, and savepoint rewrites.
+"""Offline tools on checkpoints, outside any running query: state as a Spark data source,
+savepoint rewrites and the rollback of a streaming job.
 
 The formats ``streamstate`` and ``streamstate-metadata`` (``source.py``) read a checkpoint or
 savepoint without the program that wrote it, in Spark's Python workers:
@@ -11,6 +12,10 @@ savepoint without the program that wrote it, in Spark's Python workers:
 * ``keyed_rows.py``, ``changes.py``, ``operator_rows.py``, ``metadata.py``: the rows of
   each kind of read.
 
-On the driver, ``rewrite.py`` (``rewrite_savepoint``) writes a new savepoint with states
-replaced from DataFrames, renamed, dropped or re-keyed.
+On the driver: ``reader.py`` (``register`` puts the formats in a session, ``read_state`` is
+the shortcut of one read), ``rewrite.py`` (``rewrite_savepoint``: a new savepoint with states
+replaced from DataFrames, renamed, dropped or re-keyed) and ``rollback.py`` (``streamstate
+checkpoints rollback``). They take of the driver only its base (the session, the workers'
+Python, the sinks, Spark's checkpoint); the query API (``keyed_process``) registers the
+formats. The map of ``spark/`` is in ``docs/architecture.md``.
 """

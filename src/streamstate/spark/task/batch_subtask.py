@@ -21,8 +21,8 @@ from itertools import repeat
 from typing import Any
 
 from streamstate.errors import UnsupportedKeyTypeError
+from streamstate.spark.columns import column_values, event_time_ms
 from streamstate.spark.job import KEY_GROUP_COLUMN, JobSpec
-from streamstate.spark.records import column_values, event_time_ms
 from streamstate.spark.subtask import SubtaskRuntime
 
 __all__ = ["BatchSubtaskRuntime", "run_starts"]

@@ -1,9 +1,9 @@
 """The functions Spark runs in ``mapInArrow``, one per subtask (= partition).
 
 * :func:`micro_batch_task`: streams the partition to the subtask's state host and yields one
-  acknowledgement row (the subtask's ``BatchResult``); the outputs are staged by the host. A
-  no-data micro-batch runs the same task over one row per subtask (``range(p)`` in ``p``
-  partitions: no shuffle) and streams nothing.
+  acknowledgement row (the subtask's :class:`~streamstate.spark.wire.acks.TaskAck`); the outputs
+  are staged by the host. A no-data micro-batch runs the same task over one row per subtask
+  (``range(p)`` in ``p`` partitions: no shuffle) and streams nothing.
 * :func:`bounded_task`: a static DataFrame; runs the subtask inside the task (in batch or
   streaming execution) and yields its outputs (or, when a savepoint is written, stages them and
   yields the acknowledgement).
@@ -18,7 +18,6 @@ the function file once per query run).
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -26,35 +25,22 @@ from typing import Any
 import msgspec
 
 from streamstate.spark.job import KEY_GROUP_COLUMN
+from streamstate.spark.wire.acks import ACK_COLUMN, TaskAck, encode_ack
 from streamstate.spark.wire.hosts import HostSettings
+from streamstate.spark.wire.messages import HostLocation
 from streamstate.spark.wire.step import StepTask
 
-__all__ = [
-    "ACK_SCHEMA",
-    "bounded_task",
-    "fold_task",
-    "micro_batch_task",
-    "subtask_of_partition",
-]
-
-#: the Spark schema of acknowledgement rows: ``error`` (JSON) is set instead of ``result`` when
-#: the function raised (spark/failures.py: a function error is data, not a failed task)
-ACK_SCHEMA = "subtask int, result binary, timings string, error string"
+__all__ = ["bounded_task", "fold_task", "micro_batch_task", "subtask_of_partition"]
 
 
-def _ack(
-    subtask: int, result: bytes, timings: dict[str, Any], error: dict[str, Any] | None = None
-) -> Any:
+def _ack(ack: TaskAck) -> Any:
+    """The task's one row of :data:`~streamstate.spark.wire.acks.ACK_SCHEMA`: its ack, or
+    instead of a result the function's error (a function error is data, not a failed task:
+    spark/failures.py)."""
     import pyarrow as pa
 
     return pa.RecordBatch.from_arrays(
-        [
-            pa.array([subtask], pa.int32()),
-            pa.array([result], pa.binary()),
-            pa.array([json.dumps(timings)], pa.string()),
-            pa.array([None if error is None else json.dumps(error)], pa.string()),
-        ],
-        names=["subtask", "result", "timings", "error"],
+        [pa.array([encode_ack(ack)], pa.binary())], names=[ACK_COLUMN]
     )
 
 
@@ -70,7 +56,7 @@ def _check_batch_id(ctx: Any, batch_id: int | None) -> None:
 def micro_batch_task(
     step: StepTask,
     hosts: HostSettings,
-    locations: dict[int, dict[str, Any]],
+    locations: dict[int, HostLocation],
 ) -> Callable[[Iterator[Any]], Iterator[Any]]:
     """The task of one step: ``step`` as the driver planned it (sent on to the host
     unchanged), ``hosts`` how to reach the query run's hosts, ``locations`` subtask -> where
@@ -80,7 +66,8 @@ def micro_batch_task(
     def task(batches: Iterator[Any]) -> Iterator[Any]:
         from pyspark import TaskContext
 
-        from streamstate.spark.task.host_client import FunctionFailed, find_jvm_pid, run_batch
+        from streamstate.spark.task.host_client import FunctionFailed, run_batch
+        from streamstate.spark.task.spawn import find_jvm_pid
 
         ctx = _task_context(TaskContext.get())
         index = ctx.partitionId()
@@ -90,7 +77,7 @@ def micro_batch_task(
                 pass
             batches = iter(())
         try:
-            result, timings = run_batch(
+            ack = run_batch(
                 hosts.spec(index, watch_pid=find_jvm_pid()),
                 step,
                 ctx.taskAttemptId(),
@@ -102,11 +89,11 @@ def micro_batch_task(
             )
         except FunctionFailed as failed:
             # the host dropped the batch; the driver raises the error once, no retry
-            yield _ack(index, b"", {}, failed.report)
+            yield _ack(TaskAck(subtask=index, error=failed.report))
             return
-        timings["worker_pid"] = os.getpid()
-        timings["attempt_number"] = ctx.attemptNumber()
-        yield _ack(index, result, timings)
+        ack.timings.worker_pid = os.getpid()
+        ack.timings.attempt_number = ctx.attemptNumber()
+        yield _ack(ack)
 
     return task
 
@@ -182,11 +169,11 @@ def bounded_task(
             if savepoint is None or not is_function_error(exc):
                 raise  # a lazy DataFrame's rows carry no error: Spark reports it
             where = f"in {job.operator!r} subtask {index} (batch mode)"
-            yield _ack(index, b"", {}, task_error_report(exc, where))
+            yield _ack(TaskAck(subtask=index, error=task_error_report(exc, where)))
             return
         finally:
             runtime.close()
-        yield _ack(index, msgspec.msgpack.encode(result), {})
+        yield _ack(TaskAck(subtask=index, result=result))
 
     return task
 
@@ -205,7 +192,7 @@ def fold_task(
 
     def task(batches: Iterator[Any]) -> Iterator[Any]:
         from streamstate.spark.job import JobSpec, arrow_schema_from_bytes, load_function
-        from streamstate.spark.partials import PartialFold
+        from streamstate.spark.partial_fold import PartialFold
         from streamstate.windows.pre_aggregation import pre_aggregation_of
 
         job = msgspec.msgpack.decode(job_bytes, type=JobSpec)

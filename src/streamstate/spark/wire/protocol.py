@@ -18,31 +18,38 @@ host's uid (``SO_PEERCRED``). Both sides then derive the connection's two AES-25
 
 **Messages** after the handshake are sealed (:mod:`streamstate.spark.wire.channel`: encrypted,
 authenticated, numbered per direction, so a replayed, reordered, dropped, injected or changed
-frame is refused). A message is a msgpack header (a map whose ``"t"`` names it) and an
-optional body: one Arrow record batch in IPC stream format without its schema (the schema
-travels once, in BEGIN). The header is at most :data:`MAX_HEADER_BYTES`, the body at most the
-connection's limit, both checked before the bytes are read::
+frame is refused). A message is a msgpack header, one ``msgspec.Struct`` of
+:mod:`streamstate.spark.wire.messages` whose ``"t"`` names it, and an optional body: one Arrow
+record batch in IPC stream format without its schema (the schema travels once, in BEGIN). The
+header is at most :data:`MAX_HEADER_BYTES`, the body at most the connection's limit, both
+checked before the bytes are read; a header is decoded once, into the type its receiver expects
+(a host :data:`~streamstate.spark.wire.messages.ToHost`, a client
+:data:`~streamstate.spark.wire.messages.ToClient`)::
 
     task -> host                                  host -> task
-    HELLO    {proto}                              HELLO  {pid, version, lineage, rlimit_as,
-                                                          id, node, tcp, unix}
-    BEGIN    {subtask, job, batch, base, lineage, BEGUN  {restore, restore_ms}
-              new_lineage, base_attempt, attempt,
-              watermark, processing_time, schema}
-    DATA     + record batch                       OK                      (one per DATA)
-    END                                           DONE   {result}         (a BatchResult)
-    PING                                          PONG   {version}
-    SHUTDOWN {reason, pid?}                       BYE    (ignored if pid is not its own)
-    (any error)                                   ERROR  {type, message, traceback}
+    Hello    {proto}                              HostHello {proto, location, version,
+                                                             lineage, rlimit_as, started}
+    Begin    {task: StepTask, subtask, attempt,   Begun     {restore, restore_ms}
+              schema}
+    Data     + record batch                       Ok                     (one per Data)
+    End                                           Done      {result: BatchResult}
+    Ping                                          Pong      {version}
+    Shutdown {reason, pid?}                       Bye       {ignored}   (pid not its own)
+    (any error)                                   Error     {type, message, traceback,
+                                                             report?: ErrorReport}
 
 DATA is answered before the next DATA is sent (lock-step), so a host never buffers more than
 one Arrow batch of a partition and a failure stops the stream at once. A host serves only the
 job it was started for: a BEGIN naming another checkpoint, operator, function or storage
 options is refused (:mod:`streamstate.spark.host.state_host`).
 
-Version 3 (this one) seals every frame after the handshake; version 2 added the handshake, the
-frame limits, the location fields of HELLO and ``subtask`` in BEGIN. A peer of another version
-fails the handshake with a message naming both versions (its first bytes carry its version).
+Version 5 (this one) types every message both ways (a host's HELLO carries its location as one
+field, DONE the result itself, ERROR a typed report); version 4 typed the step in BEGIN, 3
+sealed every frame after the handshake, 2 added the handshake, the frame limits, the location
+fields of HELLO and ``subtask`` in BEGIN. The hosts and the tasks of one install always speak
+the same version (a host is started from the task's own interpreter and ``PYTHONPATH``); a peer
+of another version fails the handshake with a message naming both versions (its first bytes
+carry its version).
 """
 
 from __future__ import annotations
@@ -52,13 +59,17 @@ from typing import Any
 import msgspec
 
 from streamstate.spark.wire.channel import FrameError, SecureChannel
+from streamstate.spark.wire.messages import ToClient, ToHost
 from streamstate.spark.wire.security import PROTOCOL_VERSION, SessionKeys
 
 __all__ = [
+    "CLIENT_RECEIVES",
+    "HOST_RECEIVES",
     "MAX_BODY_BYTES",
     "MAX_HEADER_BYTES",
     "PROTOCOL_VERSION",
     "Connection",
+    "MalformedMessage",
     "ProtocolError",
 ]
 
@@ -67,35 +78,57 @@ MAX_HEADER_BYTES = 1 << 20
 #: default limit of one body (one Arrow record batch of a partition)
 MAX_BODY_BYTES = 1 << 30
 _encode = msgspec.msgpack.Encoder().encode
-_decode = msgspec.msgpack.Decoder().decode
-
-
-def _kind(header: dict[str, Any] | msgspec.Struct) -> Any:
-    return header.get("t") if isinstance(header, dict) else getattr(header, "t", None)
+#: what a state host's connection decodes, and what a client's does
+HOST_RECEIVES = msgspec.msgpack.Decoder(ToHost)
+CLIENT_RECEIVES = msgspec.msgpack.Decoder(ToClient)
 
 
 class ProtocolError(RuntimeError):
     """A peer sent something the protocol does not allow."""
 
 
+class MalformedMessage(ProtocolError):
+    """A sealed frame verified but its header is not a message the receiver takes (the
+    channel is still in step: the receiver may answer with an ERROR)."""
+
+
+def _kind(head: bytes) -> str:
+    """What a header that did not decode into its type calls itself (for the error only)."""
+    try:
+        header = msgspec.msgpack.decode(head)
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+        return "message"
+    kind = header.get("t") if isinstance(header, dict) else None
+    return str(kind)[:40] if isinstance(kind, str) else "message"
+
+
 class Connection:
-    """A framed, blocking, sealed connection over a connected and authenticated socket."""
+    """A framed, blocking, sealed connection over a connected and authenticated socket;
+    ``receives`` decodes the headers the peer sends (:data:`HOST_RECEIVES` on a host,
+    :data:`CLIENT_RECEIVES` on its client)."""
 
-    __slots__ = ("channel", "max_body", "sock")
+    __slots__ = ("_decode", "channel", "max_body", "sock")
 
-    def __init__(self, sock: Any, keys: SessionKeys, max_body: int = MAX_BODY_BYTES) -> None:
+    def __init__(
+        self,
+        sock: Any,
+        keys: SessionKeys,
+        receives: msgspec.msgpack.Decoder[Any],
+        max_body: int = MAX_BODY_BYTES,
+    ) -> None:
         self.sock = sock
         self.channel = SecureChannel(sock, keys)
         self.max_body = max_body
+        self._decode = receives.decode
 
-    def send(self, header: dict[str, Any] | msgspec.Struct, body: Any = None) -> None:
-        """Send a message: ``header`` a msgpack map with ``"t"`` (a dict, or a tagged
-        ``msgspec.Struct`` such as :class:`~streamstate.spark.wire.step.Begin`)."""
+    def send(self, header: msgspec.Struct, body: Any = None) -> None:
+        """Send a message: ``header`` one of :mod:`streamstate.spark.wire.messages` (or
+        :class:`~streamstate.spark.wire.step.Begin`), ``body`` an Arrow record batch's bytes."""
         head = _encode(header)
         size = 0 if body is None else memoryview(body).nbytes
         if len(head) > MAX_HEADER_BYTES:
             raise ProtocolError(
-                f"message {_kind(header)!r} has a {len(head)}-byte header; the limit is "
+                f"message {type(header).__name__} has a {len(head)}-byte header; the limit is "
                 f"{MAX_HEADER_BYTES}"
             )
         if size > self.max_body:
@@ -106,21 +139,21 @@ class Connection:
             )
         self.channel.send(head, body if size else None)
 
-    def recv(self) -> tuple[dict[str, Any], bytearray | None]:
-        """The next message; raises :class:`ProtocolError` for a frame that does not verify,
-        an oversized length (before reading it), a truncated frame or a header that is not a
-        msgpack map with ``"t"``, and ``EOFError`` if the peer closed between two messages."""
+    def recv(self) -> tuple[Any, bytearray | None]:
+        """The next message, decoded into its type; raises :class:`ProtocolError` for a frame
+        that does not verify, an oversized length (before reading it) or a truncated frame,
+        :class:`MalformedMessage` for a header that is not a message this side takes, and
+        ``EOFError`` if the peer closed between two messages."""
         try:
             head, body = self.channel.recv(MAX_HEADER_BYTES, self.max_body)
         except FrameError as exc:
             raise ProtocolError(str(exc)) from exc
         try:
-            header = _decode(head)
+            return self._decode(head), body
+        except msgspec.ValidationError as exc:
+            raise MalformedMessage(f"malformed {_kind(head)}: {exc}") from exc
         except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
-            raise ProtocolError(f"malformed message header: {exc}") from exc
-        if not isinstance(header, dict) or not isinstance(header.get("t"), str):
-            raise ProtocolError(f"malformed message header {str(header)[:100]!r}")
-        return header, body
+            raise MalformedMessage(f"malformed message header: {exc}") from exc
 
     def close(self) -> None:
         self.sock.close()

@@ -59,7 +59,7 @@ __all__ = [
 
 #: version of the host protocol: the handshake, the sealed frames and the messages
 #: (:mod:`streamstate.spark.wire.protocol`); both sides' first bytes carry it
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 #: the first bytes of both sides of a handshake: "SSHOST", a zero byte, the protocol version
 _MAGIC_PREFIX = b"SSHOST\x00"
 MAGIC = _MAGIC_PREFIX + bytes([PROTOCOL_VERSION])

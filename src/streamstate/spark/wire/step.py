@@ -1,8 +1,8 @@
 """A step's task, as one typed message from the driver to the state host of every subtask.
 
-The driver plans a step once (:meth:`~streamstate.spark.driver.commit.BatchPlan.task`): a
+The driver plans a step once (:meth:`~streamstate.spark.driver.step.commit.BatchPlan.task`): a
 :class:`StepTask` travels unchanged in the closure of the step's Spark tasks (or in the driver's
-own delivery, :mod:`streamstate.spark.driver.delivery`) and, inside a :class:`Begin`, to each
+own delivery, :mod:`streamstate.spark.driver.step.delivery`) and, inside a :class:`Begin`, to each
 subtask's host, which validates it as plain data before anything in it is used. Its fields keep
 their names all the way; what differs by subtask (the subtask, its task attempt, the schema of
 its records) is the :class:`Begin`'s.
@@ -35,7 +35,7 @@ class StepTask(msgspec.Struct, frozen=True, kw_only=True):
     processing_time: int | None = None
     #: the Spark micro-batch whose ``foreachBatch`` call runs the step (None: the idle ticker)
     spark_batch: int | None = None
-    #: a micro-batch without input (:mod:`streamstate.spark.driver.no_data`): a task streams
+    #: a micro-batch without input (:mod:`streamstate.spark.driver.step.no_data`): a task streams
     #: no records
     no_data: bool = False
 

@@ -1,0 +1,165 @@
+"""A state host's files in its node's run directory: its lock, its Unix socket, and what hosts
+that exited long ago left behind (:func:`clean_stale_host_files`, run by every host start).
+
+A host (and the host zygote, :mod:`streamstate.spark.host.zygote`) holds the ``flock`` of its
+``<id>.lock`` for its whole life (:func:`hold_lock`): a second host of the same id exits at
+once, and a lock that nobody holds says the host is gone. Its socket is its owner's only
+(:func:`listen_unix`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+from streamstate.spark.wire.hosts import host_paths
+
+__all__ = [
+    "KEEP_LOGS_S",
+    "STALE_AFTER_S",
+    "SocketFile",
+    "clean_run_dir",
+    "clean_stale_host_files",
+    "hold_lock",
+    "listen_unix",
+]
+
+
+#: files of a host that exited are removed once this old (seconds since last written)...
+STALE_AFTER_S = 3600.0
+#: ... and its log once this old (it tells what happened to a run, for a while)
+KEEP_LOGS_S = 7 * 86400.0
+
+
+def clean_stale_host_files(
+    directory: str,
+    *,
+    stale_after: float = STALE_AFTER_S,
+    keep_logs: float = KEEP_LOGS_S,
+    now: float | None = None,
+) -> list[str]:
+    """Remove what hosts that no longer run left in a node's run directory: the ``.lock``,
+    ``.spawn`` and ``.sock`` files and the ``.d`` working directory (RocksDB) of every host
+    whose lock is free and whose files were last written ``stale_after`` seconds ago or
+    earlier, and its ``.log`` once ``keep_logs`` seconds old. A host that runs holds its lock
+    (and a task that starts one holds the spawn lock), so neither is touched. Returns the paths
+    removed."""
+    import shutil
+
+    now = time.time() if now is None else now
+    removed: list[str] = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    ids = {n.rsplit(".", 1)[0] for n in names if n.endswith((".lock", ".spawn", ".log"))}
+    for hid in sorted(ids):
+        paths = host_paths(hid, directory)
+        try:
+            newest = max(
+                os.stat(paths[k]).st_mtime
+                for k in ("lock", "spawn", "log")
+                if os.path.exists(paths[k])
+            )
+        except (OSError, ValueError):
+            continue
+        if now - newest < stale_after:
+            continue
+        held = []
+        try:
+            for k in ("spawn", "lock"):
+                if not os.path.exists(paths[k]):
+                    continue
+                f = open(paths[k], "a")  # noqa: SIM115 - closed below
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    f.close()
+                    raise
+                held.append(f)
+            for k in ("sock", "lock", "spawn"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(paths[k])
+                    removed.append(paths[k])
+            if os.path.isdir(paths["local"]):
+                shutil.rmtree(paths["local"], ignore_errors=True)
+                removed.append(paths["local"])
+            if os.path.exists(paths["log"]) and now - newest >= keep_logs:
+                os.unlink(paths["log"])
+                removed.append(paths["log"])
+        except BlockingIOError:
+            continue  # a host runs, or a task is starting it
+        finally:
+            for f in held:
+                f.close()
+    return removed
+
+
+def hold_lock(path: str) -> tuple[Any, str]:
+    """Take the ``flock`` of ``path`` for the life of the process and write this pid into it:
+    (the open file, ""), or (None, what the holder wrote: its pid) if another process holds it."""
+    lock = open(path, "a+")  # noqa: SIM115 - held for the life of the process
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip()
+        lock.close()
+        return None, holder
+    lock.seek(0)
+    lock.truncate()
+    lock.write(str(os.getpid()))
+    lock.flush()
+    return lock, ""
+
+
+def listen_unix(path: str, backlog: int) -> socket.socket:
+    """A listening Unix socket at ``path``, the file the owner's only (0600); a socket file left
+    there by a dead process is replaced (the caller holds the lock that says so). Raises
+    OSError if it cannot bind."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old_umask = os.umask(0o177)
+    try:
+        listener.bind(path)
+    except OSError:
+        listener.close()
+        raise
+    finally:
+        os.umask(old_umask)
+    listener.listen(backlog)
+    return listener
+
+
+def clean_run_dir(directory: str, log: Callable[[str], None]) -> None:
+    """What hosts that exited long ago left in this node's run directory goes (every host
+    start sweeps it: the directory does not grow with every query run); ``log`` says what."""
+    try:
+        removed = clean_stale_host_files(directory)
+    except Exception as exc:  # never worth failing a host for
+        log(f"cleaning {directory} failed: {exc!r}")
+        return
+    if removed:
+        log(f"removed {len(removed)} files of hosts that exited in {directory}")
+
+
+class SocketFile:
+    """The host's socket file, unlinked only while it is still this host's (a new host of the
+    same id may have bound the path since)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.inode = os.stat(path).st_ino
+
+    def unlink(self) -> None:
+        try:
+            if os.stat(self.path).st_ino == self.inode:
+                os.unlink(self.path)
+        except FileNotFoundError:
+            pass
