@@ -11,7 +11,6 @@ from typing import Any
 
 import msgspec
 from hypothesis import given, settings
-from test_schema import _expected, _plain, _record_type_and_value
 
 from streamstate.serializers import (
     DictSerializer,
@@ -32,6 +31,7 @@ from streamstate.serializers.plain import (
     readable_schema,
 )
 from streamstate.serializers.schema import describe_schema
+from support.record_values import expected_builtins, plain_builtins, record_type_and_value
 
 
 def _both_ways(written: Any, value: Any) -> tuple[Any, Any]:
@@ -45,10 +45,10 @@ def _both_ways(written: Any, value: Any) -> tuple[Any, Any]:
 
 
 @settings(max_examples=60, deadline=None)
-@given(_record_type_and_value())
+@given(record_type_and_value())
 def test_random_records_and_containers_of_them_read_back(drawn: tuple[Any, Any]) -> None:
     cls, value = drawn
-    expected = _expected(value)
+    expected = expected_builtins(value)
     for written, shaped, want in (
         (StructSerializer(cls), value, expected),
         (ListSerializer(StructSerializer(cls)), [value, value], [expected, expected]),
@@ -57,7 +57,7 @@ def test_random_records_and_containers_of_them_read_back(drawn: tuple[Any, Any])
         (TtlValueSerializer(StructSerializer(cls)), (7, value), [7, expected]),
     ):
         for read in _both_ways(written, shaped):
-            assert _plain(read) == want
+            assert plain_builtins(read) == want
 
 
 def _v1_snapshot(cls: Any) -> dict[str, Any]:
