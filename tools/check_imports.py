@@ -9,9 +9,9 @@ import is still a dependency). Three rules:
    (docs/architecture.md, "spark/ by process"): the state host (``spark.host``) imports neither
    the driver's modules nor a task's, a task (``spark.task``) does not import the driver's, and
    both import only ``spark.wire`` and the shared top-level modules. The driver is layered by
-   the life of a micro-batch, and the offline tools (``spark.offline``) sit beside its query
-   API. No runtime module imports the development tools (``streamstate.devtools``, above every
-   runtime layer).
+   the life of a micro-batch, and the offline tools (``spark.offline``) sit below its query
+   API, which registers their state formats. No runtime module imports the development tools
+   (``streamstate.devtools``, above every runtime layer).
 2. **No cycle** between modules: the graph of the imports that run (all but the type-only ones)
    has no strongly connected component of more than one module, except the ones listed in
    :data:`KNOWN_CYCLES` (none now; one listed there is scheduled to go). A package's ``__init__``
@@ -87,13 +87,15 @@ LAYERS: list[list[list[str]]] = [
     # the driver by the life of a micro-batch (docs/architecture.md, "The driver"): the modules
     # directly in driver/ that all of it and the offline tools use (the session's kind, the
     # workers' Python, the sinks, the reports' interfaces, Spark's checkpoint), then what is
-    # planned once at start, what is measured, the steps of each micro-batch, and the public
-    # query API beside the offline tools (independent: neither imports the other)
+    # planned once at start, what is measured, the steps of each micro-batch, the offline
+    # tools (which take of the driver only its base: NARROW) and the public query API, which
+    # registers the offline tools' state formats
     [DRIVER_BASE],
     [["streamstate.spark.driver.plan"]],
     [["streamstate.spark.driver.monitor"]],
     [["streamstate.spark.driver.step"]],
-    [["streamstate.spark.driver.query"], ["streamstate.spark.offline"]],
+    [["streamstate.spark.offline"]],
+    [["streamstate.spark.driver.query"]],
     [["streamstate.spark"]],
     # the local cluster, Connect server and network namespaces: above every runtime module,
     # so none imports them
@@ -106,7 +108,7 @@ LAYERS: list[list[list[str]]] = [
 #: parts that may import, of a package below them, only some of its modules: (the importing
 #: part's prefix, the package's prefix, the modules allowed). The offline tools take of the
 #: driver only its base (the session, the workers' Python, the sinks), nothing that plans,
-#: measures or runs a micro-batch
+#: measures or runs a micro-batch, and nothing of the query API above them
 NARROW: list[tuple[str, str, list[str]]] = [
     ("streamstate.spark.offline", "streamstate.spark.driver", DRIVER_BASE),
 ]

@@ -13,7 +13,6 @@ from typing import Any, Literal, NamedTuple, TypedDict
 import msgspec
 import pytest
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from streamstate.serializers import StructSerializer, serializer_for
 from streamstate.serializers.schema import (
@@ -29,7 +28,8 @@ from streamstate.serializers.schema import (
     schema_to_builtins,
 )
 from streamstate.serializers.schema_text import record_schema_of_v1_fields
-from streamstate.serializers.snapshot_schema import PlainRecord, decoder_type, schema_of_snapshot
+from streamstate.serializers.snapshot_schema import decoder_type, schema_of_snapshot
+from support.record_values import expected_builtins, plain_builtins, record_type_and_value
 
 
 class Color(enum.Enum):
@@ -124,34 +124,6 @@ EVERYTHING = Everything(
 )
 
 
-def _plain(value: Any) -> Any:
-    """A decoded plain value as builtins keyed by Python field names."""
-    if isinstance(value, PlainRecord):
-        return {f: _plain(getattr(value, f)) for f in value.__struct_fields__}
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    return value
-
-
-def _expected(value: Any) -> Any:
-    """The same, from the original value."""
-    if isinstance(value, msgspec.Struct):
-        return {f: _expected(getattr(value, f)) for f in value.__struct_fields__}
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _expected(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, tuple) and hasattr(value, "_fields"):
-        return {f: _expected(getattr(value, f)) for f in value._fields}
-    if isinstance(value, dict):
-        return {k: _expected(v) for k, v in value.items()}
-    if isinstance(value, list | tuple | frozenset | set):
-        return [_expected(v) for v in value]
-    if isinstance(value, enum.Enum):
-        return value.value
-    return value
-
-
 def _decode_plain(cls: Any, value: Any) -> Any:
     data = StructSerializer(cls).serialize(value)
     return msgspec.msgpack.decode(data, type=decoder_type(schema_of_type(cls)))
@@ -159,8 +131,8 @@ def _decode_plain(cls: Any, value: Any) -> Any:
 
 def test_every_record_kind_decodes_from_its_schema_alone() -> None:
     decoded = _decode_plain(Everything, EVERYTHING)
-    plain = _plain(decoded)
-    expected = _expected(EVERYTHING)
+    plain = plain_builtins(decoded)
+    expected = expected_builtins(EVERYTHING)
     assert plain == expected
     assert isinstance(decoded.when, datetime.datetime)
     assert isinstance(decoded.price, decimal.Decimal)
@@ -272,47 +244,12 @@ def test_unreadable_version_1_text_gives_no_schema() -> None:
         record_schema_of_v1_fields("X", [{"name": "a"}])
 
 
-_SCALARS: list[tuple[Any, st.SearchStrategy[Any]]] = [
-    (int, st.integers(-(2**63), 2**63 - 1)),
-    (float, st.floats(allow_nan=False)),
-    (str, st.text(max_size=5)),
-    (bool, st.booleans()),
-    (bytes, st.binary(max_size=5)),
-    (datetime.date, st.dates()),
-]
-
-
-@st.composite
-def _record_type_and_value(draw: st.DrawFn, depth: int = 0) -> tuple[Any, Any]:
-    """A random dataclass (scalars, lists, optionals, dicts, nested records) and a value of it."""
-
-    def field(d: int) -> tuple[Any, st.SearchStrategy[Any]]:
-        tp, values = draw(st.sampled_from(_SCALARS))
-        shape = draw(
-            st.sampled_from(["plain", "list", "optional", "dict", "record"][: 5 - (d >= 2)])
-        )
-        if shape == "list":
-            return list[tp], st.lists(values, max_size=3)  # type: ignore[valid-type]
-        if shape == "optional":
-            return tp | None, st.none() | values
-        if shape == "dict":
-            return dict[str, tp], st.dictionaries(st.text(max_size=3), values, max_size=3)  # type: ignore[valid-type]
-        if shape == "record":
-            inner, inner_value = draw(_record_type_and_value(d + 1))
-            return inner, st.just(inner_value)
-        return tp, values
-
-    fields = [field(depth) for _ in range(draw(st.integers(0, 4)))]
-    cls = dataclasses.make_dataclass(f"R{depth}", [(f"f{i}", t) for i, (t, _) in enumerate(fields)])
-    return cls, cls(*(draw(v) for _, v in fields))
-
-
 @settings(max_examples=80, deadline=None)
-@given(_record_type_and_value())
+@given(record_type_and_value())
 def test_random_records_decode_from_schema_and_from_version_1_text(drawn: tuple[Any, Any]) -> None:
     cls, value = drawn
-    expected = _expected(value)
-    assert _plain(_decode_plain(cls, value)) == expected
+    expected = expected_builtins(value)
+    assert plain_builtins(_decode_plain(cls, value)) == expected
     v1 = {"type": "struct", "version": 1, "class": f"types:{cls.__qualname__}"}
     v1["fields"] = [
         {"name": f.name, "type": repr(f.type), "required": f.required}
@@ -321,4 +258,4 @@ def test_random_records_decode_from_schema_and_from_version_1_text(drawn: tuple[
     schema = schema_of_snapshot(v1)
     assert schema is not None
     data = StructSerializer(cls).serialize(value)
-    assert _plain(msgspec.msgpack.decode(data, type=decoder_type(schema))) == expected
+    assert plain_builtins(msgspec.msgpack.decode(data, type=decoder_type(schema))) == expected

@@ -40,6 +40,7 @@ SPARK_PAGES = frozenset(
         "docs/spark/window-aggregates.md",
         "docs/spark/monitoring.md",
         "docs/checkpoints/reading-state.md",
+        "docs/checkpoints/state-source.md",
         "docs/checkpoints/upgrading.md",
     }
 )

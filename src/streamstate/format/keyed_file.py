@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import struct
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from typing import IO, Any
 
 import msgspec
@@ -303,11 +303,13 @@ def write_keyed_snapshot(
     path: str,
     compression: str = "lz4",
     pause: Callable[[], None] | None = None,
+    key_groups: Iterable[int] | None = None,
 ) -> KeyedFileSummary:
     """Write ``snapshot`` to ``out``, releasing each key group once written.
 
     ``pause`` is called between blocks (and between chunks of large blocks): the asynchronous
-    writer passes a function that yields the GIL to the processing thread.
+    writer passes a function that yields the GIL to the processing thread. ``key_groups``: write
+    only these key groups of the snapshot's range, ascending (None: every one).
     """
     writer = KeyedSnapshotWriter(
         out,
@@ -321,7 +323,7 @@ def write_keyed_snapshot(
         compression=compression,
         pause=pause,
     )
-    for kg in snapshot.key_group_range:
+    for kg in snapshot.key_group_range if key_groups is None else key_groups:
         writer.write_key_group(kg, snapshot.key_group_entries(kg))
         snapshot.release_key_group(kg)
     return writer.finish()
@@ -479,14 +481,19 @@ class KeyedSnapshotReader:
     # ---- blocks --------------------------------------------------------------------------------
 
     def read(
-        self, key_group_range: KeyGroupRange | None = None
+        self,
+        key_group_range: KeyGroupRange | None = None,
+        only: Collection[int] | None = None,
     ) -> Iterator[tuple[int, list[BlockState]]]:
-        """``(key group, states)`` for each non-empty key group in range, ascending.
+        """``(key group, states)`` for each non-empty key group in range (and in ``only``, when
+        given: the blocks of other key groups are never read), ascending.
 
         Each block is read (adjacent blocks in one read), checked against its checksum and
         decoded as a whole before it is yielded.
         """
         kgs = self.key_groups(key_group_range)
+        if only is not None:
+            kgs = [kg for kg in kgs if kg in only]
         start = self.key_group_range.start
         i = 0
         while i < len(kgs):

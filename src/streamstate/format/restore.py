@@ -11,7 +11,7 @@ state waits, encoded, until the program registers it with its descriptor.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import IO, Any, Protocol
 
 import msgspec
@@ -168,6 +168,13 @@ class KeyedStateRestore(ABC):
     #: restore only these states (and no timers), None: everything; a reader of one state sets
     #: it so that the other states' serializers never matter
     only_states: set[str] | None = None
+    #: restore only these key groups of the file's range (None: all of them): the blocks of the
+    #: others are never read (a reader of some keys reads only the key groups that hold them)
+    only_key_groups: frozenset[int] | None = None
+    #: how a snapshot in a backend's own format rebuilds the serializers that give its canonical
+    #: view (None: the program's, ``serializer_from_snapshot``); a reader without the program
+    #: passes ``plain_serializer_from_snapshot``
+    serializers: Callable[[SerializerSnapshot], TypeSerializer[Any]] | None = None
 
     def close(self) -> None:  # noqa: B027 - optional
         """Release what reading the file holds (an open file, a local copy)."""
@@ -258,7 +265,7 @@ class FileKeyedStateRestore(KeyedStateRestore):
         states = reader.states
         only = self.only_states
         try:
-            for kg, records in reader.read(self.key_groups):
+            for kg, records in reader.read(self.key_groups, self.only_key_groups):
                 for r in records:
                     meta = states[r.state_id]
                     if only is None or meta.name in only:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import datetime
 import decimal
 import uuid
+from collections.abc import Callable
 from typing import Any, Literal, Union
 
 import msgspec
@@ -68,18 +69,40 @@ _TIME_WINDOW = RecordSchema(
 _GLOBAL_WINDOW = RecordSchema("GlobalWindow", (), True)
 
 
-def schema_of_snapshot(snap: Any, *, v1_records: set[int] | None = None) -> TypeSchema | None:
+def schema_of_snapshot(
+    snap: Any,
+    unknown: Callable[[Any], TypeSchema | None] | None = None,
+    *,
+    v1_records: set[int] | None = None,
+) -> TypeSchema | None:
     """The schema of the values a serializer snapshot describes, or None when the snapshot
     gives none (pickled values, an unknown serializer, a record type whose earlier snapshot
     cannot be read). A ``ttl_value`` is its stored pair ``(last access, value)``.
     ``v1_records`` (if given) receives the ids of the record schemas read from version-1
     snapshot text, whose own layout (array-like, tag, wire names) that text did not keep.
 
+    ``unknown``, when given, is asked for the schema of each such part instead (a snapshot
+    nested in a list, a dict, ...), so that the rest of the schema is still described.
+
     >>> schema_of_snapshot({"type": "optional", "inner": {"type": "int64"}})
     UnionSchema(types=(IntSchema(), NoneSchema()))
     >>> schema_of_snapshot({"type": "pickle"}) is None
     True
+    >>> schema_of_snapshot({"type": "list", "element": {"type": "pickle"}},
+    ...                    unknown=lambda snap: BytesSchema())
+    ListSchema(item=BytesSchema(), container='list')
     """
+    schema = _described(snap, unknown, v1_records)
+    if schema is None and unknown is not None:
+        return unknown(snap)
+    return schema
+
+
+def _described(
+    snap: Any,
+    unknown: Callable[[Any], TypeSchema | None] | None,
+    v1_records: set[int] | None,
+) -> TypeSchema | None:
     if not isinstance(snap, dict):
         return None
     t = snap.get("type")
@@ -91,20 +114,20 @@ def schema_of_snapshot(snap: Any, *, v1_records: set[int] | None = None) -> Type
         return _GLOBAL_WINDOW
     parts: list[TypeSchema | None]
     if t == "optional":
-        parts = [schema_of_snapshot(snap.get("inner"), v1_records=v1_records)]
+        parts = [schema_of_snapshot(snap.get("inner"), unknown, v1_records=v1_records)]
         return None if parts[0] is None else UnionSchema((parts[0], NoneSchema()))
     if t == "list":
-        item = schema_of_snapshot(snap.get("element"), v1_records=v1_records)
+        item = schema_of_snapshot(snap.get("element"), unknown, v1_records=v1_records)
         return None if item is None else ListSchema(item)
     if t == "dict":
-        key = schema_of_snapshot(snap.get("key"), v1_records=v1_records)
-        value = schema_of_snapshot(snap.get("value"), v1_records=v1_records)
+        key = schema_of_snapshot(snap.get("key"), unknown, v1_records=v1_records)
+        value = schema_of_snapshot(snap.get("value"), unknown, v1_records=v1_records)
         return None if key is None or value is None else DictSchema(key, value)
     if t in ("tuple", "ttl_value"):
         subs = snap.get("fields", ()) if t == "tuple" else ({"type": "int64"}, snap.get("inner"))
         if not isinstance(subs, list | tuple):
             return None
-        parts = [schema_of_snapshot(s, v1_records=v1_records) for s in subs]
+        parts = [schema_of_snapshot(s, unknown, v1_records=v1_records) for s in subs]
         if any(p is None for p in parts):
             return None
         return TupleSchema(tuple(p for p in parts if p is not None))

@@ -17,7 +17,9 @@ Spark moves the data; streamstate keeps the state (SPEC §11, ``docs/spark/index
   the driver commits after every subtask finished, with the state kept hot between batches in
   per-subtask state hosts; a restart with another ``parallelism`` rescales by key group.
 * sinks: ``"parquet"`` (exactly-once), ``"memory"``, ``"console"``, ``"foreach_batch"``.
-* :func:`read_state`: a checkpoint's or savepoint's state as a DataFrame.
+* :func:`read_state`: a checkpoint's or savepoint's state as a DataFrame; :func:`register`
+  puts the formats ``"streamstate"`` and ``"streamstate-metadata"`` (``spark.read.format``) in
+  a session (``keyed_process`` and ``read_state`` do it themselves).
 * :func:`rewrite_savepoint`: a new savepoint with states replaced from DataFrames, renamed,
   dropped or re-keyed, everything else carried over (docs: "Upgrading a job").
 * :func:`original_error`: the error a function raised in a task, from the exception Spark
@@ -47,7 +49,7 @@ if TYPE_CHECKING:
         StagedBatch,
     )
     from streamstate.spark.failures import original_error
-    from streamstate.spark.offline.reader import read_state
+    from streamstate.spark.offline.reader import read_state, register
     from streamstate.spark.offline.rewrite import rewrite_savepoint
     from streamstate.spark.records import Row
 
@@ -67,6 +69,7 @@ __all__ = [
     "keyed_process",
     "original_error",
     "read_state",
+    "register",
     "rewrite_savepoint",
 ]
 
@@ -75,6 +78,7 @@ _MODULES = {
     "WorkerPythonError": "streamstate.spark.driver.environment",
     "keyed_process": "streamstate.spark.driver.query.keyed",
     "read_state": "streamstate.spark.offline.reader",
+    "register": "streamstate.spark.offline.reader",
     "rewrite_savepoint": "streamstate.spark.offline.rewrite",
     "ConsoleSink": "streamstate.spark.driver.sinks",
     "FileSink": "streamstate.spark.driver.sinks",

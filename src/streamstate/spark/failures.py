@@ -145,11 +145,21 @@ _HOST_FAILED = re.compile(r"the state host of (?P<op>'[^']*') subtask (?P<subtas
 _SQLSTATE = re.compile(r"\s*SQLSTATE: \w+.*$", re.DOTALL)
 
 
+#: the error class of Spark's report of an error a Python data source raised while Spark
+#: planned a read (an ``AnalysisException``)
+_DATA_SOURCE_ERROR = "[PYTHON_DATA_SOURCE_ERROR]"
+
+
 def original_error(exc: BaseException) -> BaseException:
-    """The error to show for ``exc``, raised by a micro-batch on the driver: ``exc`` itself
-    unless it is Spark's report of an error raised by a task, which is rebuilt (falling back to
-    ``exc`` when the text cannot be read)."""
-    if type(exc).__name__ != "PythonException" or not type(exc).__module__.startswith("pyspark"):
+    """The error to show for ``exc``, raised by a micro-batch (or a read) on the driver: ``exc``
+    itself unless it is Spark's report of an error raised by a task, or by a Python data source
+    while Spark planned a read (the state formats), which is rebuilt (falling back to ``exc``
+    when the text cannot be read)."""
+    if not type(exc).__module__.startswith("pyspark"):
+        return exc
+    name = type(exc).__name__
+    planning = name == "AnalysisException" and _DATA_SOURCE_ERROR in str(exc)
+    if name != "PythonException" and not planning:
         return exc
     rebuilt = parse_remote_error(str(exc))
     return exc if rebuilt is None else rebuilt

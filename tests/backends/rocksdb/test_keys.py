@@ -16,6 +16,8 @@ from streamstate.backends.rocksdb.keys import (
     key_group_prefix_bytes,
     prefix_successor,
 )
+from streamstate.backends.rocksdb.snapshot import decode_entries
+from streamstate.format.meta import StateMetaInfo
 from streamstate.namespace import VOID_NAMESPACE
 from streamstate.serializers import (
     BytesSerializer,
@@ -123,3 +125,37 @@ def test_prefix_successor_bounds_exactly_the_prefixed_strings(prefix: bytes, oth
         assert set(prefix) <= {0xFF}
         return
     assert (prefix <= other < succ) == other.startswith(prefix)
+
+
+#: keys whose encoded length is anywhere around the one-byte varint bound (0x80)
+LONG_TEXT = st.one_of(TEXT, st.text(min_size=120, max_size=300))
+LONG_BYTES = st.one_of(BYTES, st.binary(min_size=120, max_size=300))
+
+
+@pytest.mark.parametrize(
+    "key_ser,key_st",
+    [(Int64Serializer(), INT64), (StrSerializer(), LONG_TEXT), (BytesSerializer(), LONG_BYTES)],
+    ids=lambda x: type(x).__name__,
+)
+@pytest.mark.parametrize("ns_ser,ns_st", NAMESPACES, ids=lambda x: type(x).__name__)
+@given(data=st.data())
+@settings(max_examples=40, deadline=None)
+def test_decoded_entries_are_the_entries_written(
+    key_ser: Any, key_st: Any, ns_ser: Any, ns_st: Any, data: Any
+) -> None:
+    """``decode_entries`` (with its shortcut for keys without a namespace) gives back the
+    entries written, for fixed- and variable-length keys, lengths on both sides of 0x80."""
+    max_parallelism = data.draw(st.sampled_from([128, 4096]))
+    layout = KeyLayout(max_parallelism, key_ser, ns_ser, has_user_key=False)
+    meta = StateMetaInfo("s", "value", ns_ser, Int64Serializer())
+    parts = data.draw(
+        st.lists(
+            st.tuples(st.integers(0, max_parallelism - 1), key_st, ns_st, INT64),
+            max_size=8,
+        )
+    )
+    # the model: the parts themselves, in the order of their composite keys
+    rows = sorted((layout.composite(kg, key, ns), value, key, ns) for kg, key, ns, value in parts)
+    raw = [(composite, Int64Serializer().serialize(value)) for composite, value, _, _ in rows]
+    expected = [(key, ns, value) for _, value, key, ns in rows]
+    assert list(decode_entries(meta, layout, raw)) == expected

@@ -1,221 +1,171 @@
-"""``read_state`` for every kind of state: TTL states typed, expired entries left out (or kept
-with their last access), timers as rows, on both backends, against checkpoints whose contents
-are known (written by the LocalRunner with a manual clock).
-
-The reads run without Spark first (the task's side, :func:`_read_subtask`, over every
-checkpointed subtask); one Spark test per backend checks the DataFrame ``read_state`` returns.
-"""
+"""The state formats in Spark: ``read_state`` and ``spark.read.format("streamstate")`` give the
+same rows; records come back as structs in Spark tasks that cannot import the job's record
+types (heap and RocksDB, classic and Spark Connect); a filter on ``key`` reads only the key
+groups of its keys; an error in a task reaches the user as the error it is. The formats'
+logic is tested without Spark in tests/spark/offline/."""
 
 from __future__ import annotations
 
+import struct
+import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
-from streamstate import (
-    KeyedProcessFunction,
-    ListStateDescriptor,
-    LocalRunner,
-    MapStateDescriptor,
-    StateTtlConfig,
-    Time,
-    ValueStateDescriptor,
-)
-from streamstate.backends.base import Clock
-from streamstate.errors import CheckpointError
-from streamstate.spark.offline.reader import _plan, _read_subtask
+from streamstate import KeyedProcessFunction, LocalRunner, ValueStateDescriptor
+from streamstate.checkpoint.storage import FileSystemCheckpointStorage
+from streamstate.errors import CheckpointError, CorruptCheckpointError
+from streamstate.keygroups import assign_to_key_group
 
-TTL_MS = 10_000
+MODULE = "read_state_job_types"
 
 
-class ManualClock(Clock):
-    def __init__(self) -> None:
-        self.t = 0
+class LastVisit(KeyedProcessFunction):
+    """The last visit of each user, a record of a module only the job imports, and a count."""
 
-    def now(self) -> int:
-        return self.t
-
-
-class Visits(KeyedProcessFunction):
-    """Per user: the last page (TTL value), the pages (TTL list), visits per page (TTL map), a
-    count (no TTL), an event-time timer 1 s after each record and a processing-time timer a
-    minute after it."""
+    def __init__(self, visit: type) -> None:
+        self.visit = visit
 
     def open(self, ctx: Any) -> None:
-        ttl = StateTtlConfig.new_builder(Time.milliseconds(TTL_MS)).build()
-        self.last = ctx.get_state(ValueStateDescriptor("last", str).enable_time_to_live(ttl))
-        self.pages = ctx.get_list_state(ListStateDescriptor("pages", str).enable_time_to_live(ttl))
-        self.per_page = ctx.get_map_state(
-            MapStateDescriptor("per-page", str, int).enable_time_to_live(ttl)
-        )
-        self.count = ctx.get_state(ValueStateDescriptor("count", int, default=0))
+        self.last = ctx.get_state(ValueStateDescriptor("last", self.visit))
+        self.n = ctx.get_state(ValueStateDescriptor("n", int, default=0))
 
     def process_element(self, value: Any, ctx: Any) -> Any:
-        _, page, ts = value
-        self.last.update(page)
-        self.pages.add(page)
-        self.per_page.put(page, (self.per_page.get(page) or 0) + 1)
-        self.count.update(self.count.value() + 1)
-        timers = ctx.timer_service()
-        timers.register_event_time_timer(ts + 1_000)
-        timers.register_processing_time_timer(timers.current_processing_time() + 60_000)
+        _, page = value
+        self.n.update(self.n.value() + 1)
+        self.last.update(self.visit(page=page, clicks=self.n.value()))
         return None
 
 
-def _checkpoint(tmp_path: Path, backend: str) -> str:
-    """A checkpoint of two subtasks: ann and bob wrote at t=0, ann again and cy at t=5000."""
-    clock = ManualClock()
-    runner = LocalRunner(
-        Visits(),
-        key_selector=lambda r: r[0],
-        parallelism=2,
-        timestamp_assigner=lambda r: r[2],
-        watermark_delay=0,
-        clock=clock,
-        state_backend=backend,
-        checkpoint_storage=str(tmp_path / "ck"),
+def _job(tmp_path: Path, backend: str) -> str:
+    """A checkpoint of ``LastVisit`` whose record type lives in a module of ``tmp_path`` that
+    only this process can import (Spark's Python workers cannot)."""
+    types_dir = tmp_path / "types"
+    types_dir.mkdir()
+    (types_dir / f"{MODULE}.py").write_text(
+        textwrap.dedent(
+            """
+            import msgspec
+
+            class Visit(msgspec.Struct):
+                page: str
+                clicks: int
+                referrer: str | None = None
+            """
+        )
     )
-    runner.run([("ann", "/home", 100), ("bob", "/cart", 200)], final_watermark=False)
-    clock.t = 5_000
-    runner.run([("ann", "/pay", 300), ("cy", "/home", 400)], final_watermark=False)
-    runner.checkpoint()
-    runner.close()
+    sys.path.insert(0, str(types_dir))
+    try:
+        visit = __import__(MODULE).Visit
+        runner = LocalRunner(
+            LastVisit(visit),
+            key_selector=lambda r: r[0],
+            parallelism=2,
+            state_backend=backend,
+            checkpoint_storage=str(tmp_path / "ck"),
+        )
+        runner.run([(f"u{i % 7}", f"/p{i}") for i in range(40)], final_watermark=False)
+        runner.checkpoint()
+        runner.close()
+    finally:
+        sys.path.remove(str(types_dir))
     return str(tmp_path / "ck" / "job")
 
 
-def _rows(path: str, state: str, **kwargs: Any) -> list[dict[str, Any]]:
-    plan = _plan(
-        path, state, "keyed-process", None, kwargs.get("include_expired", False), kwargs.get("now")
-    )
-    rows = [
-        row
-        for i in range(plan.subtasks)
-        for row in _read_subtask(plan.url, plan.directory, "keyed-process", i, plan.layout, {})
-    ]
-    return sorted(rows, key=lambda r: (r["key"], r.get("timestamp", 0)))
+EXPECTED = {
+    f"u{k}": (f"/p{max(i for i in range(40) if i % 7 == k)}", 6 if k < 5 else 5) for k in range(7)
+}
 
 
-@pytest.fixture(params=["heap", "rocksdb"], scope="module")
-def checkpoint(request: Any, tmp_path_factory: Any) -> str:
-    return _checkpoint(tmp_path_factory.mktemp(request.param), request.param)
-
-
-def test_ttl_states_come_back_typed_without_what_expired(checkpoint: str) -> None:
-    # at t=12000 what was written at t=0 has expired (0 + 10000 <= 12000), t=5000 has not
-    last = _rows(checkpoint, "last", now=12_000)
-    assert [(r["key"], r["value"]) for r in last] == [("ann", "/pay"), ("cy", "/home")]
-    assert all(r["namespace"] is None and set(r) == {"key", "namespace", "value"} for r in last)
-    pages = _rows(checkpoint, "pages", now=12_000)
-    assert [(r["key"], r["value"]) for r in pages] == [("ann", ["/pay"]), ("cy", ["/home"])]
-    per_page = _rows(checkpoint, "per-page", now=12_000)
-    assert [(r["key"], r["value"]) for r in per_page] == [
-        ("ann", {"/pay": 1}),
-        ("cy", {"/home": 1}),
-    ]
-    # before anything expired: everything, typed (a str, a list of str, a map str -> int)
-    assert [(r["key"], r["value"]) for r in _rows(checkpoint, "last", now=9_999)] == [
-        ("ann", "/pay"),
-        ("bob", "/cart"),
-        ("cy", "/home"),
-    ]
-    assert [r["value"] for r in _rows(checkpoint, "pages", now=9_999)] == [
-        ["/home", "/pay"],
-        ["/cart"],
-        ["/home"],
-    ]
-    # long after: nothing
-    assert _rows(checkpoint, "per-page", now=10**9) == []
-
-
-def test_expired_entries_on_request_with_their_last_access(checkpoint: str) -> None:
-    last = _rows(checkpoint, "last", now=10**9, include_expired=True)
-    assert [(r["key"], r["value"], r["last_access"]) for r in last] == [
-        ("ann", "/pay", 5_000),
-        ("bob", "/cart", 0),
-        ("cy", "/home", 5_000),
-    ]
-    pages = _rows(checkpoint, "pages", now=10**9, include_expired=True)
-    assert (pages[0]["value"], pages[0]["last_access"]) == (["/home", "/pay"], [0, 5_000])
-    per_page = _rows(checkpoint, "per-page", now=10**9, include_expired=True)
-    assert (per_page[0]["value"], per_page[0]["last_access"]) == (
-        {"/home": 1, "/pay": 1},
-        {"/home": 0, "/pay": 5_000},
-    )
-
-
-def test_a_state_without_ttl_is_unchanged(checkpoint: str) -> None:
-    count = _rows(checkpoint, "count", now=10**9)
-    assert [(r["key"], r["value"]) for r in count] == [("ann", 2), ("bob", 1), ("cy", 1)]
-
-
-def test_timers_are_rows_with_key_namespace_timestamp_and_domain(checkpoint: str) -> None:
-    # the watermark after the last record is 399: every event-time timer (ts + 1000) pends
-    event = _rows(checkpoint, "_timers.user.event")
-    assert [(r["key"], r["timestamp"]) for r in event] == [
-        ("ann", 1_100),
-        ("ann", 1_300),
-        ("bob", 1_200),
-        ("cy", 1_400),
-    ]
-    assert {r["time_domain"] for r in event} == {"event_time"}
-    assert {r["namespace"] for r in event} == {None}
-    processing = _rows(checkpoint, "_timers.user.processing")
-    assert [(r["key"], r["timestamp"], r["time_domain"]) for r in processing] == [
-        ("ann", 60_000, "processing_time"),
-        ("ann", 65_000, "processing_time"),
-        ("bob", 60_000, "processing_time"),
-        ("cy", 65_000, "processing_time"),
-    ]
-
-
-def test_an_unknown_state_lists_every_readable_name(checkpoint: str) -> None:
-    with pytest.raises(CheckpointError) as e:
-        _plan(checkpoint, "lst", "keyed-process", None, False, None)
-    message = str(e.value)
-    for name in ("'count'", "'last'", "'pages'", "'per-page'"):
-        assert name in message
-    assert "'_timers.user.event'" in message and "'_timers.user.processing'" in message
-
-
-@pytest.mark.parametrize("backend", ["heap", "rocksdb"])
-def test_read_state_returns_typed_ttl_values_and_timers(
-    spark: Any, tmp_path: Path, backend: str
+def test_records_of_a_rocksdb_checkpoint_in_tasks_that_cannot_import_them(
+    spark: Any, tmp_path: Path
 ) -> None:
+    path = _job(tmp_path, "rocksdb")
+    del sys.modules[MODULE]  # the driver does not hold the class either
+    state = read_state_rows(spark, path)
+    assert {r.key: (r.value.page, r.value.clicks) for r in state} == EXPECTED
+    assert all(r.value.referrer is None and r.namespace is None for r in state)
+
+
+def read_state_rows(spark: Any, path: str) -> list[Any]:
     from streamstate.spark import read_state
 
-    path = _checkpoint(tmp_path, backend)
-    pages = read_state(spark, path, state="pages", now=12_000)
-    assert pages.schema.simpleString() == "struct<key:string,namespace:string,value:array<string>>"
-    assert sorted((r.key, list(r.value)) for r in pages.collect()) == [
-        ("ann", ["/pay"]),
-        ("cy", ["/home"]),
+    df = read_state(spark, path, state="last")
+    assert df.schema.simpleString() == (
+        "struct<key:string,namespace:string,value:struct<page:string,clicks:bigint,"
+        "referrer:string>>"
+    )
+    rows = df.collect()
+    assert sorted(rows) == sorted(
+        spark.read.format("streamstate").option("state", "last").load(path).collect()
+    )
+    return rows
+
+
+def test_the_formats_from_a_connect_client_with_a_filter(any_spark: Any, tmp_path: Path) -> None:
+    from streamstate.spark import original_error, register
+
+    spark = any_spark
+    path = _job(tmp_path, "heap")
+    sys.modules.pop(MODULE, None)
+    register(spark)
+    register(spark)  # again: nothing changes
+    df = spark.read.format("streamstate").option("state", "last").load(path)
+    picked = df.filter("key in ('u1', 'u4')").select("key", "value.clicks").collect()
+    assert sorted((r.key, r.clicks) for r in picked) == [("u1", 6), ("u4", 6)]
+    meta = spark.read.format("streamstate-metadata").load(path)
+    assert {(r.state, r.kind) for r in meta.collect()} >= {("last", "value"), ("n", "value")}
+    feed = (
+        spark.read.format("streamstate")
+        .option("state", "n")
+        .option("readChangeFeed", "true")
+        .option("changeStartCheckpointId", 1)
+        .load(path)
+    )
+    assert sorted((r.checkpoint_id, r.change_type, r.key, r.value) for r in feed.collect()) == [
+        (1, "update", f"u{k}", 6 if k < 5 else 5) for k in range(7)
     ]
-    kept = read_state(spark, path, state="per-page", now=12_000, include_expired=True)
-    assert "last_access:map<string,bigint>" in kept.schema.simpleString()
-    ann = next(r for r in kept.collect() if r.key == "ann")
-    assert (ann.value, ann.last_access) == ({"/home": 1, "/pay": 1}, {"/home": 0, "/pay": 5_000})
-    timers = read_state(spark, path, state="_timers.user.event")
-    assert sorted((r.key, r.timestamp, r.time_domain) for r in timers.collect()) == [
-        ("ann", 1_100, "event_time"),
-        ("ann", 1_300, "event_time"),
-        ("bob", 1_200, "event_time"),
-        ("cy", 1_400, "event_time"),
-    ]
+    # a state the checkpoint does not hold fails the plan (Spark's AnalysisException), and
+    # original_error gives streamstate's error
+    with pytest.raises(Exception) as failed:
+        spark.read.format("streamstate").option("state", "nope").load(path).collect()
+    error = original_error(failed.value)
+    assert isinstance(error, CheckpointError)
+    assert "no keyed state 'nope'" in str(error) and "'last'" in str(error)
 
 
-def test_ttl_values_of_types_that_are_not_built_in_become_json_without_their_timestamp() -> None:
-    """A record type is decoded generically: the stored pair is a msgpack array."""
-    from streamstate.namespace import VOID_NAMESPACE
-    from streamstate.spark.offline.state_rows import StateLayout
+def _damage_all_blocks_but(path: str, keep: int) -> None:
+    """Flip a byte in every key-group block of the latest checkpoint's keyed files except key
+    group ``keep``'s (the footer index gives their offsets: docs/formats.md)."""
+    cp = FileSystemCheckpointStorage(path, "").load()
+    for handle in cp.metadata.files():
+        if handle.kind != "full":
+            continue
+        file = Path(path) / cp.resolve(handle.path)
+        data = bytearray(file.read_bytes())
+        _crc, footer_len, _magic = struct.unpack(">II4s", data[-12:])
+        footer = msgspec.msgpack.decode(bytes(data[-12 - footer_len : -12]))
+        for i, (offset, size) in enumerate(zip(footer["offsets"], footer["sizes"], strict=True)):
+            if size and footer["first_key_group"] + i != keep:
+                data[offset + size - 5] ^= 0xFF
+        file.write_bytes(bytes(data))
 
-    meta = {
-        "name": "order",
-        "kind": "value",
-        "ttl": {"ttl": 100},
-        "state_serializer": {"type": "ttl_value", "inner": {"type": "struct", "class": "a:B"}},
-    }
-    layout = StateLayout.of(meta, {"type": "str"}, now=1_000)
-    assert layout.schema() == "key string, namespace string, value string"
-    entries = [("a", VOID_NAMESPACE, [950, {"id": 1}]), ("b", VOID_NAMESPACE, [900, {"id": 2}])]
-    assert list(layout.rows(entries)) == [{"key": "a", "namespace": None, "value": '{"id":1}'}]
+
+def test_a_filter_reads_only_its_key_groups_and_a_task_error_is_the_users(
+    spark: Any, tmp_path: Path
+) -> None:
+    from streamstate.spark import original_error, read_state
+
+    path = _job(tmp_path, "heap")
+    _damage_all_blocks_but(path, assign_to_key_group("u3", 128))
+    one = read_state(spark, path, state="n").filter("key = 'u3'").collect()
+    assert [(r.key, r.value) for r in one] == [("u3", 6)]
+    with pytest.raises(Exception) as failed:
+        read_state(spark, path, state="n").collect()
+    error = original_error(failed.value)
+    assert isinstance(error, CorruptCheckpointError)
+    assert "block checksum mismatch" in str(error) and "key group" in str(error)
+    assert "\tat org.apache" not in str(failed.value)  # Spark's message: no Java frames

@@ -13,7 +13,8 @@ import os
 import posixpath
 import shutil
 import tempfile
-from typing import IO
+from collections.abc import Callable
+from typing import IO, Any
 
 import msgspec
 
@@ -32,23 +33,28 @@ from streamstate.format.keyed_file import KeyedSnapshotReader, write_keyed_snaps
 from streamstate.format.meta import StateMetaSnapshot
 from streamstate.format.restore import FileKeyedStateRestore, SnapshotLocation
 from streamstate.keygroups import KeyGroupRange
+from streamstate.serializers.base import SerializerSnapshot, TypeSerializer
 
 __all__ = ["NativeKeyedStateRestore", "open_native_snapshot"]
 
 
 def open_native_snapshot(
-    manifest: IncrementalManifest, directory: str, only_states: set[str] | None = None
+    manifest: IncrementalManifest,
+    directory: str,
+    only_states: set[str] | None = None,
+    serializers: Callable[[SerializerSnapshot], TypeSerializer[Any]] | None = None,
 ) -> RocksDBKeyedStateSnapshot:
     """The files of ``manifest``, downloaded into ``directory`` (:func:`download_snapshot`),
     opened as a canonical snapshot (``release()`` it when done). ``only_states``: keep only
-    these states and timer queues (None: everything)."""
+    these states and timer queues (None: everything); ``serializers``: how serializers are
+    rebuilt from the manifest's snapshots (None: the program's)."""
     if only_states is not None:
         manifest = msgspec.structs.replace(
             manifest,
             states=[m for m in manifest.states if m.name in only_states],
             timers=[t for t in manifest.timers if t.meta.name in only_states],
         )
-    return RocksDBKeyedStateSnapshot.of_manifest(manifest, directory)
+    return RocksDBKeyedStateSnapshot.of_manifest(manifest, directory, serializers=serializers)
 
 
 class NativeKeyedStateRestore(FileKeyedStateRestore, NativeSnapshotFile):
@@ -111,12 +117,19 @@ class NativeKeyedStateRestore(FileKeyedStateRestore, NativeSnapshotFile):
             database = os.path.join(tmp, "db")
             download_snapshot(self.store, manifest, database, f"RocksDB snapshot {self.path}")
             try:
-                snapshot = open_native_snapshot(manifest, database, self.only_states)
+                snapshot = open_native_snapshot(
+                    manifest, database, self.only_states, self.serializers
+                )
                 canonical = os.path.join(tmp, "canonical.state")
                 try:
                     with open(canonical, "wb") as out:
                         write_keyed_snapshot(
-                            snapshot, out, path=canonical, compression="none", pause=_no_pause
+                            snapshot,
+                            out,
+                            path=canonical,
+                            compression="none",
+                            pause=_no_pause,
+                            key_groups=self._key_groups_read(snapshot.key_group_range),
                         )
                 finally:
                     snapshot.release()
@@ -137,6 +150,13 @@ class NativeKeyedStateRestore(FileKeyedStateRestore, NativeSnapshotFile):
             self._remove_tmp()
             raise
         return self._reader
+
+    def _key_groups_read(self, snapshot_range: KeyGroupRange) -> list[int]:
+        """The key groups the canonical view holds: those of the restore (and of
+        ``only_key_groups``) in the snapshot's range."""
+        wanted = snapshot_range.intersection(self.key_groups)
+        only = self.only_key_groups
+        return [kg for kg in wanted if only is None or kg in only]
 
     def close(self) -> None:
         super().close()

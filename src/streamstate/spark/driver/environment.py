@@ -194,7 +194,8 @@ def check_connect_server_python(spark: Any) -> None:
 
 def ensure_worker_path(spark: Any) -> None:
     """Make Python workers find this ``streamstate`` (a source checkout is not installed):
-    functions created from now on carry its directory in their PYTHONPATH."""
+    functions (and data sources) created from now on carry its directory in their
+    PYTHONPATH."""
     if is_connect(spark):
         # no sparkContext: the server's Python workers must import streamstate themselves
         # (installed there; docs/spark/connect.md), which is checked once

@@ -1,206 +1,53 @@
-"""Reading state out of a checkpoint or savepoint as a Spark DataFrame.
+"""Reading state out of a checkpoint or savepoint as a Spark DataFrame, on the driver.
 
-Like Flink's State Processor API (and Spark's ``statestore`` data source):
-``read_state(spark, path, operator=..., state=...)`` returns one row per ``(key, namespace)``
-entry of one state (or one row per timer of a timer pseudo-state). One Spark task reads the
-key-group range of one checkpointed subtask (its full snapshot and deltas), so the read is
-distributed like the job that wrote it. The columns and types of each kind of state, TTL and
-timers included, are described in :mod:`streamstate.spark.offline.state_rows`.
+The state formats themselves (``streamstate``, ``streamstate-metadata``) are in
+:mod:`streamstate.spark.offline`; here is what a driver calls: :func:`register` puts them in a
+session, and :func:`read_state` is the shortcut of one ``spark.read.format("streamstate")``.
+Like Flink's State Processor API and Spark's ``statestore`` data source.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import time
-from collections.abc import Iterator
+import weakref
 from typing import Any
 
-import msgspec
+__all__ = ["FILTER_PUSHDOWN_CONF", "read_state", "register"]
 
-from streamstate.spark.offline.state_rows import TIMER_KIND, StateLayout, spark_type_of
+FILTER_PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
+"""Spark's switch for Python data sources that take filters; :func:`register` turns it on
+unless the session set it."""
 
-__all__ = ["ReadPlan", "read_state", "spark_type_of"]
+#: the sessions the formats were registered in (classic and Spark Connect sessions alike: a
+#: Connect session's registration lives in its session on the server)
+_REGISTERED: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
-def _read_subtask(
-    checkpoint_url: str,
-    directory: str,
-    operator: str,
-    subtask: int,
-    layout: StateLayout,
-    storage_options: dict[str, Any],
-) -> Iterator[dict[str, Any]]:
-    """Rows of the state ``layout`` describes, in the key groups of old subtask ``subtask``:
-    its files restored into a heap backend through the public restore path, read back from the
-    backend's snapshot (timers: from the backend's timer queues)."""
-    from streamstate.backends.heap.backend import HeapKeyedStateBackend
-    from streamstate.checkpoint.restore import keyed_restore_files, operator_metadata
-    from streamstate.checkpoint.storage import FileSystemCheckpointStorage
-    from streamstate.format.snapshot import EncodedEntries
-    from streamstate.keygroups import KeyGroupRange
-    from streamstate.serializers import serializer_from_snapshot
+def register(spark: Any) -> None:
+    """Register the formats ``"streamstate"`` and ``"streamstate-metadata"`` in the session
+    ``spark`` (classic or Spark Connect). Calling it again does nothing.
 
-    state = layout.name
-    storage = FileSystemCheckpointStorage(
-        checkpoint_url, "", durable=False, storage_options=storage_options
+    A filter on ``key`` narrows a read to the key groups that can hold the keys; Spark hands a
+    Python data source its filters only with ``spark.sql.python.filterPushdown.enabled``, which
+    this turns on unless the session set it (set to ``false``, reads are the same, unnarrowed).
+    """
+    from streamstate.spark.driver.environment import ensure_worker_path
+    from streamstate.spark.offline.source import (
+        StateDataSource,
+        StateMetadataDataSource,
+        UnfilteredStateDataSource,
     )
-    cp = storage.load(directory)
-    op = operator_metadata(cp, operator)
-    handle = op.subtasks[subtask]
-    kg_range = KeyGroupRange(*handle.key_group_range)
-    key_snapshot = op.key_serializer or handle.key_serializer
-    assert key_snapshot is not None, f"{checkpoint_url}: no key serializer for {operator!r}"
-    key_serializer = serializer_from_snapshot(key_snapshot)
-    # copy-on-write tables: the snapshot read below shares the restored entries, copying none
-    backend = HeapKeyedStateBackend(key_serializer, op.max_parallelism, kg_range)
-    files = keyed_restore_files(cp, operator, kg_range, op.max_parallelism)
-    for f in files:
-        f.only_states = {state}  # the other states' serializers do not matter here
-    try:
-        backend.restore(files)
-    finally:
-        for f in files:
-            f.close()
-    if layout.kind == TIMER_KIND:
-        try:
-            yield from layout.timer_rows(list(_timers(backend, state)))
-        finally:
-            backend.dispose()
+
+    if spark in _REGISTERED:
         return
-    snapshot = backend.snapshot(0)
-    try:
-        index = next((i for i, m in enumerate(snapshot.states) if m.name == state), None)
-        if index is None:
-            return
-        stored = _stored_serializer(layout)
-        for kg in kg_range:
-            for i, entries in snapshot.key_group_entries(kg):
-                if i != index:
-                    continue
-                if isinstance(entries, EncodedEntries):  # kept encoded by the heap backend
-                    rows: Any = _raw_entries(entries, key_serializer, stored)
-                else:
-                    rows = entries
-                yield from layout.rows(rows)
-    finally:
-        snapshot.release()
-        backend.dispose()
-
-
-def _timers(backend: Any, name: str) -> Iterator[tuple[int, Any, Any]]:
-    """``(timestamp, key, namespace)`` of the restored timer queue ``name``."""
-    queue = backend.timer_queues.get(name)
-    if queue is None:
-        return
-    decode = None
-    if not queue.bound:  # a namespace serializer not built in: namespaces decoded generically
-        generic = msgspec.msgpack.Decoder()
-        decode = generic.decode if queue.encoded_form == "wire" else bytes.hex
-    for ts, key, namespace, _ in queue.queue:
-        yield ts, key, namespace if decode is None else decode(namespace)
-
-
-def _stored_serializer(layout: StateLayout) -> Any:
-    """The serializer of what a TTL state stores, when every type in it is built in apart from
-    TTL's ``(last access, value)`` wrapper (which the heap keeps encoded); else None."""
-    from streamstate.format.restore import is_builtin_snapshot
-    from streamstate.serializers import serializer_from_snapshot
-    from streamstate.spark.offline.state_rows import user_value_snapshot
-
-    snap = layout.stored_snapshot
-    if layout.ttl is None or snap is None or not is_builtin_snapshot(user_value_snapshot(snap)):
-        return None
-    return serializer_from_snapshot(snap)
-
-
-def _raw_entries(
-    block: Any, key_serializer: Any, value_serializer: Any = None
-) -> Iterator[tuple[Any, Any, Any]]:
-    """Entries of a state the heap backend keeps encoded: values decoded with
-    ``value_serializer``, or generically (msgpack) without one."""
-    from streamstate.namespace import VOID_NAMESPACE
-
-    section = msgspec.msgpack.Decoder(
-        tuple[list[msgspec.Raw], list[msgspec.Raw], list[msgspec.Raw]]
-    )
-    generic = msgspec.msgpack.Decoder()
-    key_decoder = msgspec.msgpack.Decoder(key_serializer.wire_type)
-    keys, namespaces, states = section.decode(block.data)
-    if len(namespaces) == 1 and len(keys) != 1:
-        namespaces = namespaces * len(keys)
-    if value_serializer is None:
-        values = [generic.decode(s) for s in states]
-    else:
-        typed = msgspec.msgpack.Decoder(value_serializer.wire_type)
-        values = [value_serializer.from_wire(typed.decode(s)) for s in states]
-    for k, ns, value in zip(keys, namespaces, values, strict=True):
-        namespace = generic.decode(ns)
-        yield (
-            key_serializer.from_wire(key_decoder.decode(k)),
-            VOID_NAMESPACE if namespace in (None, [], {}) else namespace,
-            value,
-        )
-
-
-@dataclasses.dataclass(frozen=True)
-class ReadPlan:
-    """What the tasks of one ``read_state`` read: the checkpoint directory ``directory`` of the
-    job at ``url``, the ``subtasks`` checkpointed subtasks of the operator, and how the
-    state's entries become rows."""
-
-    url: str
-    directory: str
-    subtasks: int
-    layout: StateLayout
-
-
-def _plan(
-    path: str,
-    state: str,
-    operator: str,
-    storage_options: dict[str, Any] | None,
-    include_expired: bool,
-    now: int | None,
-) -> ReadPlan:
-    """Find ``state`` in the checkpoint at ``path`` (its meta data in the first snapshot file
-    that holds it); raises :class:`~streamstate.errors.CheckpointError` listing every readable
-    name when it is not there."""
-    from streamstate.checkpoint.restore import keyed_file_restore, operator_metadata
-    from streamstate.checkpoint.storage import open_location
-    from streamstate.errors import CheckpointError
-
-    storage, directory = open_location(path if "://" in path else _abspath(path), storage_options)
-    cp = storage.load(directory)
-    op = operator_metadata(cp, operator)
-    meta = None
-    for sub in op.subtasks:
-        if any(state in handle.states for handle in sub.keyed):
-            reader = keyed_file_restore(cp, list(sub.keyed), sub_range(sub))[0]
-            try:
-                meta = next((s for s in reader.states if s.name == state), None)
-            finally:
-                reader.close()
-        if meta is not None:
-            break
-    if meta is None:
-        names = sorted({n for s in op.subtasks for h in s.keyed for n in h.states})
-        raise CheckpointError(
-            f"{cp.url} has no keyed state {state!r} in operator {operator!r}; the states it "
-            f"holds: {[n for n in names if not n.startswith('_timers.')]}, its timers: "
-            f"{[n for n in names if n.startswith('_timers.')]}"
-        )
-    layout = StateLayout.of(
-        {
-            "name": meta.name,
-            "kind": meta.kind,
-            "state_serializer": meta.state_serializer,
-            "ttl": meta.ttl,
-        },
-        op.key_serializer,
-        now=time.time_ns() // 1_000_000 if now is None else now,
-        include_expired=include_expired,
-    )
-    return ReadPlan(storage.url_of(""), cp.directory, len(op.subtasks), layout)
+    # the formats' Python workers import streamstate (a source checkout is not installed)
+    ensure_worker_path(spark)
+    setting = spark.conf.get(FILTER_PUSHDOWN_CONF, None)
+    if setting is None:
+        spark.conf.set(FILTER_PUSHDOWN_CONF, "true")
+    filtered = setting is None or str(setting).lower() == "true"
+    spark.dataSource.register(StateDataSource if filtered else UnfilteredStateDataSource)
+    spark.dataSource.register(StateMetadataDataSource)
+    _REGISTERED.add(spark)
 
 
 def read_state(
@@ -215,7 +62,8 @@ def read_state(
 ) -> Any:
     """The entries of keyed state ``state`` of ``operator`` as a DataFrame ``(key, namespace,
     value)``, or the timers of a timer pseudo-state as ``(key, namespace, timestamp,
-    time_domain)``.
+    time_domain)``: ``spark.read.format("streamstate")`` with these options
+    (docs/checkpoints/state-source.md).
 
     Parameters:
         path: a job's checkpoint directory (its latest complete checkpoint is read), a
@@ -231,41 +79,29 @@ def read_state(
         now: the processing time (ms) against which TTL expiry is judged (default: this
             driver's clock when ``read_state`` is called).
 
-    Column types are described in :mod:`streamstate.spark.offline.state_rows`. An unknown ``state``
-    raises :class:`~streamstate.errors.CheckpointError` listing every readable name.
+    Records are structs (no class of the job is needed: they are read from the checkpoint's
+    own description of them). The checkpoint and the state are looked up here, on the driver:
+    an unknown ``state`` raises :class:`~streamstate.errors.CheckpointError` listing every
+    readable name.
     """
-    from streamstate.spark.driver.environment import ensure_worker_path
-
-    ensure_worker_path(spark)
-    plan = _plan(path, state, operator, storage_options, include_expired, now)
-    url, target, layout, n = plan.url, plan.directory, plan.layout, plan.subtasks
-    options = dict(storage_options or {})  # the executors open the storage themselves
-
-    # one row per old subtask, one partition each: DataFrame APIs only (no sparkContext, no
-    # RDD), so that a Spark Connect session reads state the same way as a classic one
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    struct = spark.createDataFrame([], layout.schema()).schema
-    arrow_schema = to_arrow_schema(struct)
-
-    def read(batches: Iterator[Any]) -> Iterator[Any]:
-        import pyarrow as pa
-
-        for batch in batches:
-            for i in batch.column(0).to_pylist():
-                rows = list(_read_subtask(url, target, operator, i, layout, options))
-                yield pa.RecordBatch.from_pylist(rows, schema=arrow_schema)
-
-    return spark.range(0, n, 1, n).mapInArrow(read, struct)
-
-
-def sub_range(sub: Any) -> Any:
-    from streamstate.keygroups import KeyGroupRange
-
-    return KeyGroupRange(*sub.key_group_range)
-
-
-def _abspath(path: str) -> str:
+    import json
     import os
 
-    return os.path.abspath(path)
+    from streamstate.spark.offline.options import read_options
+    from streamstate.spark.offline.plan import plan_read
+    from streamstate.spark.offline.source import STATE_FORMAT, output_struct
+
+    if "://" not in path:
+        path = os.path.abspath(path)  # the read is planned again in other processes
+    options = {"path": path, "state": state, "operator": operator}
+    if storage_options:
+        options["storageOptions"] = json.dumps(storage_options)
+    if include_expired:
+        options["includeExpired"] = "true"
+    plan = plan_read(read_options(options))
+    # one `now` for the plan here and the tasks, so the columns and the rows agree
+    options["now"] = str(plan.now)
+    register(spark)
+    reader = spark.read.format(STATE_FORMAT).schema(output_struct(plan))
+    path_option = options.pop("path")
+    return reader.options(**options).load(path_option)

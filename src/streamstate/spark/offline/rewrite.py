@@ -168,8 +168,8 @@ def _with_access(kind: str, value: Any, access: Any) -> Any:
 
 
 def _typed(value: Any, serializer: Any) -> Any:
-    """A Spark value (a Row, list, dict, scalar, or the JSON text ``read_state`` gives for a
-    record) as a value of ``serializer``."""
+    """A Spark value (a Row, list, dict, scalar, or a record's JSON text) as a value of
+    ``serializer``."""
     if value is None:
         return None
     wire = serializer.wire_type

@@ -176,9 +176,10 @@ def test_an_unexpected_plan_is_read_as_it_is(spark: Any) -> None:
 
 
 def test_the_entry_counts_agree_on_one_checkpoint(spark: Any, tmp_path: Any) -> None:
-    """``numRowsTotal``, ``streamstate checkpoints inspect`` and the state read back counted
-    by the one definition (a value per key and namespace, a map's mappings, a list's elements;
-    timers apart) give the same number for the checkpoint of the last micro-batch."""
+    """``numRowsTotal``, ``streamstate checkpoints inspect``, the ``streamstate-metadata``
+    format's ``entries`` and the state read back counted by the one definition (a value per key
+    and namespace, a map's mappings, a list's elements; timers apart) give the same number for
+    the checkpoint of the last micro-batch."""
     import json
 
     from typer.testing import CliRunner
@@ -222,5 +223,7 @@ def test_the_entry_counts_agree_on_one_checkpoint(spark: Any, tmp_path: Any) -> 
     )
     assert figures["checkpointId"] == 1
     assert figures["numRowsTotal"] == inspected["operators"]["keyed-process"]["entries"]
+    listed = spark.read.format("streamstate-metadata").load(ck).collect()
+    assert figures["numRowsTotal"] == sum(r.entries for r in listed if r.entries is not None)
     assert figures["numRowsTotal"] == counted == oracle
     assert figures["numTimersPending"] == len(users)

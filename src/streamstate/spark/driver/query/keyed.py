@@ -42,6 +42,7 @@ from streamstate.spark.driver.plan.checks import check_before_first_job
 from streamstate.spark.driver.plan.resolve import KeyedArguments, absolute_url, resolve_options
 from streamstate.spark.driver.query.batch import run_bounded
 from streamstate.spark.driver.query.streaming import KeyedStream
+from streamstate.spark.offline.reader import register
 
 __all__ = ["keyed_process"]
 
@@ -111,6 +112,7 @@ def keyed_process(
     """
     options, restored = resolve_options(KeyedArguments(**locals()))
     ensure_worker_path(options.spark)
+    register(options.spark)  # the state formats, to read what the job checkpoints
     check_before_first_job(options, restored)
     if df.isStreaming:
         return KeyedStream(options)
