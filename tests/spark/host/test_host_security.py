@@ -91,8 +91,9 @@ class Host(Driver):
         self.tcp = self.location.tcp
         self.log_path = host_paths(self.spec.id, run)["log"]
         self.next_batch = 0
-        #: the route each legit batch took
+        #: the route each legit batch took, and why those that fell back did
         self.routes: list[str] = []
+        self.fallbacks: list[str] = []
 
     def open_raw(self, transport: str) -> socket.socket:
         if transport == "unix":
@@ -130,6 +131,8 @@ class Host(Driver):
         self.log.commit(plan, [result])
         self.next_batch += 1
         self.routes.append(ack.timings.route)
+        if ack.timings.fallback:
+            self.fallbacks.append(ack.timings.fallback)
         return result
 
     def log_lines(self) -> list[str]:
@@ -235,6 +238,19 @@ def _other_storage_options(h: Host, sock: socket.socket) -> None:
     Connection(sock, keys, CLIENT_RECEIVES).send(_begin(job))
 
 
+def _another(**fields: Any) -> Any:
+    """A client holding the secret sends a BEGIN of the host's job with ``fields`` changed:
+    each names something a host would load or restore (another job's savepoint, function
+    file or local database)."""
+
+    def attack(h: Host, sock: socket.socket) -> None:
+        keys = client_handshake(sock, h.secret, h.spec.id)
+        job = msgspec.structs.replace(h.job, **fields)
+        Connection(sock, keys, CLIENT_RECEIVES).send(_begin(job))
+
+    return attack
+
+
 class _Recorder:
     def __init__(self) -> None:
         self.data = bytearray()
@@ -254,9 +270,25 @@ ATTACKS = {
     "truncated frame after auth": (_truncated_frame, "truncated frame"),
     "malformed BEGIN after auth": (_malformed_begin, "malformed BEGIN"),
     "plaintext frame after auth": (_plaintext_after_auth, "did not verify"),
-    "another function": (_another_function, "BEGIN for another job: its function_sha differ"),
+    "another function": (
+        _another_function,
+        "BEGIN for another job: its function_sha, function_path differ",
+    ),
     "another checkpoint": (_another_checkpoint, "its checkpoint_url differ"),
     "other storage options": (_other_storage_options, "its storage_options differ"),
+    "another function file": (
+        _another(function_path="../theirs/functions/f.pkl"),
+        "its function_path differ",
+    ),
+    "another initial state": (
+        _another(initial_state="/elsewhere/theirs/savepoint-1"),
+        "its initial_state differ",
+    ),
+    "another state backend": (_another(state_backend="rocksdb"), "its state_backend differ"),
+    "another local database": (
+        _another(state_backend_options={"working_dir": "/elsewhere/theirs"}),
+        "its state_backend_options differ",
+    ),
 }
 
 
@@ -577,19 +609,146 @@ def test_unauthenticated_peers_cost_a_host_no_batch_time(tmp_path: Any) -> None:
     assert all("(tcp 127.0.0.1:" in line for line in timed_out)
 
 
+def _stall(h: Host, between_frames: bool) -> socket.socket:
+    """A client holding the secret that starts the subtask's next batch over TCP (BEGIN, its
+    records' schema) and stalls: inside a DATA frame (half of it sent), or between frames (one
+    whole DATA frame sent and answered) -- a relay that holds, a task wedged mid-batch, a
+    partition without RST. Its records are users ``stalled``."""
+    from streamstate.spark.wire.messages import Begun, Data, Ok
+    from support.state_host import step_task, user_batch
+
+    sock = h.open_raw("tcp")
+    conn = Connection(sock, client_handshake(sock, h.secret, h.spec.id), CLIENT_RECEIVES)
+    records = user_batch(["stalled"] * 3)
+    step = step_task(h.job, h.log.plan(h.next_batch))
+    conn.send(Begin(task=step, subtask=0, attempt=10_000, schema=bytes(records.schema.serialize())))
+    assert isinstance(conn.recv()[0], Begun)
+    if between_frames:
+        conn.send(Data(), records.serialize())
+        assert isinstance(conn.recv()[0], Ok)
+    else:
+        recorder = _Recorder()
+        conn.channel.sock = recorder  # type: ignore[assignment]
+        conn.send(Data(), records.serialize())
+        conn.channel.sock = sock
+        sock.sendall(recorder.data[: len(recorder.data) // 2])
+    return sock
+
+
+@pytest.mark.parametrize("where", ["inside a frame", "between frames"])
+def test_a_stalled_batch_holds_no_host(tmp_path: Any, where: str) -> None:
+    """A connection that stalls in a batch holds the host for the frame deadline at most: a
+    PING and a batch of the same subtask over the Unix socket are served within the deadline
+    plus a second, the stalled batch is aborted (its connection closed, its records never
+    counted) and the batches after it are exact."""
+    from streamstate.spark.task.host_client import ping
+
+    h = Host(tmp_path, frame_timeout=2.0, io_timeout=60.0)
+    try:
+        h.legit_batch()  # a: 2, b: 1
+        stalled = _stall(h, between_frames=where == "between frames")
+        t0 = time.perf_counter()
+        pong = ping(h.spec, h.secret)
+        ping_s = time.perf_counter() - t0
+        served = h.legit_batch("unix", ["a", "b"])
+        stalled.settimeout(10)
+        with pytest.raises((ConnectionError, OSError, EOFError)):
+            _drain_to_eof(stalled)  # the host dropped it
+        stalled.close()
+        after = h.legit_batch("tcp", ["stalled", "a"])
+        lines = h.log_lines()
+    finally:
+        h.close()
+    deadline = h.spec.frame_timeout
+    assert pong is not None and ping_s < deadline + 1.0, ping_s
+    assert served.stats["total_s"] < deadline + 1.0, served.stats["total_s"]
+    assert h.routes[-2:] == ["unix", "tcp"]
+    assert sorted(h.outputs(served)) == [("a", 3), ("b", 2)]
+    assert sorted(h.outputs(after)) == [("a", 4), ("stalled", 1)]  # nothing of the stalled batch
+    assert [line for line in lines if "(the frame deadline" in line], lines[-5:]
+
+
+class _Flood:
+    """Idle connections opened to ``address`` as fast as ``threads`` threads can, from the
+    address the real tasks use too; each thread keeps its newest 200 open (the host drops the
+    others first)."""
+
+    def __init__(self, address: str, threads: int = 4) -> None:
+        host, _, port = address.rpartition(":")
+        self.target = (host, int(port))
+        self.stop = threading.Event()
+        self.opened = 0
+        self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(threads)]
+        for t in self.threads:
+            t.start()
+
+    def _run(self) -> None:
+        import collections
+
+        socks: collections.deque[socket.socket] = collections.deque()
+        try:
+            while not self.stop.is_set():
+                with contextlib.suppress(OSError):
+                    socks.append(socket.create_connection(self.target, timeout=5))
+                    self.opened += 1
+                if len(socks) > 200:
+                    socks.popleft().close()
+        finally:
+            for sock in socks:
+                sock.close()
+
+    def close(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join()
+
+
+BATCHES = 20
+
+
+def test_a_flood_of_idle_connections_drops_its_own_and_no_real_client(tmp_path: Any) -> None:
+    """A flood of connections that send nothing, from the address the tasks use too, far
+    beyond the per-address cap: the host drops the oldest idle ones, never a real client's
+    handshake (its answer arrived, even if not read yet), so no batch over TCP falls back to a
+    host of its own node."""
+    h = Host(tmp_path)
+    flood = None
+    try:
+        h.legit_batch()
+        flood = _Flood(h.tcp)
+        start, batches = time.monotonic(), 0
+        # from the flood's first burst on, until it has been far over the cap for a while
+        while batches < BATCHES or (flood.opened < 600 and time.monotonic() - start < 15):
+            h.legit_batch("tcp", ["a"])
+            batches += 1
+        opened = flood.opened
+        lines = h.log_lines()
+    finally:
+        if flood is not None:
+            flood.close()
+        h.close()
+    assert h.routes[1:] == ["tcp"] * batches, (h.routes, h.fallbacks)
+    dropped = [line for line in lines if "handshakes pending, the most allowed" in line]
+    assert opened > 300 and dropped, (opened, lines[-5:])
+    assert all("the oldest that sent nothing is dropped" in line for line in dropped), dropped[:3]
+
+
 def test_a_flood_of_refusals_is_capped_rate_limited_and_does_not_keep_a_host_alive(
     tmp_path: Any,
 ) -> None:
-    """The host's idle timer runs through refusals; at most 16 handshakes are pending per
-    source address (the oldest is dropped); the log holds at most 20 refusal lines per 10 s
-    and then says how many it left out."""
+    """The host's idle timer runs through refusals; at most 16 handshakes that have sent part
+    of an answer are pending per source address (the oldest is dropped); the log holds at most
+    20 refusal lines per 10 s and then says how many it left out."""
     h = Host(tmp_path, idle_timeout=3.0, refusal_log_limit=20)
     h.legit_batch()
     start = time.monotonic()
     socks: list[socket.socket] = []
     garbage = 0
     try:
-        socks.extend(h.open_raw("tcp") for _ in range(20))  # silent, over the per-address cap
+        for _ in range(20):  # part of an answer each, over the per-address cap
+            socks.append(h.open_raw("tcp"))
+            socks[-1].sendall(MAGIC[:3])
+            time.sleep(0.02)  # in this order
         while time.monotonic() - start < 8.0:
             try:
                 s = h.open_raw("tcp")
@@ -610,8 +769,11 @@ def test_a_flood_of_refusals_is_capped_rate_limited_and_does_not_keep_a_host_ali
     refused = [line for line in lines if "refused connection" in line]
     assert gone_after < 3.0 + 3.0, gone_after  # idle timeout 3 s, refusals or not
     assert garbage > 40
-    assert closed_early == 4  # the 4 oldest of the 20 silent peers were dropped for newer ones
-    assert any("16 handshakes pending from tcp 127.0.0.1" in line for line in refused)
+    assert closed_early == 4  # the 4 oldest of the 20 talking peers were dropped for newer ones
+    assert any(
+        "16 handshakes with part of an answer pending from tcp 127.0.0.1" in line
+        for line in refused
+    )
     assert len(refused) <= 20
     assert any("more refusals not logged (limit 20 per 10 s)" in line for line in lines)
     assert "exit: idle timeout" in lines[-1]

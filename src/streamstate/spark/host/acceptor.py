@@ -3,14 +3,23 @@ that peers who do not hold the secret never delay a batch.
 
 One thread (:class:`Acceptor`) owns the listening sockets and every connection that has not
 finished its handshake, all non-blocking in one selector. Each pending handshake has one overall
-deadline from its accept (not one per read: a peer trickling a byte at a time gets no longer);
-at most ``max_per_address`` are pending per source address (a Unix-socket peer counts as the
-address ``unix``) and ``max_pending`` in all: a new connection beyond either cap closes the
-oldest pending one of that address (or of all), so a flood from one address cannot keep
-another's handshake out, and a real client, whose handshake takes one round trip, is rarely the
-oldest. The Unix socket is served first: its events are handled before TCP's, and its
-authenticated connections go ahead of TCP ones in the ready queue that the host's main thread
-takes them from (:mod:`streamstate.spark.host.state_host`).
+deadline from its accept (not one per read: a peer trickling a byte at a time gets no longer).
+
+Caps, for a flood: at most ``max_pending`` handshakes are pending in all, and at most
+``max_per_address`` of those that have sent part of an answer per source address (a Unix-socket
+peer counts as the address ``unix``). A new connection beyond ``max_pending`` closes the pending
+handshake that is oldest among those that have sent nothing, wherever it comes from (each is
+read first, oldest first: an answer that arrived but was not read yet completes its handshake
+instead); only if every one has sent bytes, the oldest. A real client answers the challenge at
+once, in one piece, so it is never the one closed unless ``max_pending`` connections arrive
+before its answer does, even in a flood from its own address. A peer that has sent part of an
+answer beyond ``max_per_address`` of its address closes that address's oldest such one: a
+trickling flood from one address cannot fill the table either. The connections closed are
+logged as refusals.
+
+The Unix socket is served first: its events are handled before TCP's, and its authenticated
+connections go ahead of TCP ones in the ready queue that the host's main thread takes them from
+(:mod:`streamstate.spark.host.state_host`).
 
 Refusals go through :class:`RefusalLog`: one line each, with the peer's address, cut at
 :data:`MAX_LINE` characters, at most ``limit`` lines per ``window`` seconds and then one line
@@ -40,6 +49,8 @@ __all__ = ["MAX_LINE", "Acceptor", "Ready", "RefusalLog"]
 
 #: longest refusal line logged (a peer chooses part of the text)
 MAX_LINE = 300
+#: which pending handshake the cap drops (by whether one had sent nothing)
+_WHICH = {True: "the oldest that sent nothing", False: "the oldest (every one sent bytes)"}
 
 
 class RefusalLog:
@@ -115,8 +126,9 @@ class _Pending:
 class Acceptor:
     """Accepts on ``listeners`` (``(socket, "unix" | "tcp")``), runs each connection's
     handshake with ``secret`` for host ``host_id`` within ``deadline`` seconds, and puts each
-    authenticated connection (blocking, ``io_timeout``, body limit ``max_frame``) into
-    :attr:`ready`: a priority queue of ``(priority, sequence, Ready)``, Unix first."""
+    authenticated connection (blocking, ``io_timeout``, body limit ``max_frame``, frame
+    deadline ``frame_timeout``) into :attr:`ready`: a priority queue of ``(priority,
+    sequence, Ready)``, Unix first."""
 
     def __init__(
         self,
@@ -130,6 +142,7 @@ class Acceptor:
         max_per_address: int = 16,
         io_timeout: float = 600.0,
         max_frame: int = 1 << 30,
+        frame_timeout: float | None = None,
     ) -> None:
         self.secret = secret
         self.host_id = host_id
@@ -139,6 +152,7 @@ class Acceptor:
         self.max_per_address = max_per_address
         self.io_timeout = io_timeout
         self.max_frame = max_frame
+        self.frame_timeout = frame_timeout
         self.ready: queue.PriorityQueue[tuple[int, int, Ready]] = queue.PriorityQueue()
         self._seq = itertools.count()
         self._selector = selectors.DefaultSelector()
@@ -147,7 +161,8 @@ class Acceptor:
             self._selector.register(listener, selectors.EVENT_READ, kind)
         #: every pending handshake, oldest first
         self._pending: dict[socket.socket, _Pending] = {}
-        self._by_address: dict[str, collections.deque[_Pending]] = {}
+        #: source address -> its pending handshakes that have sent bytes, oldest first
+        self._talking: dict[str, collections.deque[_Pending]] = {}
         self._uid = os.getuid()
 
     @property
@@ -163,8 +178,11 @@ class Acceptor:
                     first = min(p.deadline for p in self._pending.values())
                     timeout = max(0.0, min(timeout, first - time.monotonic()))
                 events = self._selector.select(timeout)
-                # the Unix socket first: its listener and handshakes before TCP's
-                events.sort(key=lambda e: self._kind_of(e[0].data) != "unix")
+                # the Unix socket first, and answers before new connections: an answer that
+                # arrived is read before a burst of connections could make room by closing it
+                events.sort(
+                    key=lambda e: (self._kind_of(e[0].data) != "unix", isinstance(e[0].data, str))
+                )
                 for key, _ in events:
                     if isinstance(key.data, str):
                         self._accept(key.fileobj, key.data)  # type: ignore[arg-type]
@@ -212,27 +230,39 @@ class Acceptor:
                 self.refusals(peer, "connection", exc)
                 sock.close()
                 continue
-            self._make_room(address)
+            self._make_room()
             p = _Pending(sock, kind, peer, address, time.monotonic() + self.deadline, hs)
             self._pending[sock] = p
-            self._by_address.setdefault(address, collections.deque()).append(p)
             self._selector.register(sock, selectors.EVENT_READ, p)
 
-    def _make_room(self, address: str) -> None:
-        """Close the oldest pending handshake of ``address`` (or of all) if a cap is reached."""
-        same = self._by_address.get(address)
-        if same is not None and len(same) >= self.max_per_address:
+    def _make_room(self) -> None:
+        """Close a pending handshake if ``max_pending`` are: the oldest that has sent nothing
+        (:meth:`_victim`)."""
+        if len(self._pending) < self.max_pending:
+            return
+        victim, silent = self._victim(list(self._pending.values()))
+        if victim is not None and len(self._pending) >= self.max_pending:
             self._refuse(
-                same[0],
-                f"{len(same)} handshakes pending from {address}, the most allowed; the oldest "
-                "is dropped",
+                victim,
+                f"{len(self._pending)} handshakes pending, the most allowed; "
+                f"{_WHICH[silent]} is dropped",
             )
-        if len(self._pending) >= self.max_pending:
-            oldest = next(iter(self._pending.values()))
-            self._refuse(
-                oldest,
-                f"{len(self._pending)} handshakes pending, the most allowed; the oldest is dropped",
-            )
+
+    def _victim(self, candidates: list[_Pending]) -> tuple[_Pending | None, bool]:
+        """The handshake to drop among ``candidates`` (oldest first), and whether it has sent
+        nothing: the oldest that has sent nothing, else the oldest. Each is read first, up to
+        the first that has sent nothing: a client whose answer arrived but was not read yet
+        completes its handshake instead of being dropped (a real client answers at once, so
+        only the newest silent peers can be real ones)."""
+        for p in candidates:
+            if p.sock not in self._pending:
+                continue
+            if not p.buf:
+                self._advance(p)
+            if p.sock in self._pending and not p.buf:
+                return p, True
+        left = [p for p in candidates if p.sock in self._pending]
+        return (left[0] if left else None), False
 
     def _advance(self, p: _Pending) -> None:
         try:
@@ -250,10 +280,13 @@ class Acceptor:
             else:
                 self._refuse(p, "the client closed the connection without a handshake")
             return
+        first = not p.buf
         p.buf += chunk
         try:
             ServerHandshake.check_prefix(bytes(p.buf))
             if len(p.buf) < REPLY_BYTES:
+                if first:
+                    self._talks(p)
                 return
             proof, keys = p.handshake.verify(bytes(p.buf))
         except AuthError as exc:
@@ -268,8 +301,21 @@ class Acceptor:
             self.refusals(p.peer, "connection", exc)
             p.sock.close()
             return
-        ready = Ready(Connection(p.sock, keys, HOST_RECEIVES, self.max_frame), p.kind, p.peer)
+        conn = Connection(p.sock, keys, HOST_RECEIVES, self.max_frame, self.frame_timeout)
+        ready = Ready(conn, p.kind, p.peer)
         self.ready.put((0 if p.kind == "unix" else 1, next(self._seq), ready))
+
+    def _talks(self, p: _Pending) -> None:
+        """``p`` has sent part of an answer: beyond ``max_per_address`` such handshakes of its
+        address, the oldest is closed."""
+        same = self._talking.setdefault(p.address, collections.deque())
+        same.append(p)
+        if len(same) > self.max_per_address:
+            self._refuse(
+                same[0],
+                f"{len(same) - 1} handshakes with part of an answer pending from {p.address}, "
+                "the most allowed; the oldest is dropped",
+            )
 
     def _expire(self, now: float) -> None:
         for p in [p for p in self._pending.values() if p.deadline <= now]:
@@ -283,12 +329,12 @@ class Acceptor:
 
     def _forget(self, p: _Pending) -> None:
         self._pending.pop(p.sock, None)
-        same = self._by_address.get(p.address)
-        if same is not None:
+        same = self._talking.get(p.address)
+        if same is not None and p.buf:
             with contextlib.suppress(ValueError):
                 same.remove(p)
             if not same:
-                del self._by_address[p.address]
+                del self._talking[p.address]
         with contextlib.suppress(KeyError, ValueError):
             self._selector.unregister(p.sock)
 

@@ -14,11 +14,20 @@ HELLO reports its location (node id, TCP address, socket path), the task puts it
 acknowledgement, and the driver tells the next batch's task of that subtask where to send its
 records, on whichever node Spark runs it (:mod:`streamstate.spark.task.host_client`). Every
 connection is authenticated first (:mod:`streamstate.spark.wire.security`) by the acceptor thread,
-which runs all pending handshakes at once (:mod:`streamstate.spark.host.acceptor`); the main thread
-serves authenticated connections one at a time, Unix ones first, over sealed frames
+which runs all pending handshakes at once (:mod:`streamstate.spark.host.acceptor`); each
+authenticated connection is then served on a thread of its own, over sealed frames
 (:mod:`streamstate.spark.wire.channel`). A refused connection or frame is logged (rate-limited) and
 closed and the host goes on serving. A host serves only the job it was started for
 (:class:`JobPin`).
+
+No connection holds a host: HELLO, PING and SHUTDOWN are answered whatever another connection
+does; the subtask's batches take turns (one state), and a message inside one, once begun, must
+arrive whole within ``frame_timeout`` seconds (:attr:`~streamstate.spark.wire.hosts.HostSpec.
+frame_timeout`), or the connection is dropped and the batch aborted as a failed batch is (the
+next one reloads its base version). A batch that finds another batch of the subtask running
+waits for it up to ``frame_timeout`` too, then aborts it (its connection is shut down) and runs:
+a peer that stops between two messages of a batch keeps it only until the subtask's next batch
+comes (a task's retry, on this node or another).
 
 Lifecycle: the first task that cannot connect spawns the host (:mod:`streamstate.spark.task.
 host_client`); the host double-forks and calls ``setsid`` (it is neither a child of the worker
@@ -54,7 +63,8 @@ from typing import Any
 
 import msgspec
 
-from streamstate.spark.host.acceptor import Acceptor, RefusalLog
+from streamstate.errors import StateHostError
+from streamstate.spark.host.acceptor import Acceptor, Ready, RefusalLog
 from streamstate.spark.host.run_dir import SocketFile, clean_run_dir, listen_unix
 from streamstate.spark.host.startup import (
     claim,
@@ -89,7 +99,11 @@ from streamstate.spark.wire.protocol import (
 from streamstate.spark.wire.security import node_id, node_secret
 from streamstate.spark.wire.step import Begin
 
-__all__ = ["StateHost", "serve", "warm_imports"]
+__all__ = ["MAX_CONNECTIONS", "StateHost", "serve", "warm_imports"]
+
+#: authenticated connections served at once, each on a thread (their peers hold the run's
+#: secret; beyond, the next waits for one to end)
+MAX_CONNECTIONS = 64
 
 
 class StateHost:
@@ -107,6 +121,64 @@ class StateHost:
         self.started = time.time()
         #: where clients find this host (HELLO): node id, TCP address, socket path
         self.location = HostLocation(id=spec.id, pid=os.getpid())
+        #: held by the batch that runs (the subtask has one state)
+        self.batch_lock = threading.Lock()
+        self._lock = threading.Lock()
+        #: the connection whose batch holds ``batch_lock``, and its peer
+        self._batch: tuple[Connection, str] | None = None
+        #: the connections being served, and when the last one ended (the idle timer)
+        self._connections: set[Connection] = set()
+        self.last_use = time.monotonic()
+
+    # ---- connections ---------------------------------------------------------------------------
+
+    def opened(self, conn: Connection) -> None:
+        with self._lock:
+            self._connections.add(conn)
+
+    def closed(self, conn: Connection) -> None:
+        with self._lock:
+            self._connections.discard(conn)
+            self.last_use = time.monotonic()
+
+    @property
+    def serving(self) -> int:
+        """Connections being served."""
+        return len(self._connections)
+
+    def abort_connections(self) -> None:
+        """Shut every served connection down (the host exits): their threads' next read or
+        write fails, and a batch among them is aborted."""
+        with self._lock:
+            connections = list(self._connections)
+        for conn in connections:
+            _abort(conn)
+
+    def take_batch(self, conn: Connection, peer: str, batch: int) -> bool:
+        """Hold the subtask's batch turn for ``conn``'s batch ``batch``: at once if free; else
+        after the running batch, which is aborted if it has not ended within the frame
+        deadline. False if it still had not ended after the I/O timeout (a batch busy
+        computing all along)."""
+        wait = self.spec.frame_timeout
+        if not self.batch_lock.acquire(timeout=wait):
+            with self._lock:
+                holder = self._batch
+            if holder is not None:
+                log_line(
+                    f"batch of {holder[1]} aborted: batch {batch} of the subtask from {peer} "
+                    f"waited {wait:g} s for it (the frame deadline)"
+                )
+                _abort(holder[0])
+            if not self.batch_lock.acquire(timeout=self.spec.io_timeout):
+                return False
+        with self._lock:
+            self._batch = (conn, peer)
+        return True
+
+    def release_batch(self) -> None:
+        with self._lock:
+            self._batch = None
+        self.batch_lock.release()
 
     # ---- state ---------------------------------------------------------------------------------
 
@@ -280,9 +352,10 @@ def serve(
     ``secret`` the query run's secret (default: the node's, :func:`~streamstate.spark.wire.
     security.node_secret`); ``pin`` the job it serves (None: no batch).
 
-    Two threads: the acceptor (:mod:`streamstate.spark.host.acceptor`) accepts and authenticates
-    connections concurrently; this one serves authenticated connections one at a time, Unix
-    ones first. Only those count as use for ``idle_timeout``."""
+    Threads: the acceptor (:mod:`streamstate.spark.host.acceptor`) accepts and authenticates
+    connections concurrently; this one hands each authenticated connection, Unix ones first,
+    to a thread of its own (at most :data:`MAX_CONNECTIONS` at once). Only those count as use
+    for ``idle_timeout``."""
     status: list[int | None] = [status_fd]
     paths = host_paths(spec.id, spec.run_dir)
     rc = claim(spec, paths, status)
@@ -320,6 +393,7 @@ def serve(
         max_per_address=spec.max_pending_per_address,
         io_timeout=spec.io_timeout,
         max_frame=spec.max_frame,
+        frame_timeout=spec.frame_timeout,
     )
     stopping = threading.Event()
     front = threading.Thread(
@@ -344,12 +418,16 @@ def serve(
         while not acceptor.ready.empty():
             with contextlib.suppress(queue.Empty):
                 acceptor.ready.get_nowait()[2].conn.close()
+        host.abort_connections()
+        # a batch busy computing ends at its next read or write; its state is closed after it
+        ended = host.batch_lock.acquire(timeout=spec.frame_timeout)
         refusals.tick(final=True)
         log_line(
             f"exit: {stop['why']}; version {host.version}, {host.batches} batches, "
             f"{refusals.total} connections or frames refused"
         )
-        host.close()
+        if ended:
+            host.close()
     return 0
 
 
@@ -360,25 +438,54 @@ def _serve_connections(
     refusals: RefusalLog,
     stop: dict[str, str | None],
 ) -> None:
-    """Serve the authenticated connections one at a time until a reason to stop comes (in
-    ``stop``): a SHUTDOWN, a signal, or ``idle_timeout`` seconds without a connection."""
-    last = time.monotonic()
+    """Hand each authenticated connection to a thread of its own until a reason to stop comes
+    (in ``stop``): a SHUTDOWN, a signal, or ``idle_timeout`` seconds without a connection."""
+    slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
     while stop["why"] is None:
-        left = host.spec.idle_timeout - (time.monotonic() - last)
+        if host.serving:
+            left = host.spec.idle_timeout
+        else:
+            left = host.spec.idle_timeout - (time.monotonic() - host.last_use)
         if left <= 0:
             stop["why"] = "idle timeout"
             break
         try:
-            _, _, ready = acceptor.ready.get(timeout=min(left, 1.0))
+            _, _, ready = acceptor.ready.get(timeout=min(left, 0.5))
         except queue.Empty:
             continue
-        try:
-            reason = _handle(host, ready.conn, socket_file, ready.peer, refusals)
-        finally:
-            ready.conn.close()
-            last = time.monotonic()
-        if reason is not None:
-            stop["why"] = reason
+        while not slots.acquire(timeout=0.5):
+            if stop["why"] is not None:
+                ready.conn.close()
+                return
+        host.opened(ready.conn)
+        threading.Thread(
+            target=_serve_one,
+            args=(host, ready, socket_file, refusals, stop, slots),
+            name=f"streamstate-connection ({ready.peer})",
+            daemon=True,
+        ).start()
+
+
+def _serve_one(
+    host: StateHost,
+    ready: Ready,
+    socket_file: SocketFile,
+    refusals: RefusalLog,
+    stop: dict[str, str | None],
+    slots: threading.BoundedSemaphore,
+) -> None:
+    """A connection's thread: serve it, close it, and pass on a reason to stop the host."""
+    reason = None
+    try:
+        reason = _handle(host, ready.conn, socket_file, ready.peer, refusals)
+    except Exception as exc:  # a connection's failure is never the host's
+        log_line(f"connection ({ready.peer}) failed: {exc!r}")
+    finally:
+        ready.conn.close()
+        host.closed(ready.conn)
+        slots.release()
+    if reason is not None and stop["why"] is None:
+        stop["why"] = reason
 
 
 def _handle(
@@ -432,25 +539,43 @@ def _serve_batch(
         refusals(peer, "frame", exc)
         _send_error(conn, exc)
         return False
+    batch = begin.task.batch
+    if not host.take_batch(conn, peer, batch):
+        spec = host.spec
+        _send_error(
+            conn,
+            StateHostError(
+                f"the state host of {spec.operator!r} subtask {spec.subtask} is busy with "
+                f"another batch of the subtask for more than {spec.io_timeout:g} s"
+            ),
+        )
+        return False
     try:
         host.run_batch(conn, begin, job)
     except ProtocolError as exc:  # a frame inside the batch: the channel is not safe
-        refusals(peer, "frame", f"in batch {begin.task.batch}: {exc}")
+        refusals(peer, "frame", f"in batch {batch}: {exc}")
         return False
     except (EOFError, ConnectionError, TimeoutError) as exc:
-        log_line(f"batch {begin.task.batch} aborted by the task ({exc!r})")
+        log_line(f"batch {batch} aborted by the task ({exc!r})")
         return False
     except Exception as exc:
-        log_line(f"batch {begin.task.batch} failed: {exc!r}")
+        log_line(f"batch {batch} failed: {exc!r}")
         spec = host.spec
         _send_error(
             conn,
             exc,
-            f"in the state host of {spec.operator!r} subtask {spec.subtask} "
-            f"(micro-batch {begin.task.batch})",
+            f"in the state host of {spec.operator!r} subtask {spec.subtask} (micro-batch {batch})",
         )
         return False
+    finally:
+        host.release_batch()
     return True
+
+
+def _abort(conn: Connection) -> None:
+    """Shut ``conn`` down: the thread serving it fails at its next read or write."""
+    with contextlib.suppress(OSError):
+        conn.sock.shutdown(socket.SHUT_RDWR)
 
 
 def _send_error(conn: Connection, exc: BaseException, where: str = "") -> None:

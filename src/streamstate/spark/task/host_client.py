@@ -71,6 +71,7 @@ from streamstate.spark.wire.security import (
 from streamstate.spark.wire.step import Begin, StepTask
 
 __all__ = [
+    "PING_TIMEOUT",
     "FunctionFailed",
     "connect",
     "connect_tcp",
@@ -86,10 +87,10 @@ log = logging.getLogger(__name__)
 #: seconds a handshake may take in all: a host runs handshakes concurrently with its batches,
 #: so a live host answers within a round trip or two, busy or not
 HANDSHAKE_TIMEOUT = 10.0
-#: seconds to wait for the HELLO of a host on another node once authenticated: it serves one
-#: connection at a time, so one busy with another attempt of the same subtask (a reload can
-#: take tens of seconds) answers only after it; a node that vanished meanwhile is noticed by
-#: keepalive. (A host on this node gets the I/O timeout.)
+#: seconds to wait for the HELLO of a host on another node once authenticated: a host answers
+#: HELLO whatever its batches do, but a process short of CPU (a reload can take tens of seconds
+#: of it) may answer late; a node that vanished meanwhile is noticed by keepalive. (A host on
+#: this node gets the I/O timeout.)
 BUSY_TIMEOUT = 120.0
 
 
@@ -346,9 +347,14 @@ def _error_before_close(conn: Connection) -> Error | None:
 _UNREACHABLE = (StateHostError, EOFError, OSError, ProtocolError)
 
 
-def ping(spec: HostSpec, secret: bytes | None = None) -> Pong | None:
-    """The host's PONG, or None if it is not running or does not answer within the spec's
-    I/O timeout (it never raises for that)."""
+#: seconds :func:`ping` waits for a host (a host answers PING whatever its batches do)
+PING_TIMEOUT = 5.0
+
+
+def ping(spec: HostSpec, secret: bytes | None = None, timeout: float = PING_TIMEOUT) -> Pong | None:
+    """The host's PONG, or None if it is not running or does not answer within ``timeout``
+    seconds (or the spec's I/O timeout if shorter; it never raises for that)."""
+    spec = msgspec.structs.replace(spec, io_timeout=min(timeout, spec.io_timeout))
     try:
         got = connect(spec, start=False, secret=secret)
     except _UNREACHABLE:

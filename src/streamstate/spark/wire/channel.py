@@ -17,6 +17,13 @@ at most the header limit, a body record at most :data:`CHUNK`, the body at most 
 connection's body limit, and the body's buffer grows with the bytes that arrive and verify
 (an authenticated peer announcing a 1 GiB body and sending nothing costs no 1 GiB).
 
+Deadline: a side may give its channel a ``frame_timeout`` (a state host does: the host's
+``frame_timeout``). A message, once its first byte arrived, must then arrive whole within it,
+and a message it sends must be taken by the peer within it; past it the message is refused as a
+:class:`FrameError` (a peer that stops in the middle of a frame, or trickles it, holds the
+receiving thread for that long and no longer). The wait for a message's first byte stays the
+socket's own timeout: between two messages a task may be computing its next records.
+
 Cost: the body is encrypted from the Arrow buffer into one reusable record buffer and
 decrypted straight into the message's buffer (``encrypt_into``/``decrypt_into``): no copy beyond
 the cipher's own output. AES-GCM runs at GB/s with AES-NI (``bench/host_transport.py``).
@@ -26,6 +33,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import time
 from typing import Any
 
 from streamstate.spark.wire.security import SessionKeys
@@ -55,12 +63,27 @@ class SecureChannel:
     """Sealed records over a connected socket, with one key and one record counter per
     direction (not thread-safe: one sender and one receiver at a time)."""
 
-    __slots__ = ("_open", "_recv_seq", "_seal", "_send_buf", "_send_seq", "_slot", "sock")
+    __slots__ = (
+        "_deadline",
+        "_open",
+        "_recv_seq",
+        "_seal",
+        "_send_buf",
+        "_send_seq",
+        "_slot",
+        "frame_timeout",
+        "sock",
+    )
 
-    def __init__(self, sock: socket.socket, keys: SessionKeys) -> None:
+    def __init__(
+        self, sock: socket.socket, keys: SessionKeys, frame_timeout: float | None = None
+    ) -> None:
         from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
         self.sock = sock
+        #: seconds a message has from its first byte (None: only the socket's timeout)
+        self.frame_timeout = frame_timeout
+        self._deadline: float | None = None
         self._seal = AESGCM(keys.send)
         self._open = AESGCM(keys.recv)
         self._send_seq = 0
@@ -91,23 +114,56 @@ class SecureChannel:
         """Send one message: ``head`` (the encoded header), then ``body`` (any buffer: bytes,
         a pyarrow ``Buffer``; None for none) in sealed chunks."""
         size = 0 if body is None else memoryview(body).nbytes
-        self._send_record(_BODY_LEN.pack(size) + head)
-        if size:
-            view = memoryview(body).cast("B")
-            for start in range(0, size, CHUNK):
-                self._send_record(view[start : start + CHUNK])
+        timeout = None
+        if self.frame_timeout is not None:
+            timeout = self.sock.gettimeout()
+            self.sock.settimeout(self.frame_timeout)
+        try:
+            self._send_record(_BODY_LEN.pack(size) + head)
+            if size:
+                view = memoryview(body).cast("B")
+                for start in range(0, size, CHUNK):
+                    self._send_record(view[start : start + CHUNK])
+        except TimeoutError:
+            if self.frame_timeout is None:
+                raise
+            raise FrameError(
+                f"the peer did not take a message within {self.frame_timeout:g} s (the frame "
+                "deadline): dropped"
+            ) from None
+        finally:
+            if self.frame_timeout is not None:
+                self.sock.settimeout(timeout)
 
     # ---- receiving ------------------------------------------------------------------------------
 
     def _read_into(self, view: memoryview, what: str) -> None:
         got, n = 0, len(view)
         while got < n:
-            r = self.sock.recv_into(view[got:], n - got)
+            if self._deadline is not None:
+                left = self._deadline - time.monotonic()
+                if left <= 0:
+                    raise self._late(what)
+                self.sock.settimeout(left)
+            try:
+                r = self.sock.recv_into(view[got:], n - got)
+            except TimeoutError:
+                if self._deadline is None:
+                    raise
+                raise self._late(what) from None
             if r == 0:
                 if got == 0 and what == "the next message":
                     raise EOFError("the peer closed the connection")
                 raise FrameError(f"truncated frame: the peer closed inside {what}")
             got += r
+            if self._deadline is None and self.frame_timeout is not None:
+                self._deadline = time.monotonic() + self.frame_timeout
+
+    def _late(self, what: str) -> FrameError:
+        return FrameError(
+            f"a message not complete within {self.frame_timeout:g} s of its first byte (the "
+            f"frame deadline; the peer stopped inside {what}): dropped"
+        )
 
     def _record_length(self, limit: int, what: str) -> int:
         prefix = bytearray(_LEN.size)
@@ -134,7 +190,17 @@ class SecureChannel:
     def recv(self, max_head: int, max_body: int) -> tuple[bytes, bytearray | None]:
         """The next message's header bytes and body (None if it has none). ``EOFError`` if the
         peer closed between messages; :class:`FrameError` for a record that does not verify, a
-        length over its limit or a frame cut short."""
+        length over its limit, a frame cut short or past the frame deadline."""
+        if self.frame_timeout is None:
+            return self._recv(max_head, max_body)
+        timeout = self.sock.gettimeout()
+        try:
+            return self._recv(max_head, max_body)
+        finally:
+            self._deadline = None
+            self.sock.settimeout(timeout)
+
+    def _recv(self, max_head: int, max_body: int) -> tuple[bytes, bytearray | None]:
         n = self._record_length(_BODY_LEN.size + max_head, "the next message")
         sealed = bytearray(n)
         self._read_into(memoryview(sealed), "a message head")

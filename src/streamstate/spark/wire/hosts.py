@@ -18,6 +18,7 @@ from streamstate.spark.wire.protocol import MAX_BODY_BYTES
 from streamstate.spark.wire.security import run_dir
 
 __all__ = [
+    "DEFAULT_FRAME_TIMEOUT",
     "ZYGOTE_SWITCH",
     "ForkRequest",
     "HostSettings",
@@ -32,6 +33,8 @@ __all__ = [
 #: the environment variable that turns the host zygote off ("0"; see
 #: :mod:`streamstate.spark.host.zygote`)
 ZYGOTE_SWITCH = "STREAMSTATE_HOST_ZYGOTE"
+#: a state host's frame deadline, seconds (:attr:`HostSpec.frame_timeout`)
+DEFAULT_FRAME_TIMEOUT = 20.0
 
 
 class HostSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -48,14 +51,22 @@ class HostSpec(msgspec.Struct, frozen=True, kw_only=True):
     watch_pid: int | None = None
     watch_start: int | None = None
     idle_timeout: float = 600.0
+    #: seconds a connection may wait for its peer's next message (a task between two Arrow
+    #: batches may be computing them)
     io_timeout: float = 600.0
+    #: seconds a message has once begun, sent or received (a peer that stops inside a frame is
+    #: dropped and its batch aborted), and that a batch of the subtask waits for another one
+    #: of it before that one is aborted: far below ``io_timeout``, above the time the largest
+    #: Arrow batch takes on the network (:mod:`streamstate.spark.host.state_host`)
+    frame_timeout: float = DEFAULT_FRAME_TIMEOUT
     #: TCP address to listen on (``"127.0.0.1"``, ``"10.0.0.5:0"``, ``"[::]:0"``; port 0 or
     #: none: ephemeral); None: Unix socket only
     bind: str | None = None
     #: seconds a connection has to complete the handshake, from its accept (one deadline)
     auth_timeout: float = 5.0
-    #: handshakes pending at once: from one source address, and in all (beyond: the oldest
-    #: is dropped, :mod:`streamstate.spark.host.acceptor`)
+    #: handshakes pending at once: of those that have sent part of an answer, from one source
+    #: address (beyond: its oldest is dropped), and in all (beyond: the oldest that has sent
+    #: nothing is dropped, wherever it comes from; :mod:`streamstate.spark.host.acceptor`)
     max_pending_per_address: int = 16
     max_pending: int = 256
     #: refusals logged per 10 s (beyond: one line says how many were not)
@@ -92,6 +103,8 @@ class HostSettings(msgspec.Struct, frozen=True, kw_only=True):
     secret: bytes | None = None
     #: seconds to wait for a host to accept a connection
     connect_timeout: float = 3.0
+    #: the hosts' frame deadline (:attr:`HostSpec.frame_timeout`)
+    frame_timeout: float = DEFAULT_FRAME_TIMEOUT
 
     def spec(self, subtask: int, watch_pid: int | None = None) -> HostSpec:
         """The spec of the host of ``subtask`` on this node, watching the executor JVM
@@ -108,35 +121,58 @@ class HostSettings(msgspec.Struct, frozen=True, kw_only=True):
             watch_pid=watch_pid,
             watch_start=proc_start_time(watch_pid) if watch_pid else None,
             idle_timeout=self.idle_timeout,
+            frame_timeout=self.frame_timeout,
             zygote=True,
         )
 
 
 class JobPin(msgspec.Struct, frozen=True, kw_only=True):
     """The job a host serves, fixed when it starts (its spawner writes it on the host's stdin
-    with the secret): a BEGIN whose ``JobSpec`` names another checkpoint, operator, function
-    or storage options is refused, even from a client holding the secret."""
+    with the secret): every field of a BEGIN's ``JobSpec`` that names something the host loads
+    or restores is here, and a BEGIN that differs in one of them is refused, even from a client
+    holding the secret. So a peer holding the secret of one query run cannot make a host load
+    another job's checkpoint, savepoint, function or local database. (The step's own
+    references, its base version, lineage and task attempts, name files inside the pinned
+    checkpoint, through :mod:`streamstate.format.names`.)"""
 
+    #: the job's checkpoint directory, and the operator whose files the host reads in it
     checkpoint_url: str
     operator: str
+    #: the pickled function: its sha256 and its path (relative to the checkpoint, or absolute)
     function_sha: str
+    function_path: str
     #: sha256 of the storage options (msgpack, keys sorted): compared, never kept
     storage_options: str
+    #: the savepoint or checkpoint the first step starts from (None: none)
+    initial_state: str | None
+    #: the state backend that restores the state, and sha256 of its options (RocksDB's
+    #: ``working_dir`` names a local directory the host opens)
+    state_backend: str
+    state_backend_options: str
 
     @classmethod
     def of(cls, job: Any) -> JobPin:
         """The pin of a :class:`~streamstate.spark.job.JobSpec`."""
-        options = msgspec.msgpack.Encoder(order="sorted").encode(job.storage_options)
         return cls(
             checkpoint_url=job.checkpoint_url,
             operator=job.operator,
             function_sha=job.function_sha,
-            storage_options=hashlib.sha256(options).hexdigest(),
+            function_path=job.function_path,
+            storage_options=_digest(job.storage_options),
+            initial_state=job.initial_state,
+            state_backend=job.state_backend,
+            state_backend_options=_digest(job.state_backend_options),
         )
 
     def differences(self, other: JobPin) -> list[str]:
         """The fields in which ``other`` differs (names only: values may hold credentials)."""
         return [f for f in self.__struct_fields__ if getattr(self, f) != getattr(other, f)]
+
+
+def _digest(options: dict[str, Any]) -> str:
+    """sha256 of ``options`` (msgpack, keys sorted)."""
+    encoded = msgspec.msgpack.Encoder(order="sorted").encode(options)
+    return hashlib.sha256(encoded).hexdigest()
 
 
 def host_id(job: str, operator: str, subtask: int, parallelism: int, run: str = "") -> str:

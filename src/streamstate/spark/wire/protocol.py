@@ -105,7 +105,8 @@ def _kind(head: bytes) -> str:
 class Connection:
     """A framed, blocking, sealed connection over a connected and authenticated socket;
     ``receives`` decodes the headers the peer sends (:data:`HOST_RECEIVES` on a host,
-    :data:`CLIENT_RECEIVES` on its client)."""
+    :data:`CLIENT_RECEIVES` on its client); ``frame_timeout``: the seconds a message has once
+    begun, sent or received (:class:`~streamstate.spark.wire.channel.SecureChannel`)."""
 
     __slots__ = ("_decode", "channel", "max_body", "sock")
 
@@ -115,9 +116,10 @@ class Connection:
         keys: SessionKeys,
         receives: msgspec.msgpack.Decoder[Any],
         max_body: int = MAX_BODY_BYTES,
+        frame_timeout: float | None = None,
     ) -> None:
         self.sock = sock
-        self.channel = SecureChannel(sock, keys)
+        self.channel = SecureChannel(sock, keys, frame_timeout)
         self.max_body = max_body
         self._decode = receives.decode
 

@@ -79,6 +79,7 @@ from streamstate.spark.driver.step.step_tasks import StepTasks
 from streamstate.spark.failures import is_function_error
 from streamstate.spark.job import arrow_schema_from_bytes
 from streamstate.spark.subtask import job_storage
+from streamstate.spark.wire.hosts import DEFAULT_FRAME_TIMEOUT
 
 __all__ = ["KeyedStream", "KeyedStreamingQuery"]
 
@@ -111,6 +112,7 @@ class KeyedStream:
         host_connect_timeout: float = 3.0,
         spark_checkpoint: str | None = None,
         no_data_batches: bool | None = None,
+        host_frame_timeout: float = DEFAULT_FRAME_TIMEOUT,
     ) -> KeyedStreamingQuery:
         """Start the query, writing outputs to ``sink`` (see :mod:`streamstate.spark.driver.sinks`).
 
@@ -135,6 +137,12 @@ class KeyedStream:
                 ``$STREAMSTATE_HOST_BIND`` is set).
             host_connect_timeout: seconds a task waits for the TCP connection to a host on
                 another node before it starts one on its own node (which reloads).
+            host_frame_timeout: seconds a state host gives a message once it has begun (one
+                Arrow batch of records over the network); a connection that stops inside one
+                is dropped and its batch aborted, and a batch of a subtask waits this long for
+                another batch of the same subtask before aborting it. Far below the hosts'
+                600 s I/O timeout; above the time the largest Arrow batch takes to cross the
+                network.
             spark_checkpoint: where Spark keeps its own streaming checkpoint (offsets and
                 commit logs), a path or URL Hadoop can write (default
                 ``<checkpoint>/spark``). Use it when the state checkpoint is on storage Spark
@@ -161,6 +169,7 @@ class KeyedStream:
             host_connect_timeout,
             spark_checkpoint,
             no_data_batches,
+            host_frame_timeout,
         )
 
     start = write_stream
@@ -213,6 +222,7 @@ class KeyedStreamingQuery:
         host_connect_timeout: float = 3.0,
         spark_checkpoint: str | None = None,
         no_data_batches: bool | None = None,
+        host_frame_timeout: float = DEFAULT_FRAME_TIMEOUT,
     ) -> None:
         self._spans = Spans()
         #: where the query's fixed costs went, in ms: ``ship_ms`` (pickling and storing the
@@ -230,7 +240,9 @@ class KeyedStreamingQuery:
         if no_data_batches is None:
             no_data_batches = (conf(self.spark, NO_DATA_CONF, "true") or "true").lower() != "false"
         idle_interval = trigger_interval(trigger) if no_data_batches else None
-        parts = self._set_up(run_dir, host_bind, host_connect_timeout, spark_checkpoint)
+        parts = self._set_up(
+            run_dir, host_bind, host_connect_timeout, spark_checkpoint, host_frame_timeout
+        )
         parts = parts.with_no_data(no_data_batches, idle_interval)
         name = query_name or options.operator_name
         sink.open(name)
@@ -258,6 +270,7 @@ class KeyedStreamingQuery:
         host_bind: str | None,
         host_connect_timeout: float,
         spark_checkpoint: str | None,
+        host_frame_timeout: float = DEFAULT_FRAME_TIMEOUT,
     ) -> RunParts:
         """Ship the function, take the checkpoint over, start the hosts ahead (local master);
         returns what runs the steps (without no-data micro-batches: the caller says)."""
@@ -276,6 +289,7 @@ class KeyedStreamingQuery:
             bind=bind_for(self.spark, host_bind),
             connect_timeout=host_connect_timeout,
             idle_timeout=options.host_idle_timeout,
+            frame_timeout=host_frame_timeout,
         )
         self.storage = job_storage(self.job)
         self.spark_checkpoint = spark_checkpoint_location(

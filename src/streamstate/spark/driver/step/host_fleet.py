@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from streamstate.spark.job import JobSpec, src_path
 from streamstate.spark.task.host_client import connect, shutdown, shutdown_remote
 from streamstate.spark.wire.acks import TaskAck
-from streamstate.spark.wire.hosts import HostSettings, HostSpec
+from streamstate.spark.wire.hosts import DEFAULT_FRAME_TIMEOUT, HostSettings, HostSpec
 from streamstate.spark.wire.messages import HostLocation
 from streamstate.spark.wire.security import new_secret, node_id
 
@@ -39,6 +39,8 @@ class HostFleet:
             :func:`~streamstate.spark.wire.network.default_bind`).
         connect_timeout: seconds a task (or the driver) waits for a host's TCP connection.
         idle_timeout: seconds a host lives without a connection.
+        frame_timeout: the hosts' frame deadline (seconds a message has once begun, and that
+            a batch waits for another batch of its subtask).
     """
 
     def __init__(
@@ -50,6 +52,7 @@ class HostFleet:
         bind: str | None,
         connect_timeout: float,
         idle_timeout: float,
+        frame_timeout: float = DEFAULT_FRAME_TIMEOUT,
     ) -> None:
         self.job = job
         self.job_bytes = job_bytes
@@ -57,6 +60,7 @@ class HostFleet:
         self.bind = bind
         self.connect_timeout = connect_timeout
         self.idle_timeout = idle_timeout
+        self.frame_timeout = frame_timeout
         #: this query run: part of its hosts' identity; the secret authenticates their clients
         self.run_id = uuid.uuid4().hex
         self.secret = new_secret()
@@ -78,6 +82,7 @@ class HostFleet:
             pythonpath=src_path(),
             secret=self.secret,
             connect_timeout=self.connect_timeout,
+            frame_timeout=self.frame_timeout,
         )
 
     def spec(self, subtask: int) -> HostSpec:
