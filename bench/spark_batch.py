@@ -51,9 +51,9 @@ beside the floor of any Python function over the same records (Arrow columns to 
 a call per record), and the most a task added to the process's peak RSS (``growth_mb``: the
 batch task holds one key, the streaming one every key); written to the JSON's ``in_process``.
 
-``--savepoint-keys N`` (default: the largest size's keys): the ``sum`` job also runs in batch
-execution with ``savepoint=`` at that size; its wall time, peak RSS and the savepoint's size
-are recorded (the savepoint is streamed key group by key group as keys finish; it is read back
+``--savepoint-keys N`` (default: the largest size's keys; 0: none): the ``sum`` job also runs
+in batch execution with ``savepoint=`` at that size; its wall time, peak RSS and the savepoint's
+size are recorded (the savepoint is streamed key group by key group as keys finish; it is read back
 with ``read_state`` and counted with ``--verify-savepoint``).
 
 Writes ``bench/results/spark_batch.json`` (``--out``).
@@ -683,9 +683,10 @@ def main() -> None:
         for job in jobs:
             for rows, keys in sizes:
                 results["sizes"].append(bench_size(spark, job, rows, keys, args, memory_dir))
-        sp_keys = args.savepoint_keys or max(k for _, k in sizes)
-        sp_rows = next((r for r, k in sizes if k == sp_keys), sp_keys)
-        results["savepoint"] = bench_savepoint(spark, sp_rows, sp_keys, args, memory_dir, work)
+        sp_keys = max(k for _, k in sizes) if args.savepoint_keys is None else args.savepoint_keys
+        if sp_keys:
+            sp_rows = next((r for r, k in sizes if k == sp_keys), sp_keys)
+            results["savepoint"] = bench_savepoint(spark, sp_rows, sp_keys, args, memory_dir, work)
         for job in jobs:
             for rows, keys in sizes:
                 if rows <= args.streaming_up_to:

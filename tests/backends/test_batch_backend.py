@@ -326,6 +326,116 @@ def test_the_timers_of_one_key_fire_in_timestamp_then_registration_order() -> No
     assert len(q) == 0 and q.poll() is None and q.fire_all(fire) == 0
 
 
+class TimerQueueOracle:
+    """The timers of one key as a plain list: set semantics on ``(timestamp, namespace)``,
+    timestamp then registration order."""
+
+    def __init__(self) -> None:
+        self.timers: list[tuple[int, int, Any]] = []  # (timestamp, registration, namespace)
+        self.seq = 0
+
+    def _find(self, ts: int, ns: Any) -> int:
+        return next((i for i, (t, _, n) in enumerate(self.timers) if (t, n) == (ts, ns)), -1)
+
+    def add(self, ts: int, ns: Any) -> bool:
+        if self._find(ts, ns) >= 0:
+            return False
+        self.timers.append((ts, self.seq, ns))
+        self.seq += 1
+        return True
+
+    def remove(self, ts: int, ns: Any) -> bool:
+        i = self._find(ts, ns)
+        if i >= 0:
+            del self.timers[i]
+        return i >= 0
+
+    def poll_until(self, until: int) -> tuple[int, Any, Any, int] | None:
+        if not self.timers or min(self.timers)[0] > until:
+            return None
+        ts, _, ns = min(self.timers)
+        self.timers.remove(min(self.timers))
+        return ts, "k", ns, 0
+
+    def fire_all(self, target: Any) -> int:
+        fired = 0
+        while self.timers:
+            ts, _, ns = first = min(self.timers)
+            self.timers.remove(first)
+            target(ts, "k", ns)
+            fired += 1
+        return fired
+
+
+def changes_apply(queue: Any, changes: Any) -> bool:
+    """The next change of ``changes`` (an add or a remove) made to ``queue`` (a
+    :class:`SingleKeyTimerQueue` or the oracle); True if it added a timer."""
+    op, ts, ns = next(changes, ("none", 0, None))
+    single = isinstance(queue, SingleKeyTimerQueue)
+    if op == "add":
+        return bool(queue.add(ts, "k", ns) if single else queue.add(ts, ns))
+    if op == "remove":
+        queue.remove(ts, "k", ns) if single else queue.remove(ts, ns)
+    return False
+
+
+def fire_with_changes(queue: Any, changes: list[Any]) -> tuple[int, list[Any]]:
+    """``queue.fire_all``, each timer fired making the next of ``changes``: how many fired and
+    ``(timestamp, key, namespace, whether the change added a timer)`` of each."""
+    fired: list[Any] = []
+    pending = iter(changes)
+
+    def target(ts: int, key: Any, ns: Any) -> None:
+        fired.append((ts, key, ns, changes_apply(queue, pending)))
+
+    return queue.fire_all(target), fired
+
+
+timer_op = st.tuples(
+    st.sampled_from(["add", "add", "add", "remove", "contains", "poll", "fire", "clear"]),
+    st.integers(0, 3),
+    st.sampled_from([None, "a", "b"]),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops=st.lists(timer_op, max_size=30), while_firing=st.lists(timer_op, max_size=6))
+def test_a_single_key_timer_queue_behaves_as_a_list_of_timers(
+    ops: list[Any], while_firing: list[Any]
+) -> None:
+    """Every operation, from no timer through one (kept in its own slot) to several, with
+    timers added and removed while others fire, against the plain list."""
+    added = [0]
+    q, oracle = SingleKeyTimerQueue(added), TimerQueueOracle()
+    adds = 0
+    for op, ts, ns in ops:
+        if op == "add":
+            got = q.add(ts, "k", ns, 3)
+            assert got == oracle.add(ts, ns)
+            adds += got
+        elif op == "remove":
+            assert q.remove(ts, "k", ns) == oracle.remove(ts, ns)
+        elif op == "contains":
+            assert q.contains(ts, "k", ns) == (oracle._find(ts, ns) >= 0)
+        elif op == "poll":
+            assert q.poll_until(ts) == oracle.poll_until(ts)
+        elif op == "clear":
+            q.clear()
+            oracle.timers.clear()
+        else:
+            # each timer fired makes the next change of while_firing, in the queue and in the
+            # oracle alike
+            count, fired = fire_with_changes(q, while_firing)
+            assert (count, fired) == fire_with_changes(oracle, while_firing)
+            adds += sum(got for *_, got in fired)
+        assert len(q) == len(oracle.timers) and bool(q) == bool(oracle.timers)
+        in_order = sorted(oracle.timers, key=lambda t: t[1])
+        assert q.timers_of_key_group(0) == [(t, "k", n) for t, _, n in in_order]
+        assert list(q) == [(t, "k", n, 0) for t, _, n in in_order]
+        assert q.peek_timestamp() == (min(oracle.timers)[0] if oracle.timers else None)
+    assert added == [adds]
+
+
 def test_a_single_key_timer_queue_polls_only_what_is_due() -> None:
     q = SingleKeyTimerQueue([0])
     for ts, ns in [(30, "a"), (10, "b"), (20, "c"), (10, "d")]:

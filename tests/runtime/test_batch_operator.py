@@ -88,6 +88,34 @@ def test_a_keys_timers_fire_when_its_records_end_event_time_first() -> None:
     op.dispose()
 
 
+def test_a_keys_only_timer_fires_in_either_domain() -> None:
+    """A key with one timer (a queue keeps it apart from its heap) fires it, in either domain,
+    alone or beside one of the other domain."""
+    op = _operator(Timers())
+    runs = {
+        "a": [("processing", 700)],
+        "b": [("event", 3)],
+        "c": [("event", 4), ("processing", 800)],
+        "d": [("processing", 900), ("processing", 900)],
+    }
+    op.process_runs(
+        list(runs),
+        [None] * len(runs),
+        [len(r) for r in runs.values()],
+        [r for rs in runs.values() for r in rs],
+    )
+    op.end_of_input()
+    ev, pt = TimeDomain.EVENT_TIME, TimeDomain.PROCESSING_TIME
+    assert op.drain_output() == [
+        ("a", pt, 700, MAX_WATERMARK),
+        ("b", ev, 3, MAX_WATERMARK),
+        ("c", ev, 4, MAX_WATERMARK),
+        ("c", pt, 800, MAX_WATERMARK),
+        ("d", pt, 900, MAX_WATERMARK),
+    ]
+    op.dispose()
+
+
 def test_process_runs_gives_the_streaming_operator_the_same_outputs_as_process_elements() -> None:
     class Count(KeyedProcessFunction):
         def open(self, ctx: Any) -> None:

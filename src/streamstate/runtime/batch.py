@@ -87,10 +87,15 @@ class BatchInternalTimerService(InternalTimerService):
         self._key_context = self.backend.ctx
         self._add_event = self.event_time_timers.add
         self._add_processing = self.processing_time_timers.add
-        # the processing-time queue's heap (a single-key queue empties it in place): most keys
-        # have no processing-time timer, and testing the list costs no call
-        processing = self.processing_time_timers
+        # the queues' firing and the operator's callbacks, bound once: firing is a per-key cost
+        events, processing = self.event_time_timers, self.processing_time_timers
+        assert isinstance(events, SingleKeyTimerQueue)
         assert isinstance(processing, SingleKeyTimerQueue)
+        self._fire_events = events.fire_all
+        self._on_event_time = self.triggerable.on_event_time  # type: ignore[attr-defined]
+        # most keys have no processing-time timer: testing the queue's slot and heap (emptied
+        # in place) costs no call
+        self._processing = processing
         self._processing_heap = processing.heap
 
     def register_event_time_timer(self, namespace: Any, timestamp: int) -> None:
@@ -100,7 +105,9 @@ class BatchInternalTimerService(InternalTimerService):
         key = self._key_context.key
         if key is None or namespace is None:
             self._check(self._key_context, namespace)
-        self._add_event(int(timestamp), key, namespace, 0)
+        self._add_event(
+            timestamp if timestamp.__class__ is int else int(timestamp), key, namespace, 0
+        )
 
     def register_processing_time_timer(self, namespace: Any, timestamp: int) -> None:
         if self.current_watermark == MAX_WATERMARK:
@@ -109,7 +116,9 @@ class BatchInternalTimerService(InternalTimerService):
         key = self._key_context.key
         if key is None or namespace is None:
             self._check(self._key_context, namespace)
-        self._add_processing(int(timestamp), key, namespace, 0)
+        self._add_processing(
+            timestamp if timestamp.__class__ is int else int(timestamp), key, namespace, 0
+        )
 
     def _ignore(self, domain: str, timestamp: int) -> None:
         if not self.ignored_timers:
@@ -141,12 +150,12 @@ class BatchInternalTimerService(InternalTimerService):
         """Fire every timer of the current key: event-time ones in timestamp order, then
         processing-time ones, with the watermark at the end of time (the backend calls it when
         the key ends)."""
-        target = self.triggerable
         self.current_watermark = MAX_WATERMARK
         try:
-            fired = self.event_time_timers.fire_all(target.on_event_time)  # type: ignore[attr-defined]
-            if self._processing_heap:
-                fired += self.processing_time_timers.fire_all(target.on_processing_time)  # type: ignore[attr-defined]
+            fired = self._fire_events(self._on_event_time)
+            processing = self._processing
+            if processing.sole is not None or self._processing_heap:
+                fired += processing.fire_all(self.triggerable.on_processing_time)  # type: ignore[attr-defined]
         finally:
             self.current_watermark = MIN_WATERMARK
         self.fired_timers += fired
@@ -169,7 +178,9 @@ class BatchUserTimerService(UserTimerService):
         key = internal._key_context.key
         if key is None:
             internal._check(internal._key_context, VOID_NAMESPACE)
-        internal._add_event(int(timestamp), key, VOID_NAMESPACE, 0)
+        internal._add_event(
+            timestamp if timestamp.__class__ is int else int(timestamp), key, VOID_NAMESPACE, 0
+        )
 
 
 class BatchKeyedProcessOperator(KeyedProcessOperator):

@@ -9,7 +9,10 @@ added, as the key's timers do from the streaming queue.
 
 It overrides every operation of the key-grouped queue with a leaner one (no per-key-group sets,
 no change tracking for incremental checkpoints): a key registers and fires its timers once per
-key, which in a batch run with many small keys is a per-record cost.
+key, which in a batch run with many small keys is a per-record cost. Most keys register one
+timer (an end-of-key timer, a window's end): a queue holding one timer keeps it in a slot of
+its own (:attr:`SingleKeyTimerQueue.sole`), without the set and the heap, which a second timer
+of the key brings in.
 
 >>> q = SingleKeyTimerQueue()
 >>> q.add(20, "k", None, 7), q.add(10, "k", None, 7), q.add(10, "k", None, 7)
@@ -18,7 +21,8 @@ key, which in a batch run with many small keys is a per-record cost.
 (True, 1, (10, 'k', None, 0), None)
 
 Complexity: ``add`` O(log n), ``remove`` O(1) (the heap entry is skipped when it surfaces),
-``poll`` amortized O(log n), ``clear`` O(1) when empty; n is the number of timers of one key.
+``poll`` amortized O(log n), ``clear`` O(1) when empty; n is the number of timers of one key;
+every operation O(1) while the key has one timer.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ _heappop = heapq.heappop
 class SingleKeyTimerQueue(KeyGroupedTimerQueue):
     """Timers of the current key: set semantics, timestamp order (see the module docstring)."""
 
-    __slots__ = ("_live", "_pending", "heap")
+    __slots__ = ("_live", "_pending", "heap", "sole")
 
     def __init__(self, pending: list[int] | None = None) -> None:
         # the key-grouped queue's structures are not used
@@ -52,50 +56,75 @@ class SingleKeyTimerQueue(KeyGroupedTimerQueue):
         #: when no timer is left, so an empty list means no timer
         self.heap: list[tuple[int, int, Any, Any]] = []
         self._seq = 0  # type: ignore[assignment]
+        #: ``(timestamp, key, namespace)`` of the queue's only timer, or None: while it is set,
+        #: the set and the heap hold no live timer (a second timer moves it into them)
+        self.sole: tuple[int, Any, Any] | None = None
         #: a counter shared by the backend's queues: timers added since the key began (the
         #: backend skips firing a key without any)
         self._pending = pending if pending is not None else [0]
 
     def add(self, timestamp: int, key: Any, namespace: Any, kg_index: int = 0) -> bool:
         """Add a timer of the current key; False if it was already there."""
-        ident = (timestamp, namespace)
+        sole = self.sole
         live = self._live
-        if ident in live:
+        if sole is None:
+            if not live:
+                # the key's first timer (the heap holds skipped entries at most)
+                if self.heap:
+                    self.heap.clear()
+                self.sole = (timestamp, key, namespace)
+                self._pending[0] += 1
+                return True
+        elif sole[0] == timestamp and (sole[2] is namespace or sole[2] == namespace):
             return False
-        seq: int = self._seq  # type: ignore[assignment]
-        self._seq = seq + 1  # type: ignore[assignment]
-        live[ident] = seq
-        _heappush(self.heap, (timestamp, seq, key, namespace))
+        else:
+            # a second timer: the first one goes into the set and the heap before it
+            self.sole = None
+            self._push(sole[0], sole[1], sole[2])
+        if (timestamp, namespace) in live:
+            return False
+        self._push(timestamp, key, namespace)
         self._pending[0] += 1
         return True
+
+    def _push(self, timestamp: int, key: Any, namespace: Any) -> None:
+        seq: int = self._seq  # type: ignore[assignment]
+        self._seq = seq + 1  # type: ignore[assignment]
+        self._live[(timestamp, namespace)] = seq
+        _heappush(self.heap, (timestamp, seq, key, namespace))
 
     def fire_all(self, target: Callable[[int, Any, Any], object]) -> int:
         """Remove every timer in order, calling ``target(timestamp, key, namespace)`` for each;
         a timer removed meanwhile (by an earlier ``target``) is skipped, one added meanwhile is
         fired too. Returns how many fired."""
         heap = self.heap
-        if not heap:
-            return 0
         live = self._live
         fired = 0
-        if len(heap) == 1 and len(live) == 1:
-            # the common case (one timer per key): that entry is the live one, nothing to
-            # look up; a timer added while it fires is fired by the loop below
-            ts, _, key, ns = heap.pop()
-            live.clear()
-            target(ts, key, ns)
-            fired = 1
-        while heap:
-            ts, seq, key, ns = _heappop(heap)
-            ident = (ts, ns)
-            if live.get(ident) == seq:
-                del live[ident]
-                target(ts, key, ns)
+        while True:
+            sole = self.sole
+            if sole is not None:
+                # the common case (one timer per key), and a timer added while others fired
+                self.sole = None
+                target(sole[0], sole[1], sole[2])
                 fired += 1
-        return fired
+            elif heap:
+                ts, seq, key, ns = _heappop(heap)
+                ident = (ts, ns)
+                if live.get(ident) == seq:
+                    del live[ident]
+                    target(ts, key, ns)
+                    fired += 1
+            else:
+                return fired
 
     def remove(self, timestamp: int, key: Any, namespace: Any, kg_index: int = 0) -> bool:
         """Remove a timer; False if it was not there (its heap entry is skipped later)."""
+        sole = self.sole
+        if sole is not None:
+            if sole[0] == timestamp and (sole[2] is namespace or sole[2] == namespace):
+                self.sole = None
+                return True
+            return False
         live = self._live
         if live.pop((timestamp, namespace), None) is None:
             return False
@@ -104,6 +133,9 @@ class SingleKeyTimerQueue(KeyGroupedTimerQueue):
         return True
 
     def contains(self, timestamp: int, key: Any, namespace: Any, kg_index: int = 0) -> bool:
+        sole = self.sole
+        if sole is not None:
+            return sole[0] == timestamp and (sole[2] is namespace or sole[2] == namespace)
         return (timestamp, namespace) in self._live
 
     def take_changed(self) -> set[int]:
@@ -111,6 +143,8 @@ class SingleKeyTimerQueue(KeyGroupedTimerQueue):
 
     def peek_timestamp(self) -> int | None:
         """The smallest timestamp of any timer, or None."""
+        if self.sole is not None:
+            return self.sole[0]
         heap = self.heap
         live = self._live
         while heap:
@@ -126,6 +160,12 @@ class SingleKeyTimerQueue(KeyGroupedTimerQueue):
 
     def poll_until(self, until: float) -> tuple[int, Any, Any, int] | None:
         """:meth:`poll` if the earliest timer's timestamp is at most ``until``, else None."""
+        sole = self.sole
+        if sole is not None:
+            if sole[0] > until:
+                return None
+            self.sole = None
+            return sole[0], sole[1], sole[2], 0
         heap = self.heap
         live = self._live
         while heap:
@@ -141,6 +181,7 @@ class SingleKeyTimerQueue(KeyGroupedTimerQueue):
 
     def clear(self) -> None:
         """Drop every timer (the key changed)."""
+        self.sole = None
         if self._live:
             self._live.clear()
         if self.heap:
@@ -154,10 +195,12 @@ class SingleKeyTimerQueue(KeyGroupedTimerQueue):
         return 1
 
     def heap_size(self) -> int:
-        return len(self.heap)
+        return len(self.heap) + (self.sole is not None)
 
     def timers_of_key_group(self, kg_index: int) -> list[tuple[int, Any, Any]]:
         """``(timestamp, key, namespace)`` of the current key, in the order they were added."""
+        if self.sole is not None:
+            return [self.sole]
         ordered = sorted((seq, ts, key, ns) for ts, seq, key, ns in self.heap)
         return [(ts, key, ns) for seq, ts, key, ns in ordered if self._live.get((ts, ns)) == seq]
 
@@ -166,7 +209,7 @@ class SingleKeyTimerQueue(KeyGroupedTimerQueue):
             yield ts, key, ns, 0
 
     def __len__(self) -> int:
-        return len(self._live)
+        return len(self._live) + (self.sole is not None)
 
     def __bool__(self) -> bool:
-        return bool(self._live)
+        return self.sole is not None or bool(self._live)
