@@ -14,7 +14,7 @@ values are not wire-native (pickle) convert with :meth:`TypeSerializer.to_wire` 
 
 Bulk decoding of bytes: :meth:`TypeSerializer.deserialize_many` reads many values' bytes at once
 (a RocksDB key group's values); a serializer whose bytes are one msgpack value each decodes them
-as one msgpack array (:func:`decode_concatenated`), fixed-width numbers in one ``struct`` call.
+as one msgpack array (``decode_concatenated``), fixed-width numbers in one ``struct`` call.
 """
 
 from __future__ import annotations
