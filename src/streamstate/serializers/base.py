@@ -11,10 +11,15 @@ decode. When ``wire_native`` is true the Python values *are* wire values, so a w
 block of a checkpoint is encoded or decoded by one ``msgspec`` call in C. Serializers whose
 values are not wire-native (pickle) convert with :meth:`TypeSerializer.to_wire` and
 :meth:`TypeSerializer.from_wire`.
+
+Bulk decoding of bytes: :meth:`TypeSerializer.deserialize_many` reads many values' bytes at once
+(a RocksDB key group's values); a serializer whose bytes are one msgpack value each decodes them
+as one msgpack array (``decode_concatenated``), fixed-width numbers in one ``struct`` call.
 """
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -27,6 +32,7 @@ __all__ = [
     "Compatibility",
     "SerializerSnapshot",
     "TypeSerializer",
+    "decode_concatenated",
     "describe_snapshot",
 ]
 
@@ -66,6 +72,13 @@ class TypeSerializer(ABC, Generic[T]):
     @abstractmethod
     def deserialize(self, data: bytes) -> T:
         """The value whose bytes are ``data``."""
+
+    def deserialize_many(self, data: list[bytes]) -> list[T]:
+        """The values whose bytes are the items of ``data``, in order: what :meth:`deserialize`
+        gives for each (and the error it raises for the first it cannot read). Serializers
+        whose bytes allow it read them all in one call."""
+        deserialize = self.deserialize
+        return [deserialize(d) for d in data]
 
     # -- bulk -------------------------------------------------------------------------------
 
@@ -161,3 +174,40 @@ class TypeSerializer(ABC, Generic[T]):
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 200 else text[:197] + "..."
+
+
+_RAW_ARRAY = msgspec.msgpack.Decoder(list[msgspec.Raw])
+
+
+@functools.lru_cache(maxsize=256)
+def _list_decoder(wire_type: Any) -> msgspec.msgpack.Decoder[Any]:
+    return msgspec.msgpack.Decoder(list[wire_type])  # type: ignore[valid-type]
+
+
+def _array_header(n: int) -> bytes:
+    if n < 16:
+        return bytes((0x90 | n,))
+    if n < 1 << 16:
+        return b"\xdc" + n.to_bytes(2, "big")
+    return b"\xdd" + n.to_bytes(4, "big")
+
+
+def decode_concatenated(data: list[bytes], wire_type: Any) -> list[Any] | None:
+    """``data``, each item the msgpack of one value of ``wire_type``, decoded in one ``msgspec``
+    call as the items of one msgpack array; None when an item is not exactly one msgpack value
+    of that type (read them one by one then, for the item's own error). An item is decoded from
+    its own bytes only: the array's items are checked to span exactly ``data``'s items first."""
+    if not data:
+        return []
+    buffer = _array_header(len(data)) + b"".join(data)
+    try:
+        extents = _RAW_ARRAY.decode(buffer)
+        if list(map(len, extents)) != list(map(len, data)):
+            return None
+        try:
+            decoder = _list_decoder(wire_type)
+        except TypeError:  # a wire type that does not hash
+            decoder = msgspec.msgpack.Decoder(list[wire_type])  # type: ignore[valid-type]
+        return decoder.decode(buffer)  # type: ignore[no-any-return]
+    except msgspec.DecodeError:  # ValidationError included
+        return None

@@ -12,7 +12,12 @@ from typing import Annotated, Any, ClassVar, Optional
 
 import msgspec
 
-from streamstate.serializers.base import Compatibility, SerializerSnapshot, TypeSerializer
+from streamstate.serializers.base import (
+    Compatibility,
+    SerializerSnapshot,
+    TypeSerializer,
+    decode_concatenated,
+)
 
 __all__ = [
     "BoolSerializer",
@@ -53,6 +58,11 @@ class Int64Serializer(TypeSerializer[int]):
     def deserialize(self, data: bytes) -> int:
         return _I64.unpack(data)[0]  # type: ignore[no-any-return]
 
+    def deserialize_many(self, data: list[bytes]) -> list[int]:
+        if set(map(len, data)) != {8}:  # none, or one that is not 8 bytes: its own error
+            return super().deserialize_many(data)
+        return list(struct.unpack(f">{len(data)}q", b"".join(data)))
+
     @property
     def wire_type(self) -> Any:
         # msgpack holds integers up to 2**64 - 1: a checkpoint's value outside int64 is refused
@@ -79,6 +89,11 @@ class Float64Serializer(TypeSerializer[float]):
 
     def deserialize(self, data: bytes) -> float:
         return _F64.unpack(data)[0]  # type: ignore[no-any-return]
+
+    def deserialize_many(self, data: list[bytes]) -> list[float]:
+        if set(map(len, data)) != {8}:
+            return super().deserialize_many(data)
+        return list(struct.unpack(f">{len(data)}d", b"".join(data)))
 
     @property
     def wire_type(self) -> Any:
@@ -126,6 +141,12 @@ class StrSerializer(TypeSerializer[str]):
 
     def deserialize(self, data: bytes) -> str:
         return bytes(data).decode("utf-8", "surrogatepass")
+
+    def deserialize_many(self, data: list[bytes]) -> list[str]:
+        try:  # strict UTF-8 reads what it accepts as surrogatepass does, and faster
+            return [d.decode() for d in data]
+        except (UnicodeDecodeError, AttributeError):  # lone surrogates; a memoryview
+            return [bytes(d).decode("utf-8", "surrogatepass") for d in data]
 
     @property
     def wire_type(self) -> Any:
@@ -181,6 +202,18 @@ class MsgpackContainerSerializer(TypeSerializer[Any]):
 
     def deserialize(self, data: bytes) -> Any:
         return self.from_wire(self._dec().decode(data))
+
+    def deserialize_many(self, data: list[bytes]) -> list[Any]:
+        # only where the bytes are one msgpack value each (not a subclass's own deserialize)
+        if type(self).deserialize is not MsgpackContainerSerializer.deserialize:
+            return super().deserialize_many(data)
+        wires = decode_concatenated(data, self.wire_type)
+        if wires is None:
+            return super().deserialize_many(data)
+        if self.wire_native:
+            return wires
+        from_wire = self.from_wire
+        return [from_wire(w) for w in wires]
 
 
 class OptionalSerializer(MsgpackContainerSerializer):

@@ -37,7 +37,7 @@ from typing import Any, Union
 
 import msgspec
 
-from streamstate.serializers.base import SerializerSnapshot, TypeSerializer
+from streamstate.serializers.base import SerializerSnapshot, TypeSerializer, decode_concatenated
 from streamstate.serializers.builtins import (
     BoolSerializer,
     BytesSerializer,
@@ -121,6 +121,10 @@ class PlainRecordSerializer(_SnapshotKeeper):
     def deserialize(self, data: bytes) -> Any:
         return self._decoder.decode(data)
 
+    def deserialize_many(self, data: list[bytes]) -> list[Any]:
+        values = decode_concatenated(data, self._wire)
+        return super().deserialize_many(data) if values is None else values
+
 
 class PickledBytesSerializer(_SnapshotKeeper):
     """Values written with pickle, kept as the bytes of their pickle stream: a reader of a
@@ -155,6 +159,10 @@ class GenericSerializer(_SnapshotKeeper):
 
     def deserialize(self, data: bytes) -> Any:
         return msgspec.msgpack.decode(data)
+
+    def deserialize_many(self, data: list[bytes]) -> list[Any]:
+        values = decode_concatenated(data, Any)
+        return super().deserialize_many(data) if values is None else values
 
 
 def _array_form(schema: RecordSchema) -> Any:

@@ -20,7 +20,12 @@ from typing import Any, ClassVar
 
 import msgspec
 
-from streamstate.serializers.base import Compatibility, SerializerSnapshot, TypeSerializer
+from streamstate.serializers.base import (
+    Compatibility,
+    SerializerSnapshot,
+    TypeSerializer,
+    decode_concatenated,
+)
 from streamstate.serializers.schema import schema_of_type, schema_to_builtins
 
 __all__ = ["StructSerializer"]
@@ -122,6 +127,14 @@ class StructSerializer(TypeSerializer[Any]):
 
     def deserialize(self, data: bytes) -> Any:
         return self._decoder.decode(data)
+
+    def deserialize_many(self, data: list[bytes]) -> list[Any]:
+        # only where the bytes are one msgpack value each (not a subclass's own deserialize)
+        if type(self).deserialize is StructSerializer.deserialize:
+            values = decode_concatenated(data, self.cls)
+            if values is not None:
+                return values
+        return super().deserialize_many(data)
 
     def __getstate__(self) -> dict[str, Any]:
         # a descriptor made before the function is shipped carries its serializer: msgspec's

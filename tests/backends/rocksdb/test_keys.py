@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -22,7 +23,9 @@ from streamstate.namespace import VOID_NAMESPACE
 from streamstate.serializers import (
     BytesSerializer,
     Int64Serializer,
+    ListSerializer,
     StrSerializer,
+    StructSerializer,
     TupleSerializer,
     VoidNamespaceSerializer,
 )
@@ -33,6 +36,20 @@ BYTES = st.binary(max_size=12)
 
 #: (key serializer, key strategy), (namespace serializer, namespace strategy)
 KEYS = [(Int64Serializer(), INT64), (StrSerializer(), TEXT), (BytesSerializer(), BYTES)]
+
+
+class Visit(msgspec.Struct):
+    page: str
+    clicks: int
+
+
+#: (value serializer, value strategy): fixed-width bytes, UTF-8, msgpack containers and records
+VALUES = [
+    (Int64Serializer(), INT64),
+    (StrSerializer(), TEXT),
+    (ListSerializer(Int64Serializer()), st.lists(INT64, max_size=3)),
+    (StructSerializer(Visit), st.builds(Visit, TEXT, INT64)),
+]
 NAMESPACES = [
     (VoidNamespaceSerializer(), st.just(VOID_NAMESPACE)),
     (Int64Serializer(), INT64),
@@ -143,19 +160,25 @@ LONG_BYTES = st.one_of(BYTES, st.binary(min_size=120, max_size=300))
 def test_decoded_entries_are_the_entries_written(
     key_ser: Any, key_st: Any, ns_ser: Any, ns_st: Any, data: Any
 ) -> None:
-    """``decode_entries`` (with its shortcut for keys without a namespace) gives back the
-    entries written, for fixed- and variable-length keys, lengths on both sides of 0x80."""
+    """``decode_entries`` (with its column-wise decoding of keys and values without a
+    namespace) gives back the entries written, for fixed- and variable-length keys, lengths on
+    both sides of 0x80, and values of fixed width, UTF-8, msgpack containers and records."""
     max_parallelism = data.draw(st.sampled_from([128, 4096]))
+    value_ser, value_st = data.draw(st.sampled_from(VALUES))
     layout = KeyLayout(max_parallelism, key_ser, ns_ser, has_user_key=False)
-    meta = StateMetaInfo("s", "value", ns_ser, Int64Serializer())
+    meta = StateMetaInfo("s", "value", ns_ser, value_ser)
     parts = data.draw(
         st.lists(
-            st.tuples(st.integers(0, max_parallelism - 1), key_st, ns_st, INT64),
-            max_size=8,
+            st.tuples(st.integers(0, max_parallelism - 1), key_st, ns_st, value_st),
+            max_size=20,
+            unique_by=lambda p: (p[0], p[1], p[2]),
         )
     )
     # the model: the parts themselves, in the order of their composite keys
-    rows = sorted((layout.composite(kg, key, ns), value, key, ns) for kg, key, ns, value in parts)
-    raw = [(composite, Int64Serializer().serialize(value)) for composite, value, _, _ in rows]
-    expected = [(key, ns, value) for _, value, key, ns in rows]
+    rows = sorted(
+        ((layout.composite(kg, key, ns), i, key, ns) for i, (kg, key, ns, _) in enumerate(parts)),
+        key=lambda r: r[0],
+    )
+    raw = [(composite, value_ser.serialize(parts[i][3])) for composite, i, _, _ in rows]
+    expected = [(key, ns, parts[i][3]) for _, i, key, ns in rows]
     assert list(decode_entries(meta, layout, raw)) == expected

@@ -119,13 +119,14 @@ def test_rocksdb_scans_only_the_key_groups_of_the_keys(
 
     job = _job(tmp_path, "rocksdb", True)
     scanned: list[int] = []
-    raw_entries = RocksDBKeyedStateSnapshot.raw_entries
+    # every read of a key group's entries goes through raw_columns (raw_entries too)
+    raw_columns = RocksDBKeyedStateSnapshot.raw_columns
 
     def recording(self: Any, state_name: str, key_group: int) -> Any:
         scanned.append(key_group)
-        return raw_entries(self, state_name, key_group)
+        return raw_columns(self, state_name, key_group)
 
-    monkeypatch.setattr(RocksDBKeyedStateSnapshot, "raw_entries", recording)
+    monkeypatch.setattr(RocksDBKeyedStateSnapshot, "raw_columns", recording)
     keys = ["user-7", "user-150"]
     rows = read_rows(job, state="n", keys=keys)
     assert {r["key"]: r["value"] for r in rows if r["key"] in keys} == {"user-7": 1, "user-150": 2}

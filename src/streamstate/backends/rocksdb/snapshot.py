@@ -48,13 +48,19 @@ from streamstate.errors import CheckpointError, CorruptCheckpointError, StateMig
 from streamstate.format.codec import UNREADABLE
 from streamstate.format.entries import COUNTED_BY_ELEMENT
 from streamstate.format.meta import StateMetaInfo, StateMetaSnapshot
-from streamstate.format.snapshot import KeyedStateSnapshot, SnapshotSource
+from streamstate.format.snapshot import EntryColumns, KeyedStateSnapshot, SnapshotSource
 from streamstate.keygroups import KeyGroupRange
 from streamstate.namespace import VOID_NAMESPACE
 from streamstate.serializers import serializer_from_snapshot
 from streamstate.serializers.base import SerializerSnapshot, TypeSerializer
 
-__all__ = ["RocksDBKeyedStateSnapshot", "decode_entries", "sweep_ttl", "take_snapshot"]
+__all__ = [
+    "RocksDBKeyedStateSnapshot",
+    "decode_columns",
+    "decode_entries",
+    "sweep_ttl",
+    "take_snapshot",
+]
 
 #: a manifest's path: ``chk-<id>/<operator>/<subtask>-<attempt>[-<token>].state`` (the Spark
 #: runtime adds a random token to the names of a checkpoint's own files)
@@ -233,21 +239,47 @@ def decode_entries(
     meta: StateMetaInfo,
     layout: KeyLayout,
     raw_entries: Iterable[tuple[bytes, bytes]],
-) -> Iterator[tuple[Any, Any, Any]]:
-    """``(key, namespace, state)`` from raw RocksDB entries of one state, in key order.
+) -> list[tuple[Any, Any, Any]]:
+    """``(key, namespace, state)`` from raw RocksDB entries of one state (a key group's, read
+    whole), in key order.
 
     Map mappings of one ``(key, namespace)`` are adjacent (they share the entry prefix) and are
-    gathered into one dict. An entry the state's serializers cannot read (a restored
+    gathered into one dict. Without a namespace (and not a map) the keys and the values are
+    decoded as two columns, each in one call of its serializer where its bytes allow it
+    (``deserialize_many``). An entry the state's serializers cannot read (a restored
     checkpoint's description of the state does not fit its data) raises
     :class:`~streamstate.errors.StateMigrationException` naming the state.
     """
+    if meta.kind != "map" and layout.ns_void:
+        pairs = list(raw_entries)
+        columns = decode_columns(meta, layout, [k for k, _ in pairs], [v for _, v in pairs])
+        return list(columns)
     try:
-        yield from _decode_entries(meta, layout, raw_entries)
+        return list(_decode_entries(meta, layout, raw_entries))
     except UNREADABLE as exc:
-        raise StateMigrationException(
-            f"state {meta.name!r}: a stored entry cannot be read with its serializers "
-            f"({meta.state_serializer!r}; {type(exc).__name__}: {exc})"
-        ) from None
+        raise _unreadable(meta, exc) from None
+
+
+def decode_columns(
+    meta: StateMetaInfo, layout: KeyLayout, raw_keys: list[bytes], raw_values: list[bytes]
+) -> EntryColumns:
+    """The entries of a state without a namespace that is not a map, from its raw RocksDB keys
+    and values (in key order) as columns: the keys and the values each decoded in one call of
+    their serializer where their bytes allow it (``deserialize_many``), no tuple per entry.
+    Raises :class:`~streamstate.errors.StateMigrationException` as :func:`decode_entries`."""
+    try:
+        keys = _void_namespace_keys(layout, raw_keys)
+        values = meta.state_serializer.deserialize_many(raw_values)
+    except UNREADABLE as exc:
+        raise _unreadable(meta, exc) from None
+    return EntryColumns(keys, [VOID_NAMESPACE], values)
+
+
+def _unreadable(meta: StateMetaInfo, exc: BaseException) -> StateMigrationException:
+    return StateMigrationException(
+        f"state {meta.name!r}: a stored entry cannot be read with its serializers "
+        f"({meta.state_serializer!r}; {type(exc).__name__}: {exc})"
+    )
 
 
 def _decode_entries(
@@ -258,23 +290,6 @@ def _decode_entries(
     decode_key = layout.decode_key
     key_end = layout.key_end
     decode_ns = layout.decode_namespace
-    if meta.kind != "map" and layout.ns_void:
-        # the common case, without a namespace to find, and a key whose length (when it has
-        # one) fits in one byte read here: half the time per entry of the general loop below
-        deserialize = meta.state_serializer.deserialize
-        start = layout.kg_bytes
-        if layout.key_fixed >= 0:
-            key_of = layout.key_serializer.deserialize
-            end = start + layout.key_fixed
-            for raw_key, raw_value in raw_entries:
-                yield key_of(raw_key[start:end]), VOID_NAMESPACE, deserialize(raw_value)
-            return
-        key_of = layout.key_serializer.deserialize
-        for raw_key, raw_value in raw_entries:
-            n = raw_key[start]
-            key = key_of(raw_key[start + 1 : start + 1 + n]) if n < 0x80 else decode_key(raw_key)
-            yield key, VOID_NAMESPACE, deserialize(raw_value)
-        return
     if meta.kind != "map":
         deserialize = meta.state_serializer.deserialize
         for raw_key, raw_value in raw_entries:
@@ -303,6 +318,21 @@ def _decode_entries(
         current[dk(raw_key[end:])] = dv(raw_value)
     if prefix is not None:
         yield key, ns, current
+
+
+def _void_namespace_keys(layout: KeyLayout, raw_keys: list[bytes]) -> list[Any]:
+    """The keys of composite keys without a namespace or user key: ``[key group][key]``, or
+    ``[key group][length][key]`` for keys of varying length."""
+    start = layout.kg_bytes
+    if layout.key_fixed >= 0:
+        end = start + layout.key_fixed
+        return layout.key_serializer.deserialize_many([k[start:end] for k in raw_keys])
+    parts = [k[start + 1 :] for k in raw_keys]
+    # every length in one byte (below 0x80) and the key up to the end: else the general decode
+    if [k[start] for k in raw_keys] == list(map(len, parts)):
+        return layout.key_serializer.deserialize_many(parts)
+    decode_key = layout.decode_key
+    return [decode_key(k) for k in raw_keys]
 
 
 class RocksDBKeyedStateSnapshot(KeyedStateSnapshot):
@@ -399,12 +429,16 @@ class RocksDBKeyedStateSnapshot(KeyedStateSnapshot):
 
     def raw_entries(self, state_name: str, key_group: int) -> Iterator[tuple[bytes, bytes]]:
         """Raw ``(composite key, value)`` of one state in one key group, from the checkpoint."""
+        return zip(*self.raw_columns(state_name, key_group), strict=True)
+
+    def raw_columns(self, state_name: str, key_group: int) -> tuple[list[bytes], list[bytes]]:
+        """The raw composite keys and the values of one state in one key group, as columns."""
         cf = self._open().get(state_name)
         if cf is None:
-            return iter(())
+            return [], []
         n = self._kg_bytes
         view = ColumnFamily(state_name, cf, None)
-        return view.scan(key_group_bound(key_group, n), key_group_bound(key_group + 1, n))  # type: ignore[return-value]
+        return view.scan_columns(key_group_bound(key_group, n), key_group_bound(key_group + 1, n))
 
     def key_group_entries(
         self, key_group: int
@@ -412,12 +446,17 @@ class RocksDBKeyedStateSnapshot(KeyedStateSnapshot):
         metas = self.states
         for index, st in enumerate(self._states):
             meta = metas[index]
-            assert st.layout is not None
-            entries = decode_entries(meta, st.layout, self.raw_entries(st.name, key_group))
+            layout = st.layout
+            assert layout is not None
             transform = st.transform
+            if transform is None and meta.kind != "map" and layout.ns_void:
+                raw_keys, raw_values = self.raw_columns(st.name, key_group)
+                if raw_keys:
+                    yield index, decode_columns(meta, layout, raw_keys, raw_values)
+                continue
+            out = decode_entries(meta, layout, self.raw_entries(st.name, key_group))
             if transform is not None:
-                entries = _transformed(entries, transform)
-            out = list(entries)
+                out = list(_transformed(out, transform))
             if out:
                 yield index, out
         offset = len(self._states)
