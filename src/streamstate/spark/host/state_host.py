@@ -58,13 +58,12 @@ import socket
 import sys
 import threading
 import time
-import traceback
 from typing import Any
 
 import msgspec
 
-from streamstate.errors import StateHostError
-from streamstate.spark.host.acceptor import Acceptor, Ready, RefusalLog
+from streamstate.spark.host.acceptor import Acceptor, RefusalLog
+from streamstate.spark.host.connections import serve_connections, tag_of
 from streamstate.spark.host.run_dir import SocketFile, clean_run_dir, listen_unix
 from streamstate.spark.host.startup import (
     claim,
@@ -76,18 +75,12 @@ from streamstate.spark.host.startup import (
 from streamstate.spark.wire.hosts import HostSpec, JobPin, host_paths
 from streamstate.spark.wire.messages import (
     Begun,
-    Bye,
     Data,
     Done,
     End,
-    Error,
-    Hello,
     HostHello,
     HostLocation,
     Ok,
-    Ping,
-    Pong,
-    Shutdown,
 )
 from streamstate.spark.wire.network import bind_tcp
 from streamstate.spark.wire.protocol import (
@@ -99,11 +92,7 @@ from streamstate.spark.wire.protocol import (
 from streamstate.spark.wire.security import node_id, node_secret
 from streamstate.spark.wire.step import Begin
 
-__all__ = ["MAX_CONNECTIONS", "StateHost", "serve", "warm_imports"]
-
-#: authenticated connections served at once, each on a thread (their peers hold the run's
-#: secret; beyond, the next waits for one to end)
-MAX_CONNECTIONS = 64
+__all__ = ["StateHost", "serve", "warm_imports"]
 
 
 class StateHost:
@@ -273,7 +262,7 @@ class StateHost:
                 if isinstance(msg, End):
                     break
                 if not isinstance(msg, Data):
-                    raise ProtocolError(f"unexpected message {_tag(msg)} inside a batch")
+                    raise ProtocolError(f"unexpected message {tag_of(msg)} inside a batch")
                 batch = pa.ipc.read_record_batch(pa.py_buffer(body), schema)
                 tp = time.perf_counter()
                 runtime.process(batch)
@@ -313,11 +302,6 @@ class StateHost:
             self.runtime = None
 
 
-def _tag(message: msgspec.Struct) -> str:
-    """The ``t`` of a message (``DATA``)."""
-    return str(message.__struct_config__.tag)
-
-
 def _listen(
     host: StateHost, paths: dict[str, str], status: list[int | None]
 ) -> list[tuple[socket.socket, str]] | None:
@@ -354,7 +338,8 @@ def serve(
 
     Threads: the acceptor (:mod:`streamstate.spark.host.acceptor`) accepts and authenticates
     connections concurrently; this one hands each authenticated connection, Unix ones first,
-    to a thread of its own (at most :data:`MAX_CONNECTIONS` at once). Only those count as use
+    to a thread of its own (at most :data:`~streamstate.spark.host.connections.MAX_CONNECTIONS`
+    at once). Only those count as use
     for ``idle_timeout``."""
     status: list[int | None] = [status_fd]
     paths = host_paths(spec.id, spec.run_dir)
@@ -383,18 +368,7 @@ def serve(
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     refusals = RefusalLog(log_line, limit=spec.refusal_log_limit)
-    acceptor = Acceptor(
-        listeners,
-        secret,
-        spec.id,
-        refusals,
-        deadline=spec.auth_timeout,
-        max_pending=spec.max_pending,
-        max_per_address=spec.max_pending_per_address,
-        io_timeout=spec.io_timeout,
-        max_frame=spec.max_frame,
-        frame_timeout=spec.frame_timeout,
-    )
+    acceptor = _acceptor(spec, listeners, secret, refusals)
     stopping = threading.Event()
     front = threading.Thread(
         target=acceptor.run, args=(stopping,), name="streamstate-acceptor", daemon=True
@@ -410,189 +384,55 @@ def serve(
         target=clean_run_dir, args=(spec.run_dir, log_line), name="streamstate-clean", daemon=True
     ).start()
     try:
-        _serve_connections(host, acceptor, socket_file, refusals, stop)
+        serve_connections(host, acceptor, socket_file, refusals, stop)
     finally:
         socket_file.unlink()
         stopping.set()
         front.join(timeout=2.0)
-        while not acceptor.ready.empty():
-            with contextlib.suppress(queue.Empty):
-                acceptor.ready.get_nowait()[2].conn.close()
-        host.abort_connections()
-        # a batch busy computing ends at its next read or write; its state is closed after it
-        ended = host.batch_lock.acquire(timeout=spec.frame_timeout)
-        refusals.tick(final=True)
-        log_line(
-            f"exit: {stop['why']}; version {host.version}, {host.batches} batches, "
-            f"{refusals.total} connections or frames refused"
-        )
-        if ended:
-            host.close()
+        _close(host, acceptor, refusals, stop["why"])
     return 0
 
 
-def _serve_connections(
-    host: StateHost,
-    acceptor: Acceptor,
-    socket_file: SocketFile,
-    refusals: RefusalLog,
-    stop: dict[str, str | None],
-) -> None:
-    """Hand each authenticated connection to a thread of its own until a reason to stop comes
-    (in ``stop``): a SHUTDOWN, a signal, or ``idle_timeout`` seconds without a connection."""
-    slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
-    while stop["why"] is None:
-        if host.serving:
-            left = host.spec.idle_timeout
-        else:
-            left = host.spec.idle_timeout - (time.monotonic() - host.last_use)
-        if left <= 0:
-            stop["why"] = "idle timeout"
-            break
-        try:
-            _, _, ready = acceptor.ready.get(timeout=min(left, 0.5))
-        except queue.Empty:
-            continue
-        while not slots.acquire(timeout=0.5):
-            if stop["why"] is not None:
-                ready.conn.close()
-                return
-        host.opened(ready.conn)
-        threading.Thread(
-            target=_serve_one,
-            args=(host, ready, socket_file, refusals, stop, slots),
-            name=f"streamstate-connection ({ready.peer})",
-            daemon=True,
-        ).start()
+def _acceptor(
+    spec: HostSpec, listeners: list[tuple[socket.socket, str]], secret: bytes, refusals: RefusalLog
+) -> Acceptor:
+    """The acceptor of the host's listeners, with the spec's limits."""
+    return Acceptor(
+        listeners,
+        secret,
+        spec.id,
+        refusals,
+        deadline=spec.auth_timeout,
+        max_pending=spec.max_pending,
+        max_per_address=spec.max_pending_per_address,
+        io_timeout=spec.io_timeout,
+        max_frame=spec.max_frame,
+        frame_timeout=spec.frame_timeout,
+    )
 
 
-def _serve_one(
-    host: StateHost,
-    ready: Ready,
-    socket_file: SocketFile,
-    refusals: RefusalLog,
-    stop: dict[str, str | None],
-    slots: threading.BoundedSemaphore,
-) -> None:
-    """A connection's thread: serve it, close it, and pass on a reason to stop the host."""
-    reason = None
-    try:
-        reason = _handle(host, ready.conn, socket_file, ready.peer, refusals)
-    except Exception as exc:  # a connection's failure is never the host's
-        log_line(f"connection ({ready.peer}) failed: {exc!r}")
-    finally:
-        ready.conn.close()
-        host.closed(ready.conn)
-        slots.release()
-    if reason is not None and stop["why"] is None:
-        stop["why"] = reason
-
-
-def _handle(
-    host: StateHost, conn: Connection, socket_file: SocketFile, peer: str, refusals: RefusalLog
-) -> str | None:
-    """Serve one authenticated connection; returns a reason to stop the host, or None."""
-    while True:
-        try:
-            msg, _ = conn.recv()
-        except MalformedMessage as exc:  # the frame verified: the client may hear why
-            refusals(peer, "frame", exc)
-            _send_error(conn, exc)
-            return None
-        except ProtocolError as exc:
-            refusals(peer, "frame", exc)
-            return None
-        except (EOFError, ConnectionError, TimeoutError, OSError):
-            return None
-        if isinstance(msg, Hello):
-            if msg.proto != PROTOCOL_VERSION:
-                refusals(peer, "client", f"protocol {msg.proto!r}")
-                _send_error(conn, ProtocolError(f"protocol {msg.proto!r} is not mine"))
-                return None
-            conn.send(host.hello())
-        elif isinstance(msg, Ping):
-            conn.send(Pong(version=host.version))
-        elif isinstance(msg, Shutdown):
-            if msg.pid is not None and msg.pid != os.getpid():
-                # meant for an earlier host of this subtask at this address (a reused port)
-                conn.send(Bye(ignored=True))
-                return None
-            socket_file.unlink()  # no new connection reaches a host that is going away
-            conn.send(Bye())
-            return "shutdown: " + msg.reason
-        elif isinstance(msg, Begin):
-            if not _serve_batch(host, conn, msg, peer, refusals):
-                return None
-        else:
-            refusals(peer, "frame", f"unexpected message {_tag(msg)} outside a batch")
-            _send_error(conn, ProtocolError(f"unexpected message {_tag(msg)} outside a batch"))
-            return None
-
-
-def _serve_batch(
-    host: StateHost, conn: Connection, begin: Begin, peer: str, refusals: RefusalLog
-) -> bool:
-    """Run one BEGIN's batch; False when the connection is done (refused, lost or failed)."""
-    try:
-        job = host.check_begin(begin)
-    except ProtocolError as exc:
-        refusals(peer, "frame", exc)
-        _send_error(conn, exc)
-        return False
-    batch = begin.task.batch
-    if not host.take_batch(conn, peer, batch):
-        spec = host.spec
-        _send_error(
-            conn,
-            StateHostError(
-                f"the state host of {spec.operator!r} subtask {spec.subtask} is busy with "
-                f"another batch of the subtask for more than {spec.io_timeout:g} s"
-            ),
-        )
-        return False
-    try:
-        host.run_batch(conn, begin, job)
-    except ProtocolError as exc:  # a frame inside the batch: the channel is not safe
-        refusals(peer, "frame", f"in batch {batch}: {exc}")
-        return False
-    except (EOFError, ConnectionError, TimeoutError) as exc:
-        log_line(f"batch {batch} aborted by the task ({exc!r})")
-        return False
-    except Exception as exc:
-        log_line(f"batch {batch} failed: {exc!r}")
-        spec = host.spec
-        _send_error(
-            conn,
-            exc,
-            f"in the state host of {spec.operator!r} subtask {spec.subtask} (micro-batch {batch})",
-        )
-        return False
-    finally:
-        host.release_batch()
-    return True
+def _close(host: StateHost, acceptor: Acceptor, refusals: RefusalLog, why: str | None) -> None:
+    """The host's end once its listeners stopped: connections not served yet closed, the ones
+    served aborted, the state closed after the batch that runs (if it ends in time)."""
+    while not acceptor.ready.empty():
+        with contextlib.suppress(queue.Empty):
+            acceptor.ready.get_nowait()[2].conn.close()
+    host.abort_connections()
+    # a batch busy computing ends at its next read or write; its state is closed after it
+    ended = host.batch_lock.acquire(timeout=host.spec.frame_timeout)
+    refusals.tick(final=True)
+    log_line(
+        f"exit: {why}; version {host.version}, {host.batches} batches, "
+        f"{refusals.total} connections or frames refused"
+    )
+    if ended:
+        host.close()
 
 
 def _abort(conn: Connection) -> None:
     """Shut ``conn`` down: the thread serving it fails at its next read or write."""
     with contextlib.suppress(OSError):
         conn.sock.shutdown(socket.SHUT_RDWR)
-
-
-def _send_error(conn: Connection, exc: BaseException, where: str = "") -> None:
-    """Report ``exc`` to the client. A function error (:func:`~streamstate.spark.failures.
-    is_function_error`) carries its ``report`` as plain data: the task hands it to the driver
-    instead of failing (Spark does not retry a deterministic error)."""
-    from streamstate.spark.failures import is_function_error, task_error_report
-
-    error_report = task_error_report(exc, where) if where and is_function_error(exc) else None
-    message = Error(
-        type=type(exc).__name__,
-        message=str(exc),
-        traceback=traceback.format_exc(),
-        report=error_report,
-    )
-    with contextlib.suppress(OSError, ProtocolError):
-        conn.send(message)
 
 
 def main(argv: list[str]) -> int:
