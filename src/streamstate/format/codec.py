@@ -40,7 +40,7 @@ import msgspec
 import zstandard
 
 from streamstate.format.snapshot import EntryColumns
-from streamstate.serializers.base import TypeSerializer
+from streamstate.serializers.base import TypeSerializer, msgpack_array_header
 
 __all__ = [
     "CHUNK",
@@ -77,8 +77,6 @@ CHUNK = 16_384
 ZSTD_LEVEL = 1
 
 _ENCODER = msgspec.msgpack.Encoder()
-_U16 = struct.Struct(">H")
-_U32 = struct.Struct(">I")
 _local = threading.local()
 _EMPTY_REMOVED = b"\x92\x90\x90"  # [[], []]
 
@@ -143,14 +141,6 @@ def decompress(codec: str, data: bytes, raw_length: int) -> bytes:
 
 
 # ---- arrays in chunks ---------------------------------------------------------------------------
-
-
-def _array_header(n: int) -> bytes:
-    if n < 16:
-        return bytes((0x90 | n,))
-    if n < 65_536:
-        return b"\xdc" + _U16.pack(n)
-    return b"\xdd" + _U32.pack(n)
 
 
 def _header_length(encoded: bytes) -> int:
@@ -295,7 +285,7 @@ class _Column:
             encoded = self._encode(wire, 0)
             self._validate(wire, encoded, 0)
             return [encoded]
-        parts: list[bytes | memoryview] = [_array_header(n)]
+        parts: list[bytes | memoryview] = [msgpack_array_header(n)]
         for start in range(0, n, CHUNK):
             chunk = wire[start : start + CHUNK]
             encoded = self._encode(chunk, start)

@@ -34,6 +34,7 @@ __all__ = [
     "TypeSerializer",
     "decode_concatenated",
     "describe_snapshot",
+    "msgpack_array_header",
 ]
 
 T = TypeVar("T")
@@ -184,7 +185,8 @@ def _list_decoder(wire_type: Any) -> msgspec.msgpack.Decoder[Any]:
     return msgspec.msgpack.Decoder(list[wire_type])  # type: ignore[valid-type]
 
 
-def _array_header(n: int) -> bytes:
+def msgpack_array_header(n: int) -> bytes:
+    """The msgpack header of an array of ``n`` values (the values' own msgpack follows it)."""
     if n < 16:
         return bytes((0x90 | n,))
     if n < 1 << 16:
@@ -199,7 +201,7 @@ def decode_concatenated(data: list[bytes], wire_type: Any) -> list[Any] | None:
     its own bytes only: the array's items are checked to span exactly ``data``'s items first."""
     if not data:
         return []
-    buffer = _array_header(len(data)) + b"".join(data)
+    buffer = msgpack_array_header(len(data)) + b"".join(data)
     try:
         extents = _RAW_ARRAY.decode(buffer)
         if list(map(len, extents)) != list(map(len, data)):

@@ -29,7 +29,11 @@ from typing import Any, ClassVar
 
 import msgspec
 
-from streamstate.serializers.base import SerializerSnapshot, TypeSerializer
+from streamstate.serializers.base import (
+    SerializerSnapshot,
+    TypeSerializer,
+    msgpack_array_header,
+)
 from streamstate.serializers.evolution import SchemaChange, resolve_schema_change
 from streamstate.serializers.inference import serializer_from_snapshot
 
@@ -120,7 +124,7 @@ class MigratingSerializer(TypeSerializer[Any]):
         """The new serializer's bytes of values stored as the old one's bytes, a column at a
         time (one msgpack decode of the whole column where the old bytes allow it)."""
         if self._same_bytes:
-            values = self._new_list.decode(_array_header(len(data)) + b"".join(data))
+            values = self._new_list.decode(msgpack_array_header(len(data)) + b"".join(data))
             if not self.new.wire_native:
                 fr = self.new.from_wire
                 values = [fr(v) for v in values]
@@ -135,7 +139,7 @@ class MigratingSerializer(TypeSerializer[Any]):
         if fixed is not None:
             return [v for (v,) in fixed.iter_unpack(b"".join(data))]
         if str(self.old.get("type")) in _MSGPACK_BYTES:
-            return msgspec.msgpack.decode(_array_header(len(data)) + b"".join(data))  # type: ignore[no-any-return]
+            return msgspec.msgpack.decode(msgpack_array_header(len(data)) + b"".join(data))  # type: ignore[no-any-return]
         read = self._old_reader
         return [read(d) for d in data]
 
@@ -208,15 +212,6 @@ def _old_value_reader(old: SerializerSnapshot) -> Any:
 
 #: scalars stored fixed-width: a column of them is unpacked (or packed) in one call
 _FIXED_COLUMNS = {"int64": struct.Struct(">q"), "float64": struct.Struct(">d")}
-
-
-def _array_header(n: int) -> bytes:
-    """The msgpack header of an array of ``n`` values (the values follow it)."""
-    if n < 16:
-        return bytes((0x90 | n,))
-    if n < 65_536:
-        return b"\xdc" + n.to_bytes(2, "big")
-    return b"\xdd" + n.to_bytes(4, "big")
 
 
 def _serialize_column(serializer: TypeSerializer[Any], values: list[Any]) -> list[bytes]:
