@@ -235,6 +235,19 @@ class KeyLayout:
             return self.key_serializer.deserialize(raw[pos : pos + n])
         return self.key_serializer.deserialize(raw[pos : pos + self.key_fixed])
 
+    def decode_keys(self, raw_keys: list[bytes]) -> list[Any]:
+        """The keys of composite keys that end with their key (no namespace, no user key), in
+        one call of the key serializer where their bytes allow it (``deserialize_many``)."""
+        start = self.kg_bytes
+        if self.key_fixed >= 0:
+            end = start + self.key_fixed
+            return self.key_serializer.deserialize_many([k[start:end] for k in raw_keys])
+        parts = [k[start + 1 :] for k in raw_keys]
+        # every length in the varint's one byte (below 0x80) and the key up to the end
+        if [k[start] for k in raw_keys] == list(map(len, parts)):
+            return self.key_serializer.deserialize_many(parts)
+        return [self.decode_key(k) for k in raw_keys]
+
     def decode_namespace(self, raw: bytes, start: int, end: int) -> Any:
         """The namespace encoded in ``raw[start:end]`` (the namespace part, with its length)."""
         if self.ns_void:

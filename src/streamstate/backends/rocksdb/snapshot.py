@@ -268,7 +268,7 @@ def decode_columns(
     their serializer where their bytes allow it (``deserialize_many``), no tuple per entry.
     Raises :class:`~streamstate.errors.StateMigrationException` as :func:`decode_entries`."""
     try:
-        keys = _void_namespace_keys(layout, raw_keys)
+        keys = layout.decode_keys(raw_keys)
         values = meta.state_serializer.deserialize_many(raw_values)
     except UNREADABLE as exc:
         raise _unreadable(meta, exc) from None
@@ -318,21 +318,6 @@ def _decode_entries(
         current[dk(raw_key[end:])] = dv(raw_value)
     if prefix is not None:
         yield key, ns, current
-
-
-def _void_namespace_keys(layout: KeyLayout, raw_keys: list[bytes]) -> list[Any]:
-    """The keys of composite keys without a namespace or user key: ``[key group][key]``, or
-    ``[key group][length][key]`` for keys of varying length."""
-    start = layout.kg_bytes
-    if layout.key_fixed >= 0:
-        end = start + layout.key_fixed
-        return layout.key_serializer.deserialize_many([k[start:end] for k in raw_keys])
-    parts = [k[start + 1 :] for k in raw_keys]
-    # every length in one byte (below 0x80) and the key up to the end: else the general decode
-    if [k[start] for k in raw_keys] == list(map(len, parts)):
-        return layout.key_serializer.deserialize_many(parts)
-    decode_key = layout.decode_key
-    return [decode_key(k) for k in raw_keys]
 
 
 class RocksDBKeyedStateSnapshot(KeyedStateSnapshot):
