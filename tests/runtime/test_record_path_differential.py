@@ -16,6 +16,7 @@ the behavioural suites run on the reference alone.
 from __future__ import annotations
 
 import tempfile
+from enum import IntEnum
 from typing import Any
 
 import pytest
@@ -37,9 +38,10 @@ from streamstate._compiled import pure_python
 from streamstate.api.descriptors import AggregatingStateDescriptor, StateKind
 from streamstate.backends.heap import states as heap_states
 from streamstate.backends.rocksdb.factory import RocksDBStateBackend
+from streamstate.keygroups import register_key_hash
 from streamstate.runtime.batch import BatchKeyedProcessOperator
 from streamstate.runtime.record_path import COMPILED_PATH_AVAILABLE, record_path
-from streamstate.serializers import StrSerializer
+from streamstate.serializers import PickleSerializer, StrSerializer
 from streamstate.windows import TumblingEventTimeWindows, window
 
 COMPILED = COMPILED_PATH_AVAILABLE
@@ -411,3 +413,84 @@ def test_value_state_on_a_shared_entry_copies_as_the_reference(compiled: bool) -
         finally:
             runner.close()
     assert [o[2] for o in out[:300]] == [[i] for i in range(300)]
+
+
+class Color(IntEnum):
+    RED = 1
+    BLUE = 2
+
+
+class Point:
+    """A key type with a registered hash (the compiled loop leaves its key group to Python)."""
+
+    def __init__(self, x: int) -> None:
+        self.x = x
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Point) and other.x == self.x
+
+    def __hash__(self) -> int:
+        return hash(self.x)
+
+    def __repr__(self) -> str:
+        return f"Point({self.x})"
+
+
+register_key_hash(Point, lambda p: p.x * 31 + 7)
+
+
+class Where(KeyedProcessFunction):
+    """A count per key, and the subtask and key group the record was handled in."""
+
+    def open(self, runtime_context: Any) -> None:
+        self.n = runtime_context.get_state(ValueStateDescriptor("n", int, default=0))
+        self.subtask = runtime_context.index_of_this_subtask
+
+    def process_element(self, value: Any, ctx: Any) -> Any:
+        n = self.n.value() + 1
+        self.n.update(n)
+        yield value[0], n, self.subtask
+
+
+routed_keys = (
+    st.integers(-(2**63), 2**63 - 1)
+    | st.text(max_size=6)
+    | st.binary(max_size=4)
+    | st.booleans()
+    | st.floats(allow_nan=False)
+    | st.sampled_from([Color.RED, Color.BLUE, Point(1), Point(2), (1, "a"), ("x", None, b"y")])
+)
+
+
+@needs_compiled
+@settings(max_examples=25, deadline=None)
+@given(
+    keys=st.lists(routed_keys, min_size=1, max_size=12),
+    picks=st.lists(st.integers(0, 11), max_size=60),
+    parallelism=st.integers(1, 3),
+)
+def test_records_reach_the_same_subtask_on_both_paths(
+    keys: list[Any], picks: list[int], parallelism: int
+) -> None:
+    """Keys of every type the compiled loop hashes itself, and of types it hands back to
+    Python (an int enum, a registered hash): the same subtask, count and order on both paths."""
+    records = [(keys[i % len(keys)],) for i in picks]
+
+    def run(compiled: bool) -> list[Any]:
+        with record_path(compiled):
+            runner = LocalRunner(
+                Where(),
+                key_selector=lambda r: r[0],
+                parallelism=parallelism,
+                key_type=PickleSerializer(),
+            )
+            try:
+                out = runner.run(records)
+                assert all(subtask == runner.subtask_for_key(key) for key, _, subtask in out), (
+                    "a record ran on a subtask that does not own its key group"
+                )
+                return out
+            finally:
+                runner.close()
+
+    assert run(True) == run(False)
