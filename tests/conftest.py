@@ -61,6 +61,11 @@ CLUSTER_MODULES = (
 )
 #: the test module of the Spark Connect server (``connect_spark``, ``tests/spark/conftest.py``)
 CONNECT_MODULE = "tests/spark/driver/query/test_connect.py"
+#: parametrized tests whose cases share a module-scoped child process (they run in one worker)
+SHARED_PROCESS_TESTS = (
+    "tests/spark/driver/query/test_spark_fencing.py::"
+    "test_a_second_driver_fences_the_first_and_the_job_stays_exact",
+)
 
 
 def xdist_scope(nodeid: str) -> str:
@@ -69,15 +74,19 @@ def xdist_scope(nodeid: str) -> str:
     of the two standalone clusters (one worker runs them, one cluster after the other: with
     two at once on a loaded 2-core machine a driver timed out waiting for a batch), ``connect``
     for the tests on the Spark Connect server (the ``connect`` and ``connect_spark`` parameters
-    of ``any_spark`` and ``session``, and ``test_connect.py``), so that one worker starts it;
-    any other test alone (each worker starts its own local SparkSession when a Spark test
-    first needs one)."""
-    module, _, rest = nodeid.partition("::")
+    of ``any_spark`` and ``session``, and ``test_connect.py``), so that one
+    worker starts it; the cases of a test of :data:`SHARED_PROCESS_TESTS` together (one
+    worker starts the process they share); any other test alone (each worker starts its own
+    local SparkSession when a Spark test first needs one)."""
+    module = nodeid.partition("::")[0]
     if module in CLUSTER_MODULES:
         return "cluster"
-    params = rest.partition("[")[2].rstrip("]").split("-")
-    if module == CONNECT_MODULE or "connect" in params or "connect_spark" in params:
+    test, _, params = nodeid.partition("[")
+    cases = params.rstrip("]").split("-")
+    if module == CONNECT_MODULE or {"connect", "connect_spark"} & {*cases}:
         return "connect"
+    if test in SHARED_PROCESS_TESTS:
+        return test
     return nodeid
 
 
