@@ -61,6 +61,10 @@ CLUSTER_MODULES = (
 )
 #: the test module of the Spark Connect server (``connect_spark``, ``tests/spark/conftest.py``)
 CONNECT_MODULE = "tests/spark/driver/query/test_connect.py"
+#: other tests on the Spark Connect server (``connect_server``) whose node ids do not say so
+CONNECT_TESTS = (
+    "tests/spark/test_record_types.py::test_record_types_of_the_job_script_through_spark_connect",
+)
 #: parametrized tests whose cases share a module-scoped child process (they run in one worker)
 SHARED_PROCESS_TESTS = (
     "tests/spark/driver/query/test_spark_fencing.py::"
@@ -74,8 +78,8 @@ def xdist_scope(nodeid: str) -> str:
     of the two standalone clusters (one worker runs them, one cluster after the other: with
     two at once on a loaded 2-core machine a driver timed out waiting for a batch), ``connect``
     for the tests on the Spark Connect server (the ``connect`` and ``connect_spark`` parameters
-    of ``any_spark`` and ``session``, and ``test_connect.py``), so that one
-    worker starts it; the cases of a test of :data:`SHARED_PROCESS_TESTS` together (one
+    of ``any_spark`` and ``session``, ``test_connect.py`` and :data:`CONNECT_TESTS`), so that
+    one worker starts it; the cases of a test of :data:`SHARED_PROCESS_TESTS` together (one
     worker starts the process they share); any other test alone (each worker starts its own
     local SparkSession when a Spark test first needs one)."""
     module = nodeid.partition("::")[0]
@@ -83,7 +87,7 @@ def xdist_scope(nodeid: str) -> str:
         return "cluster"
     test, _, params = nodeid.partition("[")
     cases = params.rstrip("]").split("-")
-    if module == CONNECT_MODULE or {"connect", "connect_spark"} & {*cases}:
+    if module == CONNECT_MODULE or test in CONNECT_TESTS or {"connect", "connect_spark"} & {*cases}:
         return "connect"
     if test in SHARED_PROCESS_TESTS:
         return test
