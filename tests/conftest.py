@@ -65,10 +65,14 @@ CONNECT_MODULE = "tests/spark/driver/query/test_connect.py"
 CONNECT_TESTS = (
     "tests/spark/test_record_types.py::test_record_types_of_the_job_script_through_spark_connect",
 )
-#: parametrized tests whose cases share a module-scoped child process (they run in one worker)
+#: tests that share a module-scoped child process, by the start of their node ids (a module's
+#: ``path::`` or a test's ``path::name``): each group runs in one worker, which starts it once
 SHARED_PROCESS_TESTS = (
+    # the older driver of every fencing case (``driver_a``)
     "tests/spark/driver/query/test_spark_fencing.py::"
     "test_a_second_driver_fences_the_first_and_the_job_stays_exact",
+    # the state host of the attacks (``host``)
+    "tests/spark/host/test_host_security.py::",
 )
 
 
@@ -79,7 +83,7 @@ def xdist_scope(nodeid: str) -> str:
     two at once on a loaded 2-core machine a driver timed out waiting for a batch), ``connect``
     for the tests on the Spark Connect server (the ``connect`` and ``connect_spark`` parameters
     of ``any_spark`` and ``session``, ``test_connect.py`` and :data:`CONNECT_TESTS`), so that
-    one worker starts it; the cases of a test of :data:`SHARED_PROCESS_TESTS` together (one
+    one worker starts it; the tests of a group of :data:`SHARED_PROCESS_TESTS` together (one
     worker starts the process they share); any other test alone (each worker starts its own
     local SparkSession when a Spark test first needs one)."""
     module = nodeid.partition("::")[0]
@@ -89,9 +93,7 @@ def xdist_scope(nodeid: str) -> str:
     cases = params.rstrip("]").split("-")
     if module == CONNECT_MODULE or test in CONNECT_TESTS or {"connect", "connect_spark"} & {*cases}:
         return "connect"
-    if test in SHARED_PROCESS_TESTS:
-        return test
-    return nodeid
+    return next((group for group in SHARED_PROCESS_TESTS if nodeid.startswith(group)), nodeid)
 
 
 @pytest.hookimpl(optionalhook=True)
