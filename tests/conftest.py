@@ -115,7 +115,6 @@ def pytest_configure_node(node: Any) -> None:
         node.workerinput[_SESSION_USERS_KEY] = directory
 
 
-@pytest.hookimpl(optionalhook=True)
 def pytest_unconfigure(config: Any) -> None:
     directory = getattr(config, "_streamstate_session_users", None)
     if directory is not None:
