@@ -203,3 +203,21 @@ def test_a_batch_result_is_an_ordinary_dataframe(spark: Any) -> None:
     finally:
         cached.unpersist()
     assert rows(out.coalesce(1)) == expected
+
+
+def test_the_batch_sort_is_pysparks_sort_within_partitions(spark: Any) -> None:
+    """The sort of batch execution is built once per JVM and handed to the JVM in one call;
+    the plan is the one PySpark's ``sortWithinPartitions`` makes, with every sort column."""
+    from streamstate.spark.driver.plan.placement import place
+    from streamstate.spark.driver.query.batch import _sorted_within_partitions
+
+    df = spark.createDataFrame([(3, 1, 2), (1, 2, 1), (3, 0, 1)], "k long, v long, ts long")
+    placed = place(df, ["k"], 2, 128)
+    for columns in (["k"], ["k", "ts"], ["_kg", "k", "ts"]):
+
+        def plan(sorted_df: Any) -> str:
+            return str(sorted_df._jdf.queryExecution().analyzed().toString())
+
+        ours = _sorted_within_partitions(placed, columns)
+        assert plan(ours) == plan(placed.sortWithinPartitions(*columns))
+        assert _sorted_within_partitions(placed, columns).collect() == ours.collect()
