@@ -6,7 +6,8 @@ PYTHON ?= python3
 PY := $(VENV)/bin/python
 # the install builds the C extensions (setup.py): a change to them re-runs the install too
 EXTENSIONS := src/streamstate/backends/heap/_entry.c src/streamstate/backends/heap/_entry.h src/streamstate/backends/heap/_value_state.c \
-	src/streamstate/runtime/_record_loop.c src/streamstate/backends/decorators/_sampling.c
+	src/streamstate/runtime/_record_loop.c src/streamstate/backends/decorators/_sampling.c \
+	src/streamstate/_key_groups.c src/streamstate/_java_hash.h
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py $(EXTENSIONS) | cksum | cut -d' ' -f1)
 
 export PYSPARK_PYTHON := $(abspath $(PY))

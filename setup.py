@@ -6,6 +6,8 @@
   ``update()`` on their common path;
 * ``streamstate.runtime._record_loop``: the record loop (per record the current key, the call
   of ``process_element`` and its outputs collected);
+* ``streamstate._key_groups``: a key's key group (Java's ``hashCode`` and Flink's murmur hash)
+  for int, str, bytes, bool, float and tuple keys;
 * ``streamstate.backends.decorators._sampling``: the metrics decorators' unsampled path.
 
 All are optional: if one cannot be compiled the install still succeeds and its pure-Python
@@ -31,6 +33,14 @@ setup(
         Extension(
             "streamstate.runtime._record_loop",
             ["src/streamstate/runtime/_record_loop.c"],
+            include_dirs=["src/streamstate"],
+            depends=["src/streamstate/_java_hash.h"],
+            optional=True,
+        ),
+        Extension(
+            "streamstate._key_groups",
+            ["src/streamstate/_key_groups.c"],
+            depends=["src/streamstate/_java_hash.h"],
             optional=True,
         ),
         Extension(

@@ -13,6 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from streamstate import keygroups
+from streamstate._compiled import compiled, pure_python
 from streamstate.errors import UnsupportedKeyTypeError
 from streamstate.keygroups import (
     KeyGroupRange,
@@ -253,3 +255,120 @@ def test_vectorized_other_types_fall_back_to_scalar() -> None:
         assign_to_key_group((1, "a"), 128),
         assign_to_key_group((2, "b"), 128),
     ]
+
+
+# --------------------------------------------------------------------------------------------
+# The compiled key group (_key_groups.c) against the pure-Python reference
+
+
+def _reference_or_error(key: object, max_p: object) -> tuple[str, object]:
+    try:
+        return "ok", keygroups._assign_to_key_group(key, max_p)  # type: ignore[arg-type]
+    except Exception as exc:  # the same error type and message from both paths
+        return type(exc).__name__, str(exc)
+
+
+def _compiled_or_error(key: object, max_p: object) -> tuple[str, object]:
+    try:
+        return "ok", _compiled_key_group(key, max_p)
+    except Exception as exc:
+        return type(exc).__name__, str(exc)
+
+
+_compiled_key_group = getattr(compiled("streamstate._key_groups"), "assign_to_key_group", None)
+needs_compiled = pytest.mark.skipif(
+    _compiled_key_group is None, reason="the compiled key group is not built (or pure Python)"
+)
+
+_scalars = (
+    st.integers(min_value=-(2**64), max_value=2**64)
+    | st.text(alphabet=st.characters(codec=None, min_codepoint=0, max_codepoint=0x10FFFF))
+    | st.text(alphabet=st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF), max_size=3)
+    | st.binary()
+    | st.booleans()
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.none()
+    | st.sampled_from([frozenset({1}), object, np.int64(7), 1.5j])
+)
+_keys = st.recursive(
+    _scalars, lambda inner: st.tuples(inner, inner) | st.tuples(inner), max_leaves=6
+)
+
+
+@needs_compiled
+@settings(max_examples=300, deadline=None)
+@given(_keys, st.sampled_from([1, 2, 3, 128, 129, 4096, 32768]))
+def test_the_compiled_key_group_is_the_references(key: object, max_p: int) -> None:
+    """Every key: the same key group, or the same error, from C and from Python."""
+    assert _compiled_or_error(key, max_p) == _reference_or_error(key, max_p)
+
+
+@needs_compiled
+def test_the_compiled_key_group_on_edges() -> None:
+    keys: list[object] = [
+        0,
+        -1,
+        2**63 - 1,
+        -(2**63),
+        2**63,
+        -(2**63) - 1,
+        True,
+        False,
+        0.0,
+        -0.0,
+        float("nan"),
+        float("inf"),
+        "",
+        "\x7f\x80\xff",
+        "\u0100\uffff",
+        "\ud800",
+        "\U0001f600a",
+        b"",
+        bytes(range(256)),
+        (),
+        (None,),
+        (1, ("a", (b"x", None)), 2.5),
+        IntSubclass(3),
+        StrSubclass("x"),
+        None,
+    ]
+    for key in keys:
+        for max_p in (1, 128, 32768, 0, -3, 2**70):
+            assert _compiled_or_error(key, max_p) == _reference_or_error(key, max_p), (key, max_p)
+    assert _compiled_or_error("x", 128.0) == _reference_or_error("x", 128.0)
+
+
+@needs_compiled
+def test_a_registered_key_hash_reaches_the_compiled_path() -> None:
+    class Point:
+        def __init__(self, x: int) -> None:
+            self.x = x
+
+    keygroups.register_key_hash(Point, lambda p: p.x * 7)
+    try:
+        for x in range(50):
+            assert _compiled_key_group(Point(x), 128) == keygroups._assign_to_key_group(
+                Point(x), 128
+            )
+            assert _compiled_key_group((Point(x), "a"), 128) == keygroups._assign_to_key_group(
+                (Point(x), "a"), 128
+            )
+    finally:
+        keygroups._custom_hashes.pop(Point)
+
+
+def test_assign_to_key_group_is_the_compiled_one_unless_pure_python() -> None:
+    # the README's setup compiles it (gcc is required): a silent fallback would go unnoticed
+    if pure_python():
+        assert assign_to_key_group is keygroups._assign_to_key_group
+    else:
+        assert _compiled_key_group is not None, "streamstate._key_groups is not built"
+        assert assign_to_key_group is _compiled_key_group
+
+
+class IntSubclass(int):
+    pass
+
+
+class StrSubclass(str):
+    pass

@@ -1,7 +1,8 @@
 """The optional C extensions and the switch to their pure-Python references.
 
-``setup.py`` builds two small extensions (the copy-on-write map's entry, the metrics
-decorators' unsampled path). Each has a pure-Python reference next to it that behaves the same
+``setup.py`` builds small extensions (the copy-on-write map's entry, the heap value state's
+common path, the record loop, a key's key group, the metrics decorators' unsampled path). Each
+has a pure-Python reference next to it that behaves the same
 and is tested against it; the reference is used when the extension was not built or when the
 environment sets ``STREAMSTATE_PURE_PYTHON`` (to anything but ``0``), e.g. to compare the two.
 """

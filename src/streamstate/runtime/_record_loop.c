@@ -20,6 +20,8 @@
 #include <Python.h>
 #include <structmember.h>
 
+#include "_java_hash.h"
+
 static PyTypeObject *key_context_type = NULL;
 static Py_ssize_t key_offset = -1, kg_index_offset = -1;
 static PyTypeObject *process_context_type = NULL;
@@ -169,23 +171,36 @@ check_configured(void)
     return 0;
 }
 
-/* run_selected(records, selector, routes, route_of_key, out, failed): LocalRunner._run_fast's
-   loop: the key of each record selected, its route found in ``routes`` (keys of type str, int
-   or bytes) or made by ``route_of_key(key)``, and the record handled with no timestamp */
+/* run_selected(records, selector, route_of_kg, max_parallelism, route_of_key, out, failed):
+   LocalRunner._run_fast's loop: the key of each record selected, its key group computed here
+   (``_java_hash.h``; cheaper than a lookup in a cache of routes per key, whose table misses the
+   CPU's caches once a job has thousands of keys) and its route taken from ``route_of_kg``, or
+   for a key these hashes leave to the reference, made by ``route_of_key(key)``; the record then
+   handled with no timestamp */
 static PyObject *
 run_selected(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "run_selected takes 6 arguments");
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "run_selected takes 7 arguments");
         return NULL;
     }
     if (check_configured() < 0) {
         return NULL;
     }
-    PyObject *selector = args[1], *routes = args[2], *route_of_key = args[3], *out = args[4],
-             *failed = args[5];
-    if (!PyDict_CheckExact(routes) || !PyList_CheckExact(out) || !PyList_CheckExact(failed)) {
-        PyErr_SetString(PyExc_TypeError, "run_selected: routes is a dict, out and failed lists");
+    PyObject *selector = args[1], *route_of_kg = args[2], *route_of_key = args[4],
+             *out = args[5], *failed = args[6];
+    if (!PyList_CheckExact(route_of_kg) || !PyList_CheckExact(out) ||
+        !PyList_CheckExact(failed)) {
+        PyErr_SetString(PyExc_TypeError, "run_selected: route_of_kg, out and failed are lists");
+        return NULL;
+    }
+    long max_parallelism = PyLong_AsLong(args[3]);
+    if (max_parallelism == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (max_parallelism != PyList_GET_SIZE(route_of_kg)) {
+        PyErr_Format(PyExc_ValueError, "run_selected: %zd routes for %ld key groups",
+                     PyList_GET_SIZE(route_of_kg), max_parallelism);
         return NULL;
     }
     PyObject *it = PyObject_GetIter(args[0]);
@@ -200,13 +215,13 @@ run_selected(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             Py_DECREF(it);
             return NULL;
         }
-        PyObject *route = NULL;
-        PyTypeObject *tp = Py_TYPE(key);
-        if (tp == &PyUnicode_Type || tp == &PyLong_Type || tp == &PyBytes_Type) {
-            route = PyDict_GetItemWithError(routes, key);
-            Py_XINCREF(route);
+        PyObject *route;
+        uint32_t h;
+        if (ss_java_hash(key, &h) == 0) {
+            route = PyList_GET_ITEM(route_of_kg, ss_key_group(h, max_parallelism));
+            Py_INCREF(route);
         }
-        if (route == NULL && !PyErr_Occurred()) {
+        else {
             route = PyObject_Vectorcall(route_of_key, &key, 1, NULL);
         }
         int rc = route == NULL ? -1 : handle(key, record, Py_None, route, out, failed);
@@ -476,7 +491,7 @@ static PyMethodDef module_methods[] = {
      "configure(key_context_type, process_context_type, collect): the types whose slots the "
      "loops write and the Python collector of results other than generators and None."},
     {"run_selected", (PyCFunction)(void (*)(void))run_selected, METH_FASTCALL,
-     "run_selected(records, selector, routes, route_of_key, out, failed)"},
+     "run_selected(records, selector, route_of_kg, max_parallelism, route_of_key, out, failed)"},
     {"run_zipped", (PyCFunction)(void (*)(void))run_zipped, METH_FASTCALL,
      "run_zipped(keys, values, timestamps, key_groups, routes, out, failed)"},
     {"run_runs", (PyCFunction)(void (*)(void))run_runs, METH_FASTCALL,

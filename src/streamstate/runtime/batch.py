@@ -91,6 +91,7 @@ class BatchInternalTimerService(InternalTimerService):
         events, processing = self.event_time_timers, self.processing_time_timers
         assert isinstance(events, SingleKeyTimerQueue)
         assert isinstance(processing, SingleKeyTimerQueue)
+        self._events = events
         self._fire_events = events.fire_all
         self._on_event_time = self.triggerable.on_event_time  # type: ignore[attr-defined]
         # most keys have no processing-time timer: testing the queue's slot and heap (emptied
@@ -152,7 +153,16 @@ class BatchInternalTimerService(InternalTimerService):
         the key ends)."""
         self.current_watermark = MAX_WATERMARK
         try:
-            fired = self._fire_events(self._on_event_time)
+            events = self._events
+            sole = events.sole
+            if sole is not None and not events._live:
+                # the key's one event-time timer (the common case): fired without the queue's
+                # loop; registrations are ignored while it fires, so nothing else can be due
+                events.sole = None
+                self._on_event_time(sole[0], sole[1], sole[2])
+                fired = 1
+            else:
+                fired = self._fire_events(self._on_event_time)
             processing = self._processing
             if processing.sole is not None or self._processing_heap:
                 fired += processing.fire_all(self.triggerable.on_processing_time)  # type: ignore[attr-defined]

@@ -274,8 +274,9 @@ class LocalRunner:
 
     def _run_fast(self, it: Iterator[Any], out: list[Any]) -> None:
         """The common path of :meth:`run` (no event time): records go through the record loop
-        (``process_records``) with their routes, the key group and the subtask found with one
-        dict lookup per record (a route cached per distinct key of a cached type). Operators'
+        (``process_records``) with their routes: the compiled loop computes each record's key
+        group (``_java_hash.h``), the reference finds the route in a cache per distinct key of
+        a cached type. Operators'
         outputs are not drained per record: while the loop runs, every operator appends to
         ``out`` and to the runner's side outputs directly, so the order is the one records and
         emits happened in.
@@ -298,7 +299,13 @@ class LocalRunner:
                 failed: list[tuple[Any, Any]] = []
                 try:
                     module.run_selected(
-                        it, self.key_selector, self._routes, self._route_of, out, failed
+                        it,
+                        self.key_selector,
+                        self._route_of_kg,
+                        self.max_parallelism,
+                        self._route_of,
+                        out,
+                        failed,
                     )
                 except Exception as exc:
                     note_failed_record(exc, failed)
@@ -309,18 +316,9 @@ class LocalRunner:
                 op.side_outputs = {}
 
     def _route_of(self, key: Any) -> RecordRoute:
-        """The route of ``key`` (cached per distinct key of a cached type): what
-        :meth:`_routed` does for a key not in the cache, for the compiled loop, which looks
-        the cache up itself."""
-        if type(key) in _CACHED_KEY_TYPES:
-            routes = self._routes
-            if len(routes) >= KEY_GROUP_CACHE_LIMIT:
-                routes.clear()
-            kg = self._key_groups.get(key)
-            if kg is None:
-                kg = assign_to_key_group(key, self.max_parallelism)
-            route = routes[key] = self._route_of_kg[kg]
-            return route
+        """The route of a key whose key group the compiled loop leaves to
+        :func:`~streamstate.keygroups.assign_to_key_group`'s reference (a type with a registered
+        hash, an int subclass, ...)."""
         return self._route_of_kg[self.key_group_of(key)]
 
     def _routed(self, it: Iterator[Any]) -> Iterator[tuple[Any, Any, None, RecordRoute]]:

@@ -17,6 +17,10 @@
  *  - update(v): ``v`` of the serializer's class, written to the map's last hit when it is this
  *    key's and namespace's entry (the very objects, as ``put`` checks), no rehash is running and
  *    the entry is not shared with a snapshot. Everything else calls the Python method.
+ *  - a change-tracking map (an incremental heap backend's, ``incremental.py``): the same, with
+ *    the change recorded as ``TrackingStateMap.put`` records it (before the write) and, for a
+ *    map that tracks reads, a value read recorded as its ``get`` does; only for the void
+ *    namespace (other namespaces' records are the Python methods').
  *
  * The objects are ordinary Python instances with ``__slots__``: their fields are read and
  * written at the offsets of their member descriptors, found once by ``bind``. ``bind`` also
@@ -43,6 +47,11 @@ typedef struct {
     PyObject *doc;
     PyTypeObject *state_type;
     PyTypeObject *map_type;
+    /* the map's change-tracking subclasses (incremental checkpoints), without and with read
+       tracking, or NULL; both record VOID_NAMESPACE changes in two lists */
+    PyTypeObject *tracking_type;
+    PyTypeObject *read_tracking_type;
+    PyObject *void_namespace;
     PyTypeObject *context_type;
     PyTypeObject *entry_type;
     PyObject *empty_table;
@@ -57,7 +66,12 @@ typedef struct {
     /* the map's */
     Py_ssize_t m_rehash_table, m_primary, m_mask, m_required, m_hit, m_hit_key, m_hit_namespace,
         m_state_map_version;
+    /* the tracking maps': the records of VOID_NAMESPACE changes and their limit */
+    Py_ssize_t t_void_keys, t_void_states, t_limit;
 } FastMethod;
+
+/* what kind of map the current key's is */
+enum { PLAIN_MAP, TRACKING_MAP, READ_TRACKING_MAP };
 
 #define SLOT(obj, offset) (*(PyObject **)((char *)(obj) + (offset)))
 
@@ -154,9 +168,11 @@ version_less(PyObject *a, PyObject *b)
     return x < y;
 }
 
-/* The current key's map, key and namespace, or 0 when the fast path does not apply. */
+/* The current key's map, key and namespace, or 0 when the fast path does not apply; *tracking
+   says whether the map records changes (PLAIN_MAP, TRACKING_MAP, READ_TRACKING_MAP). */
 static int
-locate(FastMethod *m, PyObject *self, PyObject **map, PyObject **key, PyObject **ns)
+locate(FastMethod *m, PyObject *self, PyObject **map, PyObject **key, PyObject **ns,
+       int *tracking)
 {
     PyObject *ctx = SLOT(self, m->s_ctx);
     if (ctx == NULL || Py_TYPE(ctx) != m->context_type) {
@@ -176,7 +192,23 @@ locate(FastMethod *m, PyObject *self, PyObject **map, PyObject **key, PyObject *
         return 0;
     }
     PyObject *mp = PyList_GET_ITEM(maps, index);
-    if (Py_TYPE(mp) != m->map_type || SLOT(mp, m->m_rehash_table) != m->empty_table) {
+    PyTypeObject *tp = Py_TYPE(mp);
+    if (tp == m->map_type) {
+        *tracking = PLAIN_MAP;
+    }
+    else if (tp != NULL && (tp == m->tracking_type || tp == m->read_tracking_type)) {
+        /* records of other namespaces (pairs) are the Python methods' */
+        if (n != m->void_namespace || !PyList_CheckExact(SLOT(mp, m->t_void_keys)) ||
+            !PyList_CheckExact(SLOT(mp, m->t_void_states)) ||
+            !PyLong_CheckExact(SLOT(mp, m->t_limit))) {
+            return 0;
+        }
+        *tracking = tp == m->tracking_type ? TRACKING_MAP : READ_TRACKING_MAP;
+    }
+    else {
+        return 0;
+    }
+    if (SLOT(mp, m->m_rehash_table) != m->empty_table) {
         return 0;
     }
     *map = mp;
@@ -197,12 +229,37 @@ set_slot(PyObject *obj, Py_ssize_t offset, PyObject *value)
     Py_XDECREF(old);
 }
 
+/* A tracking map's record of a VOID_NAMESPACE change (TrackingStateMap.put's, and a read
+   tracking map's get of a value the caller may mutate): (key, state) appended, the lists
+   compacted by the map's Python method once they outgrow their limit. -1 on an error. */
+static int
+record_change(FastMethod *m, PyObject *map, PyObject *key, PyObject *state)
+{
+    PyObject *keys = SLOT(map, m->t_void_keys);
+    if (PyList_Append(keys, key) < 0 || PyList_Append(SLOT(map, m->t_void_states), state) < 0) {
+        return -1;
+    }
+    Py_ssize_t limit = PyLong_AsSsize_t(SLOT(map, m->t_limit));
+    if (limit == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    if (PyList_GET_SIZE(keys) > limit) {
+        PyObject *r = PyObject_CallMethod(map, "_compact", NULL);
+        if (r == NULL) {
+            return -1;
+        }
+        Py_DECREF(r);
+    }
+    return 0;
+}
+
 /* value(): 1 = found (*out is a new reference), 0 = take the fallback, -1 = error */
 static int
 fast_value(FastMethod *m, PyObject *self, PyObject **out)
 {
     PyObject *map, *key, *ns;
-    if (!locate(m, self, &map, &key, &ns)) {
+    int tracking;
+    if (!locate(m, self, &map, &key, &ns, &tracking)) {
         return 0;
     }
     PyObject *primary = SLOT(map, m->m_primary);
@@ -270,8 +327,14 @@ fast_value(FastMethod *m, PyObject *self, PyObject **out)
             set_slot(map, m->m_hit, e);
             set_slot(map, m->m_hit_key, key);
             set_slot(map, m->m_hit_namespace, ns);
-            Py_INCREF(entry->state);
-            *out = entry->state;
+            PyObject *state = entry->state;
+            Py_INCREF(state);
+            if (tracking == READ_TRACKING_MAP && record_change(m, map, key, state) < 0) {
+                Py_DECREF(state);
+                result = -1;
+                goto done;
+            }
+            *out = state;
             result = 1;
             goto done;
         }
@@ -297,7 +360,7 @@ done:
     return result;
 }
 
-/* update(v): 1 = written, 0 = take the fallback */
+/* update(v): 1 = written, 0 = take the fallback, -1 = error */
 static int
 fast_update(FastMethod *m, PyObject *self, PyObject *value)
 {
@@ -306,7 +369,8 @@ fast_update(FastMethod *m, PyObject *self, PyObject *value)
         return 0;
     }
     PyObject *map, *key, *ns;
-    if (!locate(m, self, &map, &key, &ns)) {
+    int tracking;
+    if (!locate(m, self, &map, &key, &ns, &tracking)) {
         return 0;
     }
     if (SLOT(map, m->m_hit_key) != key || SLOT(map, m->m_hit_namespace) != ns) {
@@ -321,6 +385,23 @@ fast_update(FastMethod *m, PyObject *self, PyObject *value)
     Entry *entry = (Entry *)hit;
     if (version_less(entry->entry_version, required) != 0) {
         return 0;
+    }
+    if (tracking != PLAIN_MAP) {
+        /* recorded before the write, as TrackingStateMap.put does; the record may run the
+           map's Python _compact, which touches neither the entries nor the last hit */
+        Py_INCREF(hit);
+        Py_INCREF(version);
+        int rc = record_change(m, map, key, value);
+        int same = rc == 0 && SLOT(map, m->m_hit) == hit &&
+                   SLOT(map, m->m_state_map_version) == version;
+        Py_DECREF(hit);
+        Py_DECREF(version);
+        if (rc < 0) {
+            return -1;
+        }
+        if (!same) {
+            return 0; /* put records the same change again (the last record wins) and writes */
+        }
     }
     PyObject *old_state = entry->state;
     PyObject *old_version = entry->state_version;
@@ -384,8 +465,12 @@ fast_method_vectorcall(FastMethod *m, PyObject *const *args, size_t nargsf, PyOb
         return call_fallback(m, args, nargs);
     }
     if (m->is_update) {
-        if (fast_update(m, args[0], args[1])) {
+        int written = fast_update(m, args[0], args[1]);
+        if (written > 0) {
             Py_RETURN_NONE;
+        }
+        if (written < 0) {
+            return NULL;
         }
         return call_fallback(m, args, nargs);
     }
@@ -420,6 +505,9 @@ fast_method_dealloc(FastMethod *m)
     Py_CLEAR(m->doc);
     Py_CLEAR(m->state_type);
     Py_CLEAR(m->map_type);
+    Py_CLEAR(m->tracking_type);
+    Py_CLEAR(m->read_tracking_type);
+    Py_CLEAR(m->void_namespace);
     Py_CLEAR(m->context_type);
     Py_CLEAR(m->entry_type);
     Py_CLEAR(m->empty_table);
@@ -433,6 +521,9 @@ fast_method_traverse(FastMethod *m, visitproc visit, void *arg)
     Py_VISIT(m->fallback);
     Py_VISIT(m->state_type);
     Py_VISIT(m->map_type);
+    Py_VISIT(m->tracking_type);
+    Py_VISIT(m->read_tracking_type);
+    Py_VISIT(m->void_namespace);
     Py_VISIT(m->context_type);
     Py_VISIT(m->entry_type);
     Py_VISIT(m->empty_table);
@@ -540,6 +631,9 @@ new_method(PyObject *name, PyObject *fallback, int is_update)
     }
     m->state_type = NULL;
     m->map_type = NULL;
+    m->tracking_type = NULL;
+    m->read_tracking_type = NULL;
+    m->void_namespace = NULL;
     m->context_type = NULL;
     m->entry_type = NULL;
     m->empty_table = NULL;
@@ -551,7 +645,8 @@ new_method(PyObject *name, PyObject *fallback, int is_update)
 
 static int
 fill(FastMethod *m, PyObject *state_type, PyObject *map_type, PyObject *context_type,
-     PyObject *entry_type, PyObject *empty_table)
+     PyObject *entry_type, PyObject *empty_table, PyObject *tracking_type,
+     PyObject *read_tracking_type, PyObject *void_namespace)
 {
     m->state_type = (PyTypeObject *)state_type;
     m->map_type = (PyTypeObject *)map_type;
@@ -583,6 +678,26 @@ fill(FastMethod *m, PyObject *state_type, PyObject *map_type, PyObject *context_
     OFF(m_hit_key, map_type, "_hit_key");
     OFF(m_hit_namespace, map_type, "_hit_namespace");
     OFF(m_state_map_version, map_type, "_state_map_version");
+    if (tracking_type != NULL) {
+        /* both tracking classes add the same slots to the map: the same offsets */
+        OFF(t_void_keys, tracking_type, "void_keys");
+        OFF(t_void_states, tracking_type, "void_states");
+        OFF(t_limit, tracking_type, "_limit");
+        if (slot_offset(read_tracking_type, "void_keys") != m->t_void_keys ||
+            slot_offset(read_tracking_type, "void_states") != m->t_void_states ||
+            slot_offset(read_tracking_type, "_limit") != m->t_limit) {
+            if (!PyErr_Occurred()) {
+                PyErr_SetString(PyExc_TypeError, "the tracking maps' slots differ");
+            }
+            return -1;
+        }
+        Py_INCREF(tracking_type);
+        Py_INCREF(read_tracking_type);
+        Py_INCREF(void_namespace);
+        m->tracking_type = (PyTypeObject *)tracking_type;
+        m->read_tracking_type = (PyTypeObject *)read_tracking_type;
+        m->void_namespace = void_namespace;
+    }
 #undef OFF
     return 0;
 }
@@ -611,9 +726,20 @@ static PyObject *
 bind(PyObject *module, PyObject *args)
 {
     PyObject *state_type, *map_type, *context_type, *entry_type, *empty_table, *value, *update;
-    if (!PyArg_ParseTuple(args, "O!O!O!O!OOO:bind", &PyType_Type, &state_type, &PyType_Type,
-                          &map_type, &PyType_Type, &context_type, &PyType_Type, &entry_type,
-                          &empty_table, &value, &update)) {
+    PyObject *tracking_type = NULL, *read_tracking_type = NULL, *void_namespace = NULL;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!OOO|O!O!O:bind", &PyType_Type, &state_type,
+                          &PyType_Type, &map_type, &PyType_Type, &context_type, &PyType_Type,
+                          &entry_type, &empty_table, &value, &update, &PyType_Type,
+                          &tracking_type, &PyType_Type, &read_tracking_type, &void_namespace)) {
+        return NULL;
+    }
+    if (tracking_type != NULL && (read_tracking_type == NULL || void_namespace == NULL ||
+                                  !PyType_IsSubtype((PyTypeObject *)tracking_type,
+                                                    (PyTypeObject *)map_type) ||
+                                  !PyType_IsSubtype((PyTypeObject *)read_tracking_type,
+                                                    (PyTypeObject *)map_type))) {
+        PyErr_SetString(PyExc_TypeError,
+                        "bind: the tracking maps (both) subclass the map, with the void namespace");
         return NULL;
     }
     if (((PyTypeObject *)entry_type)->tp_basicsize != sizeof(Entry) ||
@@ -629,8 +755,10 @@ bind(PyObject *module, PyObject *args)
     if (new_pair(value, update, &v, &u) < 0) {
         return NULL;
     }
-    if (fill(v, state_type, map_type, context_type, entry_type, empty_table) < 0 ||
-        fill(u, state_type, map_type, context_type, entry_type, empty_table) < 0) {
+    if (fill(v, state_type, map_type, context_type, entry_type, empty_table, tracking_type,
+             read_tracking_type, void_namespace) < 0 ||
+        fill(u, state_type, map_type, context_type, entry_type, empty_table, tracking_type,
+             read_tracking_type, void_namespace) < 0) {
         Py_DECREF(v);
         Py_DECREF(u);
         return NULL;
@@ -673,9 +801,10 @@ static PyMethodDef module_methods[] = {
      "single-key value state (its value in the slot ``_value``), each falling back to the given "
      "Python method."},
     {"bind", bind, METH_VARARGS,
-     "bind(state_type, map_type, key_context_type, entry_type, empty_table, value, update) -> "
-     "(value, update): the compiled methods of the heap value state, each falling back to the "
-     "given Python method."},
+     "bind(state_type, map_type, key_context_type, entry_type, empty_table, value, update"
+     "[, tracking_type, read_tracking_type, void_namespace]) -> (value, update): the compiled "
+     "methods of the heap value state, each falling back to the given Python method; with the "
+     "map's change-tracking subclasses, also over those (their VOID_NAMESPACE records)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -34,6 +34,7 @@ from streamstate.backends.heap.copy_on_write import (
     PyStateMapEntry,
     StateMapEntry,
 )
+from streamstate.backends.heap.incremental import tracking_map_class
 from streamstate.backends.heap.state_table import StateTable
 from streamstate.errors import StateAccessError
 from streamstate.namespace import VOID_NAMESPACE
@@ -465,9 +466,10 @@ class HeapAggregatingState(_HeapState, InternalAggregatingState[Any, Any]):
 class CompiledHeapValueState(HeapValueState):
     """:class:`HeapValueState` whose ``value()`` and ``update()`` take their common path in C
     (``_value_state.c``: the current key's entry found and written without the two Python frames
-    of each call) and call :class:`HeapValueState`'s methods for everything else. Used when the
-    extension and the compiled map entry are built and ``STREAMSTATE_PURE_PYTHON`` is not set;
-    both pass the same behavioural suite."""
+    of each call, on a plain map or an incremental backend's change-tracking one) and call
+    :class:`HeapValueState`'s methods for everything else. Used when the extension and the
+    compiled map entry are built and ``STREAMSTATE_PURE_PYTHON`` is not set; both pass the same
+    behavioural suite."""
 
     __slots__ = ()
 
@@ -489,6 +491,10 @@ def _bind_compiled_value_state() -> type[HeapValueState] | None:
         NOT_REHASHING,
         HeapValueState.value,
         HeapValueState.update,
+        # an incremental backend's maps: a Spark query's state hosts run on them
+        tracking_map_class(CopyOnWriteStateMap, track_reads=False),
+        tracking_map_class(CopyOnWriteStateMap, track_reads=True),
+        VOID_NAMESPACE,
     )
     CompiledHeapValueState.value = value  # type: ignore[method-assign]
     CompiledHeapValueState.update = update  # type: ignore[method-assign]
