@@ -17,8 +17,18 @@ floor beside them: the same placement as streamstate (``place(df, ["k"], 2, 128)
 itself costs any Python ``mapInArrow`` job over the placed rows. Its ratio to ``groupBy`` splits
 streamstate's ratio into Spark's floor and streamstate's own work (streamstate / floor).
 
+``--driver-phases N``: instead of the above, where the driver's time of one batch
+``keyed_process(...)`` call goes (the ``sum`` job of ``spark_batch.py`` over ``--batch-rows``
+rows and ``--keys`` keys, parallelism 2, batch execution, collected), phase by phase: medians
+over ``N`` calls after 3 untimed ones, of the wall time, this process's CPU and its Py4J round
+trips (every command sent to the JVM, the deletions of collected Java objects included), and the
+JVM's CPU on the thread that serves this driver (its analyses of the job's Datasets), each for a
+new input DataFrame per job ("first job over an input") and for the same one again ("same
+input"). Written to the JSON's ``driver_phases``.
+
     python bench/spark_fixed_costs.py [--events 100000] [--batches 3] [--keys 10000]
         [--batch-rows 100000] [--repeat 2]
+    python bench/spark_fixed_costs.py --driver-phases 20
 """
 
 from __future__ import annotations
@@ -184,6 +194,120 @@ def batch_collect(spark: Any, rows: int, keys: int) -> dict[str, Any]:
     return out
 
 
+#: (name, module, attribute): the phases of a batch keyed_process call, timed where they are
+#: called (``query/keyed.py``, ``query/batch.py``), in the order they run
+DRIVER_PHASES = [
+    ("resolve: arguments, schemas, parallelism", "keyed", "resolve_options"),
+    ("the workers' Python", "keyed", "ensure_worker_path"),
+    ("register the state formats", "keyed", "register"),
+    ("checks: schemas, the function opened", "keyed", "check_before_first_job"),
+    ("pickle the function", "batch", "pickle_function"),
+    ("placement: key group, repartitionById", "batch", "place"),
+    ("sortWithinPartitions", "batch", "_sorted_within_partitions"),
+    ("sortWithinPartitions", "dataframe", "sortWithinPartitions"),
+    ("mapInArrow: the task's UDF, its Dataset", "dataframe", "mapInArrow"),
+]
+
+
+def driver_phases(spark: Any, rows: int, keys: int, calls: int) -> dict[str, Any]:
+    """The driver's time of a batch ``keyed_process`` call, by phase (module docstring)."""
+    import functools
+
+    import py4j.clientserver
+    from pyspark.sql.classic.dataframe import DataFrame as ClassicDataFrame
+
+    from spark_batch import SumAtEnd, make_input
+    from streamstate.spark.driver.query import batch, keyed
+
+    df = make_input(spark, rows, keys, "sum")
+    mx = spark._jvm.java.lang.management.ManagementFactory.getThreadMXBean()
+    owners = {"keyed": keyed, "batch": batch, "dataframe": ClassicDataFrame}
+    sent = [0]
+    figures: dict[str, dict[str, list[float]]] = {}
+
+    def record(name: str, wall: float, cpu: float, trips: int) -> None:
+        got = figures.setdefault(name, {"wall_ms": [], "cpu_ms": [], "py4j": []})
+        got["wall_ms"].append(wall * 1e3)
+        got["cpu_ms"].append(cpu * 1e3)
+        got["py4j"].append(trips)
+
+    def timed(name: str, fn: Any) -> Any:
+        @functools.wraps(fn)
+        def phase(*args: Any, **kwargs: Any) -> Any:
+            t0, c0, n0 = time.perf_counter(), time.process_time(), sent[0]
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                record(name, time.perf_counter() - t0, time.process_time() - c0, sent[0] - n0)
+
+        return phase
+
+    connection = py4j.clientserver.ClientServerConnection
+    send = connection.send_command
+
+    def counted(self: Any, command: str) -> Any:
+        sent[0] += 1
+        return send(self, command)
+
+    # (a phase a version of the driver does not have is left out)
+    phases = [(n, owners[o], a) for n, o, a in DRIVER_PHASES if hasattr(owners[o], a)]
+    saved = [(owner, attr, getattr(owner, attr)) for _, owner, attr in phases]
+    results: dict[str, Any] = {}
+    try:
+        connection.send_command = counted
+        for name, owner, attr in phases:
+            setattr(owner, attr, timed(name, getattr(owner, attr)))
+        for case, fresh in (("first job over an input", True), ("same input", False)):
+            jvm_ms = []
+            for i in range(3 + calls):
+                data = df.select("*") if fresh else df  # a new DataFrame object, same rows
+                if i == 3:
+                    figures.clear()
+                j0 = mx.getCurrentThreadCpuTime()
+                t0, c0, n0 = time.perf_counter(), time.process_time(), sent[0]
+                out = keyed.keyed_process(
+                    data,
+                    key="k",
+                    function=SumAtEnd(),
+                    output_schema="k long, total long",
+                    parallelism=2,
+                    execution_mode="batch",
+                )
+                took = (time.perf_counter() - t0, time.process_time() - c0, sent[0] - n0)
+                j1 = mx.getCurrentThreadCpuTime()
+                record("keyed_process call, all of it", *took)
+                jvm_ms.append((j1 - j0) / 1e6)
+                t0, c0, n0 = time.perf_counter(), time.process_time(), sent[0]
+                assert len(out.collect()) == min(rows, keys)
+                record("collect: the Spark job", time.perf_counter() - t0,
+                       time.process_time() - c0, sent[0] - n0)  # fmt: skip
+            medians = {
+                name: {k: statistics.median(v) for k, v in got.items()}
+                for name, got in figures.items()
+            }
+            medians["keyed_process call, all of it"]["jvm_thread_cpu_ms"] = statistics.median(
+                jvm_ms[3:]
+            )
+            results[case] = medians
+            print(
+                f"[driver phases, {case}] median of {calls} calls, load {os.getloadavg()[0]:.1f}:"
+            )
+            for name, m in medians.items():
+                jvm = (
+                    f", JVM thread {m['jvm_thread_cpu_ms']:5.1f} ms"
+                    if "jvm_thread_cpu_ms" in m
+                    else ""
+                )
+                print(f"  {name:42s} wall {m['wall_ms']:7.1f} ms, CPU {m['cpu_ms']:5.1f} ms, "
+                      f"py4j {m['py4j']:4.0f}{jvm}")  # fmt: skip
+    finally:
+        connection.send_command = send
+        for owner, attr, fn in saved:
+            setattr(owner, attr, fn)
+        df.unpersist()
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -193,10 +317,31 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=3)
     parser.add_argument("--batch-rows", type=int, default=100_000)
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--driver-phases", type=int, default=0, metavar="N")
     parser.add_argument("--out", default=os.path.join(HERE, "results", "spark_fixed_costs.json"))
     args = parser.parse_args()
 
     spark = bench_session("streamstate-bench-fixed")
+    if args.driver_phases:
+        batch_collect(spark, 1000, 10)  # the session's first jobs belong to no phase
+        try:
+            phases = driver_phases(spark, args.batch_rows, args.keys, args.driver_phases)
+        finally:
+            spark.stop()
+        os.makedirs(os.path.dirname(args.out), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(
+                {
+                    "benchmark": "spark_fixed_costs",
+                    "command": "python " + " ".join(sys.argv),
+                    "load_average": os.getloadavg(),
+                    "driver_phases": phases,
+                },
+                f,
+                indent=2,
+            )
+        print(f"wrote {args.out}")
+        return
     tmp = tempfile.mkdtemp(prefix="bench-fixed-")
     results: dict[str, Any] = {
         "benchmark": "spark_fixed_costs",

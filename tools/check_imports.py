@@ -41,6 +41,7 @@ PACKAGE = "streamstate"
 DRIVER_BASE = [
     "streamstate.spark.driver",
     "streamstate.spark.driver.session",
+    "streamstate.spark.driver.jvm_columns",
     "streamstate.spark.driver.environment",
     "streamstate.spark.driver.sinks",
     "streamstate.spark.driver.reports",

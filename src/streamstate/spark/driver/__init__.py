@@ -1,7 +1,8 @@
 """The Spark driver's side of a keyed operator, by the life of a micro-batch.
 
 * the modules here: what every part of the driver (and the offline tools) uses: the session's
-  kind (``session``), the workers' Python (``environment``), the sinks (``sinks``), the
+  kind (``session``), a classic session's Columns built once per JVM (``jvm_columns``), the
+  workers' Python (``environment``), the sinks (``sinks``), the
   interfaces through which a query and its micro-batches learn of each other (``reports``), and
   Spark's own checkpoint: where it is and what its logs say (``spark_checkpoint``);
 * ``plan/``: what is planned once, when a job starts;

@@ -25,6 +25,7 @@ import os
 import shutil
 import subprocess
 import sys
+import weakref
 from typing import Any
 
 from streamstate.errors import StreamStateError
@@ -66,9 +67,7 @@ def check_worker_python(spark: Any, pythonpath: str = "") -> None:
     sc = spark.sparkContext
     if not str(sc.master).startswith("local"):
         return
-    # one key through the context's own conf: getConf() copies every entry through py4j,
-    # a round trip each (0.2-0.3 s of every keyed_process call on a loaded machine)
-    configured = sc._conf.get("spark.pyspark.python", None)
+    configured = _configured_python(sc)
     python = configured or sc.pythonExec
     problem = _problem(python, pythonpath)
     if problem is None:
@@ -84,6 +83,23 @@ def check_worker_python(spark: Any, pythonpath: str = "") -> None:
         f"{sys.executable}. Set PYSPARK_PYTHON={sys.executable} (and PYSPARK_DRIVER_PYTHON) "
         "before the SparkSession starts, or activate the virtualenv that has streamstate"
     )
+
+
+#: SparkContext -> its ``spark.pyspark.python`` (None: not set)
+_CONFIGURED_PYTHON: weakref.WeakKeyDictionary[Any, str | None] = weakref.WeakKeyDictionary()
+
+
+def _configured_python(sc: Any) -> str | None:
+    """``spark.pyspark.python`` of the running context ``sc``, asked once per context (a
+    context's settings are fixed when it starts: setting it later changes no worker). One key
+    through the context's own conf: getConf() copies every entry through py4j, a round trip
+    each."""
+    try:
+        return _CONFIGURED_PYTHON[sc]
+    except KeyError:
+        configured: str | None = sc._conf.get("spark.pyspark.python", None)
+        _CONFIGURED_PYTHON[sc] = configured
+        return configured
 
 
 @functools.lru_cache(maxsize=8)

@@ -358,8 +358,9 @@ def test_batch_mode_pre_aggregated_equals_per_record(spark: Any) -> None:
 
 
 def test_string_key_groups_in_sql_equal_the_runtimes(spark: Any) -> None:
-    """A string key's group is computed in Spark SQL (``String.hashCode`` through ``reflect``):
-    the pre-aggregated rows and the per-record path place strings without a Python pass."""
+    """A string key's group is computed in Spark SQL (``String.hashCode`` through ``reflect``,
+    then Spark's Murmur3Hash): the pre-aggregated rows and the per-record path place strings
+    without a Python pass."""
     from streamstate.keygroups import assign_key_groups_for_columns
     from streamstate.spark.driver.plan import placement
 
@@ -368,6 +369,8 @@ def test_string_key_groups_in_sql_equal_the_runtimes(spark: Any) -> None:
     placed = placement.place(df, ["k"], 3, 128)
     plan = placed._jdf.queryExecution().analyzed().toString()
     assert placement.JAVA_OBJECTS_CLASS in plan and "PythonMapInArrow" not in plan
+    # the murmur mix of the hash code: Spark's own expression, not a second reflect
+    assert placement.MURMUR3_CLASS not in plan and "hash(" in plan
     expected = dict(
         zip(keys, assign_key_groups_for_columns([pa.array(keys)], 128).tolist(), strict=True)
     )

@@ -203,3 +203,78 @@ def test_a_batch_result_is_an_ordinary_dataframe(spark: Any) -> None:
     finally:
         cached.unpersist()
     assert rows(out.coalesce(1)) == expected
+
+
+def test_the_batch_sort_is_pysparks_sort_within_partitions(spark: Any) -> None:
+    """The sort of batch execution is built once per JVM and handed to the JVM in one call;
+    the plan is the one PySpark's ``sortWithinPartitions`` makes, with every sort column."""
+    from streamstate.spark.driver.plan.placement import place
+    from streamstate.spark.driver.query.batch import _sorted_within_partitions
+
+    df = spark.createDataFrame([(3, 1, 2), (1, 2, 1), (3, 0, 1)], "k long, v long, ts long")
+    placed = place(df, ["k"], 2, 128)
+    for columns in (["k"], ["k", "ts"], ["_kg", "k", "ts"]):
+
+        def plan(sorted_df: Any) -> str:
+            return str(sorted_df._jdf.queryExecution().analyzed().toString())
+
+        ours = _sorted_within_partitions(placed, columns)
+        assert plan(ours) == plan(placed.sortWithinPartitions(*columns))
+        assert _sorted_within_partitions(placed, columns).collect() == ours.collect()
+
+
+def test_jobs_over_one_input_share_its_placement_until_its_layout_changes(spark: Any) -> None:
+    """The input placed and sorted is made once per DataFrame and layout: a second job over the
+    same DataFrame (another function, or the same again) reuses it; another parallelism, key,
+    sort (event time) or execution mode, or another DataFrame of the same rows, makes its own;
+    an entry goes with its DataFrame."""
+    import gc
+
+    from streamstate.spark.driver.query import batch
+
+    rows = [(i % 11, i, i * 10) for i in range(120)]
+    df = spark.createDataFrame(rows, "k long, v long, ts long")
+
+    def run(data: Any, function: Any, key: str = "k", **kwargs: Any) -> list[Any]:
+        schema = f"{key} long, n long" if not isinstance(function, Sum) else "k long, total long"
+        out = keyed_process(data, key=key, function=function, output_schema=schema, **kwargs)
+        return sorted(tuple(r) for r in out.collect())
+
+    def expected(function: Any, parallelism: int) -> list[Any]:
+        records = [(k, v) for k, v, _ in rows]
+        runner = LocalRunner(function, key_selector=lambda r: r[0], parallelism=parallelism)
+        return sorted(runner.run(records))
+
+    counts = run(df, Count(), parallelism=2)
+    assert counts == expected(Count(), 2)
+    placed = dict(batch._PLACED[df])
+    assert len(placed) == 1
+    # another function over the same input and layout, then the same again: the same placed
+    # DataFrame
+    totals: dict[int, int] = {}
+    for k, total in run(df, Sum(), parallelism=2):
+        totals[k] = max(totals.get(k, 0), total)
+    assert totals == {k: sum(v for key, v, _ in rows if key == k) for k in range(11)}
+    assert run(df, Count(), parallelism=2) == counts
+    assert batch._PLACED[df] == placed
+    assert all(batch._PLACED[df][layout] is found for layout, found in placed.items())
+    # any change of the layout: a placement of its own, each job still right
+    assert run(df, Count(), parallelism=3) == expected(Count(), 3)
+    assert run(df, Count(), key="v", parallelism=2) == [(v, 1) for _, v, _ in rows]
+    assert run(df, Count(), parallelism=2, event_time="ts") == counts
+    assert run(df, Count(), parallelism=2, execution_mode="streaming") == counts
+    assert {(layout[0], layout[1], layout[3]) for layout in batch._PLACED[df]} == {
+        (("k",), 2, ("k",)),
+        (("k",), 3, ("k",)),
+        (("v",), 2, ("v",)),
+        (("k",), 2, ("k", "ts")),
+        (("k",), 2, None),
+    }
+    # another DataFrame of the same rows: its own
+    again = spark.createDataFrame(rows, "k long, v long, ts long")
+    assert run(again, Count(), parallelism=2) == counts
+    assert batch._PLACED[again] is not batch._PLACED[df]
+    entries = len(batch._PLACED)
+    del again
+    gc.collect()
+    assert len(batch._PLACED) == entries - 1

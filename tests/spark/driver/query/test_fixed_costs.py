@@ -117,34 +117,51 @@ def test_integer_key_groups_use_sparks_murmur_and_fall_back_to_sql_steps(
     from streamstate.keygroups import assign_key_groups_for_columns
     from streamstate.spark.driver.plan import placement
 
+    def analyzed(df: Any) -> str:
+        return str(df._jdf.queryExecution().analyzed().toString())
+
     ks = [0, 1, -1, 2**31, -(2**31), 2**63 - 1, -(2**63), *range(-300, 300, 11)]
     df = spark.createDataFrame([(k,) for k in ks], "k long")
     expected = list(assign_key_groups_for_columns([pa.array(ks, pa.int64())], 128))
     placed = placement.with_key_group(df, ["k"], 128)
     # Spark's Murmur3 through reflect: one short projection, not 13 chained steps
-    plan = placed._jdf.queryExecution().analyzed().toString()
-    assert placement.MURMUR3_CLASS in plan and "__streamstate_kg_step1" not in plan
+    assert placement.MURMUR3_CLASS in analyzed(placed) and "__streamstate_kg_step1" not in (
+        analyzed(placed)
+    )
     got = {r.k: r[placement.KEY_GROUP_COLUMN] for r in placed.collect()}
     assert [got[k] for k in ks] == expected
-    # place(): the same key groups, partition i holds subtask i's rows, a null key has none
+    # place() of a classic DataFrame: Spark's Murmur3Hash expression (seed 0), code-generated
+    # and deterministic, no reflect; the same key groups, partition i holds subtask i's rows,
+    # a null key has none
     nulls = spark.createDataFrame([(k,) for k in ks] + [(None,)], "k long")
     placed = placement.place(nulls, ["k"], 3, 128)
-    assert placement.MURMUR3_CLASS in placed._jdf.queryExecution().analyzed().toString()
-    parts = placed.rdd.glom().collect()
-    assert len(parts) == 3
-    for i, rows in enumerate(parts):
-        for r in rows:
-            if r.k is None:
-                assert r[placement.KEY_GROUP_COLUMN] is None
-            else:
-                assert r[placement.KEY_GROUP_COLUMN] == expected[ks.index(r.k)]
-                assert r[placement.KEY_GROUP_COLUMN] * 3 // 128 == i
-    # a Spark without that class: the pure-SQL steps, same key groups
+    plan = analyzed(placed)
+    assert "hash(" in plan and "reflect" not in plan and placement.MURMUR3_CLASS not in plan
+    assert placed._jdf.queryExecution().optimizedPlan().deterministic()
+
+    def check(placed: Any) -> None:
+        parts = placed.rdd.glom().collect()
+        assert len(parts) == 3
+        for i, rows in enumerate(parts):
+            for r in rows:
+                if r.k is None:
+                    assert r[placement.KEY_GROUP_COLUMN] is None
+                else:
+                    assert r[placement.KEY_GROUP_COLUMN] == expected[ks.index(r.k)]
+                    assert r[placement.KEY_GROUP_COLUMN] * 3 // 128 == i
+
+    check(placed)
+    # a Spark whose Murmur3Hash cannot be built with a seed: reflect, same key groups
+    monkeypatch.setattr(placement, "MURMUR3_EXPRESSION", "org.example.NoSuchExpression")
+    placed = placement.place(nulls, ["k"], 3, 128)
+    assert placement.MURMUR3_CLASS in analyzed(placed)
+    check(placed)
+    # and a Spark without that class either: the pure-SQL steps, same key groups
     monkeypatch.setattr(placement, "MURMUR3_CLASS", "org.example.NoSuchMurmur")
     placed = placement.with_key_group(df, ["k"], 128)
-    assert "__streamstate_kg_step1" in placed._jdf.queryExecution().analyzed().toString()
+    assert "__streamstate_kg_step1" in analyzed(placed)
     got = {r.k: r[placement.KEY_GROUP_COLUMN] for r in placed.collect()}
     assert [got[k] for k in ks] == expected
-    placed = placement.place(df, ["k"], 3, 128)
-    assert "__streamstate_kg_step1" in placed._jdf.queryExecution().analyzed().toString()
-    assert sorted(placed.collect()) == sorted(placement.place(df, ["k"], 3, 128).collect())
+    placed = placement.place(nulls, ["k"], 3, 128)
+    assert "__streamstate_kg_step1" in analyzed(placed)
+    check(placed)

@@ -43,6 +43,8 @@ class KeyedOptions:
     side_output_structs: dict[str, Any] = dataclasses.field(default_factory=dict)
     #: "batch" (sorted by key, one key's state at a time) or "streaming" (resolved)
     execution_mode: str = "streaming"
+    #: whether the input is a streaming DataFrame (``df.isStreaming``, asked once)
+    streaming: bool = False
     #: how micro-batches are folded before the shuffle (SPEC §13.2), or None: per record
     pre_aggregation: PreAggregationPlan | None = None
     #: :meth:`partial_schema`, once asked (the options are not changed once resolved;
@@ -59,12 +61,18 @@ class KeyedOptions:
         client's session)."""
         return dataclasses.replace(self, df=None)
 
-    def arrow_schemas(self) -> tuple[Any, Any]:
-        """(task input schema, output schema) as Arrow schemas."""
+    def session_time_zone(self) -> str | None:
+        """The session's time zone, in which Spark hands timestamps to Arrow (one question to
+        the session: ask it once and pass it on)."""
+        return self.spark.conf.get("spark.sql.session.timeZone")
+
+    def arrow_schemas(self, tz: str | None = None) -> tuple[Any, Any]:
+        """(task input schema, output schema) as Arrow schemas, with timestamps in ``tz``
+        (default: :meth:`session_time_zone`)."""
         from pyspark.sql.pandas.types import to_arrow_schema
         from pyspark.sql.types import IntegerType, StructField, StructType
 
-        tz = self.spark.conf.get("spark.sql.session.timeZone")
+        tz = tz or self.session_time_zone()
         if self.pre_aggregation is not None:
             inp = self.partial_schema()
         else:
@@ -92,18 +100,21 @@ class KeyedOptions:
             ).schema
         return self._partial_schema
 
-    def side_output_schemas(self) -> dict[str, Any]:
-        """Side-output tag id -> Arrow schema."""
+    def side_output_schemas(self, tz: str | None = None) -> dict[str, Any]:
+        """Side-output tag id -> Arrow schema (timestamps in ``tz``, as :meth:`arrow_schemas`)."""
         from pyspark.sql.pandas.types import to_arrow_schema
 
-        tz = self.spark.conf.get("spark.sql.session.timeZone")
+        if not self.side_output_structs:
+            return {}
+        tz = tz or self.session_time_zone()
         return {
             tag: to_arrow_schema(struct, timezone=tz)
             for tag, struct in self.side_output_structs.items()
         }
 
     def job_spec(self, checkpoint_url: str, function_path: str = "", sha: str = "") -> JobSpec:
-        inp, out = self.arrow_schemas()
+        tz = self.session_time_zone()
+        inp, out = self.arrow_schemas(tz)
         return JobSpec(
             operator=self.operator_name,
             parallelism=self.parallelism,
@@ -123,7 +134,7 @@ class KeyedOptions:
             initial_state=self.initial_state,
             side_outputs={
                 tag: arrow_schema_to_bytes(schema)
-                for tag, schema in self.side_output_schemas().items()
+                for tag, schema in self.side_output_schemas(tz).items()
             },
             pre_aggregation="" if self.pre_aggregation is None else self.pre_aggregation.mode,
         )

@@ -11,13 +11,19 @@ Two ways to compute ``_kg``, both exact and vectorized:
   (``String.hashCode``, Flink's for a ``String`` key) is ``java.util.Objects.hashCode`` called
   through ``reflect``; an integer's (``Long.hashCode``) is two SQL operations. Flink's
   ``MathUtils.murmurHash(code)`` is exactly ``Murmur3_x86_32.hashInt(code, 0)`` of Spark's own
-  ``spark-unsafe`` (the same mix, the same finalization with length 4), so the query calls it
-  through ``reflect``
-  (:func:`key_group_sql_reflect`): one short expression in one projection, which Spark
-  analyzes in a few ms where the 13 pure-SQL steps below took 0.2-0.4 s of driver time per
-  micro-batch (the analyzer resolving 13 chained lateral aliases); a classic DataFrame is
-  placed in 4 calls into the JVM. If ``reflect`` cannot find the class (a Spark without it),
-  the pure-SQL steps (:func:`key_group_sql_steps`) are used:
+  ``spark-unsafe`` (the same mix, the same finalization with length 4), which is what Spark's
+  own ``Murmur3Hash`` expression computes for one INT with seed 0. SQL names that expression
+  ``hash`` and fixes its seed at 42, so a classic session builds it with seed 0 in the JVM
+  (:func:`key_group_column_classic`): code-generated and deterministic, where ``reflect`` is
+  interpreted per row (a boxed call, its result as a string parsed back) and makes the shuffle
+  nondeterministic; at 100k rows it halves the time of the placement's stage. The Column is
+  built once per JVM (:mod:`~streamstate.spark.driver.jvm_columns`), so a classic DataFrame is
+  placed in 2 calls into the JVM. A Spark Connect client cannot build a JVM expression: it calls
+  ``hashInt`` through ``reflect`` (:func:`key_group_sql_reflect`), one short expression in one
+  projection, as does a classic session where the expression cannot be built. If ``reflect``
+  cannot find the class (a Spark without it), the pure-SQL steps (:func:`key_group_sql_steps`)
+  are used, which Spark analyzes in 0.2-0.4 s of driver time per micro-batch (the analyzer
+  resolving 13 chained lateral aliases):
   Every intermediate value is an unsigned 32-bit number held in a BIGINT and every 32x32-bit
   multiplication is split into 16-bit halves, so nothing overflows even with
   ``spark.sql.ansi.enabled=true``. Each step is its own lateral column alias: reusing a Column
@@ -41,6 +47,8 @@ __all__ = [
     "KEY_GROUP_COLUMN",
     "is_integer_key",
     "is_string_key",
+    "java_hash_sql",
+    "key_group_column_classic",
     "key_group_sql_reflect",
     "key_group_sql_steps",
     "place",
@@ -103,32 +111,66 @@ MURMUR3_CLASS = "org.apache.spark.unsafe.hash.Murmur3_x86_32"
 JAVA_OBJECTS_CLASS = "java.util.Objects"
 
 
+def java_hash_sql(column: str, string: bool = False) -> str:
+    """One SQL expression: the Java hash code (a signed INT) of the integer (or, with ``string``,
+    string) column ``column``, as Flink hashes the key before its murmur mix.
+
+    ``Long.hashCode`` is the same 32-bit value as the first of :func:`key_group_sql_steps`,
+    turned into a signed INT (no overflow under ANSI mode); a string's is ``String.hashCode``
+    (UTF-16 code units, as Flink hashes a ``String``), called through ``reflect``.
+
+    >>> java_hash_sql("k", string=True)
+    "CAST(reflect('java.util.Objects', 'hashCode', `k`) AS INT)"
+    """
+    if string:
+        return f"CAST(reflect('{JAVA_OBJECTS_CLASS}', 'hashCode', `{column}`) AS INT)"
+    code = key_group_sql_steps(column, 1)[0]
+    return f"CAST(CASE WHEN {code} >= {1 << 31} THEN {code} - {1 << 32} ELSE {code} END AS INT)"
+
+
 def key_group_sql_reflect(column: str, max_parallelism: int, string: bool = False) -> str:
     """One SQL expression: the key group (INT) of the integer (or, with ``string``, string)
     column ``column``.
 
-    The Java hash: ``Long.hashCode`` is the same 32-bit value as the first of
-    :func:`key_group_sql_steps`, turned into a signed INT (no overflow under ANSI mode); a
-    string's is ``String.hashCode`` (UTF-16 code units, as Flink hashes a ``String``), called
-    through ``reflect``. Then ``hashInt(code, 0)`` is Flink's mix and finalization (Murmur3
-    x86_32 of one 4-byte block, seed 0); then Flink's sign fix (``abs``, with
-    ``Integer.MIN_VALUE`` -> 0) as ``abs(BIGINT h) % 2^31`` (no overflow, and 2^31 becomes 0)
-    and the modulo. The murmur call appears once: no projection in between.
+    The Java hash (:func:`java_hash_sql`), then ``hashInt(code, 0)``, Flink's mix and
+    finalization (Murmur3 x86_32 of one 4-byte block, seed 0), called through ``reflect``; then
+    Flink's sign fix (``abs``, with ``Integer.MIN_VALUE`` -> 0) as ``abs(BIGINT h) % 2^31`` (no
+    overflow, and 2^31 becomes 0) and the modulo. The murmur call appears once: no projection in
+    between.
 
     >>> "hashInt" in key_group_sql_reflect("k", 128)
     True
     """
-    if string:
-        signed = f"CAST(reflect('{JAVA_OBJECTS_CLASS}', 'hashCode', `{column}`) AS INT)"
-    else:
-        code = key_group_sql_steps(column, max_parallelism)[0]
-        signed = (
-            f"CAST(CASE WHEN {code} >= {1 << 31} THEN {code} - {1 << 32} ELSE {code} END AS INT)"
-        )
+    signed = java_hash_sql(column, string)
     murmur = f"CAST(reflect('{MURMUR3_CLASS}', 'hashInt', {signed}, 0) AS BIGINT)"
     group = f"CAST(abs({murmur}) % {1 << 31} % {max_parallelism} AS INT)"
     # a null key has no key group (as in the SQL steps): reflect would fail on a null int
     return f"CASE WHEN `{column}` IS NULL THEN NULL ELSE {group} END"
+
+
+#: Spark's Murmur3 expression (SQL's ``hash``), whose seed a classic session can choose
+MURMUR3_EXPRESSION = "org.apache.spark.sql.catalyst.expressions.Murmur3Hash"
+
+
+def key_group_column_classic(
+    jvm: Any, column: str, max_parallelism: int, string: bool = False
+) -> Any:
+    """The Column (a Java object of the classic session's JVM) of the key group (INT) of the
+    integer (or, with ``string``, string) column ``column``: :func:`key_group_sql_reflect`'s
+    value, with ``hashInt(code, 0)`` computed by Spark's ``Murmur3Hash`` expression of seed 0
+    (code-generated and deterministic) instead of through ``reflect``. Unresolved: one serves
+    every DataFrame with that column. Raises whatever Py4J raises where Spark has no such
+    expression."""
+    functions = _functions(jvm)
+    expressions = getattr(jvm, "org.apache.spark.sql.classic.ExpressionUtils")
+    code = expressions.expression(functions.expr(java_hash_sql(column, string)))
+    python_utils = getattr(jvm, "org.apache.spark.api.python.PythonUtils")
+    murmur = getattr(jvm, MURMUR3_EXPRESSION)(python_utils.toSeq([code]), 0)
+    unsigned = functions.abs(expressions.column(murmur).cast("bigint")).mod(functions.lit(1 << 31))
+    group = unsigned.mod(functions.lit(max_parallelism)).cast("int")
+    # a null key has no key group: without an otherwise, when() is NULL where the test fails
+    # (Murmur3Hash skips a null input and would give the seed's group)
+    return functions.when(functions.expr(f"`{column}` IS NOT NULL"), group)
 
 
 def is_integer_key(df: Any, key_columns: list[str]) -> bool:
@@ -232,15 +274,17 @@ def place(df: Any, key_columns: list[str], parallelism: int, max_parallelism: in
 def _place_sql_key_classic(
     df: Any, key_columns: list[str], parallelism: int, max_parallelism: int, subtask_sql: str
 ) -> Any:
-    """:func:`place` of a classic DataFrame with an integer or string key in 4 calls into the
-    JVM (``functions.expr``, ``withColumn``, ``functions.expr``, ``repartitionById``); None
-    when it does not apply (Spark Connect, other keys, ``reflect`` failing to analyze).
+    """:func:`place` of a classic DataFrame with an integer or string key in 2 calls into the
+    JVM (``withColumn``, ``repartitionById``), their Columns built once per JVM; None when it
+    does not apply (Spark Connect, other keys, neither Spark's ``Murmur3Hash`` nor ``reflect``
+    analyzing).
 
-    Each micro-batch places a new DataFrame, and each py4j round trip costs ~1 ms on a quiet
-    machine and 5-10 ms on a loaded one: PySpark's Column API took ~50 round trips here
+    Each micro-batch places a new DataFrame, and each py4j round trip costs 0.1-1 ms on a quiet
+    machine and 2-10 ms on a loaded one: PySpark's Column API took ~50 round trips here
     (active-session checks, call-site origins, list conversions), 0.2-0.5 s per micro-batch
-    under load. Same plan, same key groups as :func:`with_key_group`.
+    under load. Same key groups as :func:`with_key_group`.
     """
+    from streamstate.spark.driver.jvm_columns import jvm_column
     from streamstate.spark.driver.session import is_connect
 
     if is_connect(df):
@@ -252,12 +296,37 @@ def _place_sql_key_classic(
     from pyspark.sql.dataframe import DataFrame
 
     spark = df.sparkSession
-    jvm = spark._jvm
-    try:
-        functions = getattr(jvm, "org.apache.spark.sql.functions")  # one lookup, not 5
-        kg = functions.expr(key_group_sql_reflect(key_columns[0], max_parallelism, string))
-        placed = df._jdf.withColumn(KEY_GROUP_COLUMN, kg)
-    except Exception as exc:  # any analysis error: the general path
-        log.debug("reflect(%s) failed, key groups in SQL steps: %r", MURMUR3_CLASS, exc)
+    column = key_columns[0]
+    reflect_sql = key_group_sql_reflect(column, max_parallelism, string)
+    ways = [
+        # each Column under a key naming everything it is built from
+        (
+            (
+                "Murmur3Hash",
+                MURMUR3_EXPRESSION,
+                java_hash_sql(column, string),
+                column,
+                max_parallelism,
+            ),
+            lambda jvm: key_group_column_classic(jvm, column, max_parallelism, string),
+        ),
+        (("expr", reflect_sql), lambda jvm: _functions(jvm).expr(reflect_sql)),
+    ]
+    placed = None
+    for key, build in ways:
+        try:
+            placed = df._jdf.withColumn(KEY_GROUP_COLUMN, jvm_column(spark, key, build))
+            break
+        except Exception as exc:  # any build or analysis error: the next way, else the SQL steps
+            log.debug("key groups by %s failed: %r", key[0], exc)
+    if placed is None:
         return None
-    return DataFrame(placed.repartitionById(parallelism, functions.expr(subtask_sql)), spark)
+    subtask = jvm_column(
+        spark, ("expr", subtask_sql), lambda jvm: _functions(jvm).expr(subtask_sql)
+    )
+    return DataFrame(placed.repartitionById(parallelism, subtask), spark)
+
+
+def _functions(jvm: Any) -> Any:
+    """``org.apache.spark.sql.functions`` of a classic session's JVM."""
+    return getattr(jvm, "org.apache.spark.sql.functions")

@@ -268,6 +268,7 @@ def resolve_options(args: KeyedArguments) -> tuple[KeyedOptions, Any]:
         adaptive=args.adaptive,
         side_output_structs=side_structs,
         execution_mode=mode,
+        streaming=streaming,
         pre_aggregation=pre_aggregation,
     )
     return options, restored

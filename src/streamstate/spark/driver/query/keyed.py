@@ -114,7 +114,7 @@ def keyed_process(
     ensure_worker_path(options.spark)
     register(options.spark)  # the state formats, to read what the job checkpoints
     check_before_first_job(options, restored)
-    if df.isStreaming:
+    if options.streaming:
         return KeyedStream(options)
     result = run_bounded(options, savepoint=absolute_url(savepoint) if savepoint else None)
     # the streaming API on a batch result: say why, instead of PySpark's ATTRIBUTE_NOT_SUPPORTED
