@@ -55,9 +55,10 @@ check: $(STAMP)
 # pytest workers, the rest on three (its tests wait on JVMs, drivers, nodes and timeouts: on a
 # loaded 2-core machine three workers took 684 s where two took 1031 s): the tests of the
 # standalone clusters, and those of the Spark Connect server, each run in one worker (xdist_scope
-# in tests/conftest.py), dealt out in the workers' order, the longest first. Before them, the
-# JVMs' class-data archive is written once per virtualenv (about 90 s of CPU; every Spark JVM of
-# the tests then starts on about half the CPU: tests/support/jvm.py).
+# in tests/conftest.py), dealt out in the workers' order, the longest first; the worker of the
+# clusters then takes the tests that need no local SparkSession first, so that it starts none.
+# Before them, the JVMs' class-data archive is written once per virtualenv (about 90 s of CPU;
+# every Spark JVM of the tests then starts on about half the CPU: tests/support/jvm.py).
 test: $(STAMP)
 	@$(CHECK_ENV) $(PY) -m pytest -q -n 2 -m "$(CHECK_MARKERS)" --durations=5; $(PYTEST_RC)
 	@$(PY) tests/support/jvm.py

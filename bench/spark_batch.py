@@ -255,6 +255,9 @@ def run_streamstate(
         schema, event_time = "k long, total long", None
     else:
         function, schema, event_time = windowed(memory_dir), "k long, start long, total long", "ts"
+    # a new DataFrame object over the same cached data: keyed_process keeps the placed input
+    # per DataFrame, and a benchmark that reused one would time only the first run's placement
+    df = df.select("*")
     t0 = time.perf_counter()
     out = keyed_process(
         df,

@@ -6,11 +6,11 @@ usage: python cluster_driver.py '<json config>'; config keys:
 - ``conf``: Spark settings (the cluster's ``LocalCluster.spark_conf()`` and more),
   ``executors``: executors to wait for before the first query;
 - ``runs``: queries run one after the other, each with ``input``, ``checkpoint``, ``sink``,
-  ``parallelism``, ``backend``, optionally ``pause`` ({trigger, marker, seconds}: the
-  function sleeps once at that record), ``add_files`` (a directory whose files are moved into
-  ``input`` before the run: more input for a restarted query) and ``wait_after`` ({batch,
-  go}: after delivering that batch the sink prints ``WAITING <batch>`` and waits for the file
-  ``go``);
+  ``parallelism``, ``backend``, optionally ``pause`` ({trigger, marker, seconds, go}: the
+  function sleeps once at that record, until the file ``go`` exists if given), ``add_files``
+  (a directory whose files are moved into ``input`` before the run: more input for a restarted
+  query) and ``wait_after`` ({batch, go}: after delivering that batch the sink prints
+  ``WAITING <batch>`` and waits for the file ``go``);
 - ``out``: where the results go (JSON): per run the batches' figures and ``read_state``;
 - ``serve``: instead of ``runs``, read one request per stdin line (``{"run", "out",
   "executors"}``), run it, write its figures to ``out`` and print ``DONE <i>`` (one driver for
@@ -58,7 +58,7 @@ def run_query(spark: Any, run: dict[str, Any], i: int) -> dict[str, Any]:
     function: Any = Count()
     if run.get("pause"):
         p = run["pause"]
-        function = CountPausingOnce(p["trigger"], p["marker"], p["seconds"])
+        function = CountPausingOnce(p["trigger"], p["marker"], p["seconds"], p.get("go"))
     source = (
         spark.readStream.schema("user string, v long")
         .option("maxFilesPerTrigger", 1)

@@ -99,23 +99,26 @@ def test_a_node_lost_mid_batch_costs_a_reload_and_nothing_else(
     lost = cluster.add_worker(wait=False)
     batches = make_batches(5, 2_000, users=500, seed=3)
     write_batches(str(tmp_path / "in"), batches)
-    marker = str(tmp_path / "in-flight")
+    marker, go = str(tmp_path / "in-flight"), str(tmp_path / "go")
     run = {
         "input": str(tmp_path / "in"),
         "checkpoint": str(tmp_path / "ck"),
         "sink": str(tmp_path / "out"),
         "parallelism": 4,
         "backend": "rocksdb",
-        # one subtask sleeps in the middle of micro-batch 2: the node dies with batch 2 in flight
-        "pause": {"trigger": batches[2][1_000][1], "marker": marker, "seconds": 10},
+        # one subtask sleeps in the middle of micro-batch 2 until the node is lost (``go``):
+        # the node dies with batch 2 in flight
+        "pause": {"trigger": batches[2][1_000][1], "marker": marker, "seconds": 120, "go": go},
     }
     try:
         server.request(run, str(tmp_path / "r.json"), executors=3)
         server.wait_until(lambda: os.path.exists(marker), "micro-batch 2 to be in flight", 900)
         assert lost.finished_tasks() > 0  # the node ran subtasks before it was lost
         killed = cluster.kill_node(lost)
+        _touch(go)
         result = server.answer(str(tmp_path / "r.json"))
     finally:
+        _touch(go)  # a failure above must not leave the subtask asleep
         if lost.alive:
             cluster.kill_node(lost)
     assert lost.process.returncode is not None
@@ -221,6 +224,11 @@ def test_host_traffic_is_sealed_and_hostile_peers_cost_no_batch_time(
             peers = Peers(addresses, silent=30, trickling=5)
             deadline = time.monotonic() + 30
             while peers.open_now() < 4 * 16 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            # and until the hosts dropped them once (their handshake deadline, 5 s): on a quiet
+            # machine the six batches after this one take less than that
+            deadline = time.monotonic() + 60
+            while peers.reconnects <= 100 and time.monotonic() < deadline:
                 time.sleep(0.1)
         finally:
             _touch(go)  # a failure above must not leave the driver waiting

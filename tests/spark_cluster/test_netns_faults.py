@@ -112,13 +112,20 @@ def server(net_cluster: LocalCluster, harness: Any, tmp_path_factory: Any) -> It
 
 
 @pytest.fixture
-def heal(net: NetnsNetwork, net_cluster: LocalCluster) -> Iterator[list[Node]]:
+def heal(
+    net: NetnsNetwork, net_cluster: LocalCluster, request: pytest.FixtureRequest
+) -> Iterator[list[Node]]:
     """Nodes a test broke (appended by the test): after it, every link is healed and each of
-    those nodes is replaced by a fresh worker at its address."""
+    those nodes is replaced by a fresh worker at its address (unless no later test of this
+    session uses the cluster: its workers would only start to be stopped)."""
     broken: list[Node] = []
     yield broken
     for place in list(net.endpoints):
         net.heal(place)
+    items = request.session.items
+    later = items[items.index(request.node) + 1 :] if request.node in items else items
+    if not any("net_cluster" in getattr(item, "fixturenames", ()) for item in later):
+        return
     for node in broken:
         net_cluster.replace_node(node, wait=False)
     net_cluster.wait_for_workers(3)

@@ -16,6 +16,12 @@ java_options (the local driver JVM's options: ``tests/support/jvm.py``). Prints
 ``BATCH <id>`` after each delivered batch (its checkpoint id), ``SLEEPING`` before a sleep,
 ``DONE [...]`` at the end, or ``FENCED <message>`` (exit status 3) if another driver took the
 job over.
+
+With ``serve`` the driver starts its session, prints ``SERVING`` and runs one query per line
+of its standard input (a config as above, without the session's keys), each printing
+``START <i>`` (on stderr too), what a single run prints, then ``END <i> DONE|FENCED|FAILED``
+(``FAILED``: the query raised another error, its traceback on stderr); it ends at the end of
+its input (one JVM for the queries of several tests: its start is the slow part).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import json
 import os
 import sys
 import time
+import traceback
 from typing import Any
 
 from pyspark.sql import SparkSession
@@ -65,12 +72,8 @@ class ReportingSink(FileSink):
             time.sleep(600)
 
 
-def main() -> None:
-    arg = sys.argv[1]
-    if arg.startswith("@"):
-        with open(arg[1:]) as f:
-            arg = f.read()
-    cfg = json.loads(arg)
+def session(cfg: dict[str, Any]) -> Any:
+    """The config's SparkSession: a Connect client of ``remote``, or a local session."""
     if cfg.get("remote"):
         spark = SparkSession.builder.remote(cfg["remote"]).getOrCreate()
     else:
@@ -85,13 +88,12 @@ def main() -> None:
             .getOrCreate()
         )
         spark.sparkContext.setLogLevel("ERROR")
-    if cfg.get("start_when"):
-        print("READY", flush=True)
-        deadline = time.monotonic() + 600
-        while not os.path.exists(cfg["start_when"]):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"no {cfg['start_when']} after 600 s")
-            time.sleep(0.05)
+    return spark
+
+
+def run(spark: Any, cfg: dict[str, Any]) -> str:
+    """Run the config's query to its end: ``DONE``, or ``FENCED`` if another driver took the
+    job over (printed with the reason); another error is raised."""
     function: Any = Count()
     output_schema = "user string, n long"
     timing: dict[str, Any] = {}
@@ -139,12 +141,48 @@ def main() -> None:
         else:
             raise
         print("FENCED " + line.strip(), flush=True)
-        spark.stop()
-        os._exit(3)
+        return "FENCED"
     restores = [b.get("restore", "replayed") for b in query.batches]
     print("DONE " + json.dumps(restores), flush=True)
+    return "DONE"
+
+
+def serve(spark: Any) -> None:
+    """One query per line of standard input, until its end (see the module docstring)."""
+    print("SERVING", flush=True)
+    for i, line in enumerate(sys.stdin):
+        print(f"START {i}", flush=True)
+        print(f"START {i}", file=sys.stderr, flush=True)
+        try:
+            status = run(spark, json.loads(line))
+        except Exception:
+            traceback.print_exc()
+            sys.stderr.flush()
+            status = "FAILED"
+        print(f"END {i} {status}", flush=True)
+
+
+def main() -> None:
+    arg = sys.argv[1]
+    if arg.startswith("@"):
+        with open(arg[1:]) as f:
+            arg = f.read()
+    cfg = json.loads(arg)
+    spark = session(cfg)
+    if cfg.get("serve"):
+        serve(spark)
+        spark.stop()
+        os._exit(0)
+    if cfg.get("start_when"):
+        print("READY", flush=True)
+        deadline = time.monotonic() + 600
+        while not os.path.exists(cfg["start_when"]):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no {cfg['start_when']} after 600 s")
+            time.sleep(0.05)
+    status = run(spark, cfg)
     spark.stop()
-    os._exit(0)
+    os._exit(3 if status == "FENCED" else 0)
 
 
 if __name__ == "__main__":

@@ -129,26 +129,27 @@ def test_a_copied_job_directory_rolls_back_and_resumes_on_its_own(
     assert _spark_log(ck, "commits") == original_commits
 
 
-@pytest.mark.parametrize("new_input", [False, True])
-def test_a_state_behind_sparks_log_refuses_to_start(
-    spark: Any, tmp_path: Any, new_input: bool
-) -> None:
+def test_a_state_behind_sparks_log_refuses_to_start(spark: Any, tmp_path: Any) -> None:
     """The latest ``_metadata`` is lost: the query refuses to start, with or without input
     waiting, with the short error naming the checkpoint, Spark's micro-batch and the rollback
-    command (no Spark plan), before Spark runs anything."""
+    command (no Spark plan), before Spark runs anything. (Both on one job: a refused start
+    leaves the checkpoint and Spark's logs as they were, which the first one checks.)"""
     batches = make_batches(5, 50, users=10, seed=8)
     write_batches(str(tmp_path / "in"), batches[:4])
     _query(spark, tmp_path, "heap").await_termination()
     ck = tmp_path / "ck"
     (ck / "chk-3" / "_metadata").unlink()  # a lost upload, a manual cleanup
-    if new_input:
-        write_batches(str(tmp_path / "in"), batches[4:], start=4)
-    offsets = _spark_log(ck, "offsets")
-    with pytest.raises(CheckpointError) as raised:
-        _query(spark, tmp_path, "heap")
-    message = str(raised.value)
-    assert "committed micro-batch 3" in message and "is chk-2" in message
-    assert f"streamstate checkpoints rollback {ck} --to 2" in message
-    assert "Plan" not in message and len(message.splitlines()) == 1
-    assert raised.value.__cause__ is None
-    assert _spark_log(ck, "offsets") == offsets  # Spark did not start
+    for new_input in (False, True):
+        if new_input:
+            write_batches(str(tmp_path / "in"), batches[4:], start=4)
+        offsets = _spark_log(ck, "offsets")
+        checkpoints = sorted(os.listdir(ck))
+        with pytest.raises(CheckpointError) as raised:
+            _query(spark, tmp_path, "heap")
+        message = str(raised.value)
+        assert "committed micro-batch 3" in message and "is chk-2" in message, new_input
+        assert f"streamstate checkpoints rollback {ck} --to 2" in message
+        assert "Plan" not in message and len(message.splitlines()) == 1
+        assert raised.value.__cause__ is None
+        assert _spark_log(ck, "offsets") == offsets  # Spark did not start
+        assert sorted(os.listdir(ck)) == checkpoints  # nor did the state's next checkpoint

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -28,11 +29,18 @@ pytestmark = pytest.mark.spark
 
 
 class Driver:
-    """``stream_driver.py`` as a child process; its stdout lines are collected as they come."""
+    """``stream_driver.py`` serving queries as a child process (``serve``): one JVM for the
+    cases of :func:`test_a_second_driver_fences_the_first_and_the_job_stays_exact`; its stdout
+    and stderr lines are collected as they come."""
 
-    def __init__(self, cfg: dict[str, Any]) -> None:
+    def __init__(self) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, STREAM_DRIVER, json.dumps({"java_options": JAVA_OPTIONS, **cfg})],
+            [
+                sys.executable,
+                STREAM_DRIVER,
+                json.dumps({"java_options": JAVA_OPTIONS, "serve": True}),
+            ],
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -41,6 +49,7 @@ class Driver:
         )
         self.lines: list[str] = []
         self.err: list[str] = []
+        self.requests = 0
         assert self.proc.stdout is not None and self.proc.stderr is not None
         out, err = self.proc.stdout, self.proc.stderr
         self._threads = [
@@ -57,24 +66,79 @@ class Driver:
                 raise AssertionError(f"driver did not get there: {self.lines}")
             time.sleep(0.05)
 
-    def finish(self, timeout: float = 300) -> int:
-        try:
-            rc = self.proc.wait(timeout)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()  # our own child, by its handle
-                self.proc.wait()
-            for t in self._threads:
-                t.join()
-        return rc
+    def run(self, cfg: dict[str, Any]) -> Run:
+        """Send the driver the query of ``cfg`` (it starts once the driver's earlier ones ended)."""
+        assert self.proc.stdin is not None
+        run = Run(self, self.requests)
+        self.proc.stdin.write(json.dumps(cfg) + "\n")
+        self.proc.stdin.flush()
+        self.requests += 1
+        return run
 
     def stop(self) -> None:
-        """Kill the driver if it still runs (a test that failed half-way)."""
+        """End the driver (at the end of its input; killed if it does not end)."""
         if self.proc.poll() is None:
-            self.proc.kill()  # our own child, by its handle
-            self.proc.wait()
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()  # our own child, by its handle
+                self.proc.wait()
         for t in self._threads:
             t.join()
+
+
+class Run:
+    """One query of a serving :class:`Driver`: the lines it printed, its end."""
+
+    def __init__(self, driver: Driver, index: int) -> None:
+        self.driver, self.start, self.end = driver, f"START {index}", f"END {index} "
+
+    @property
+    def lines(self) -> list[str]:
+        """What the driver printed for this query (from its ``START`` to its ``END``)."""
+        lines = self.driver.lines
+        if self.start not in lines:
+            return []
+        out = lines[lines.index(self.start) + 1 :]
+        ends = [i for i, ln in enumerate(out) if ln.startswith(self.end)]
+        return out[: ends[0] + 1] if ends else out
+
+    @property
+    def err(self) -> str:
+        """What the driver printed on stderr for this query (a query that failed: its
+        traceback)."""
+        err = [ln.strip() for ln in self.driver.err]
+        return "".join(self.driver.err[err.index(self.start) + 1 :]) if self.start in err else ""
+
+    def wait_for(self, condition: Any, timeout: float = 240) -> None:
+        """Wait until ``condition()`` holds while the query runs."""
+
+        def ended() -> bool:
+            if any(ln.startswith(self.end) for ln in self.lines):
+                raise AssertionError(f"the query ended first: {self.lines}")
+            return False
+
+        self.driver.wait_for(lambda: condition() or ended(), timeout)
+
+    def finish(self, timeout: float = 300) -> str:
+        """Wait for the query's end: ``DONE``, ``FENCED`` or ``FAILED`` (``stream_driver.py``)."""
+        self.driver.wait_for(lambda: any(ln.startswith(self.end) for ln in self.lines), timeout)
+        return next(ln for ln in self.lines if ln.startswith(self.end))[len(self.end) :]
+
+
+@pytest.fixture(scope="module")
+def driver_a() -> Iterator[Driver]:
+    """A, the older driver of the fencing cases: one process serving them all (each case
+    used to start a JVM of its own, ~40 s on a loaded machine; ``xdist_scope`` in
+    tests/conftest.py runs the cases in one worker)."""
+    d = Driver()
+    try:
+        d.wait_for(lambda: "SERVING" in d.lines, timeout=300)
+        yield d
+    finally:
+        d.stop()
 
 
 def _take_over(spark: Any, cfg: dict[str, Any]) -> Any:
@@ -87,9 +151,9 @@ def _take_over(spark: Any, cfg: dict[str, Any]) -> Any:
     )
 
 
-#: each case starts one driver JVM (A, ~40 s on a loaded machine); B, the driver that takes the
-#: job over, is the test's own session: by default both orders once, on one backend each;
-#: STREAMSTATE_FENCING_REPEAT=n runs every order on every backend n times
+#: A, the older driver, is one child process for every case (``driver_a``); B, the driver that
+#: takes the job over, is the test's own session: by default both orders once, on one backend
+#: each; STREAMSTATE_FENCING_REPEAT=n runs every order on every backend n times
 _REPEAT = int(os.environ.get("STREAMSTATE_FENCING_REPEAT", "0"))
 _CASES = (
     [(b, w, i) for i in range(_REPEAT) for b in ("heap", "rocksdb") for w in ("inside", "between")]
@@ -100,7 +164,7 @@ _CASES = (
 
 @pytest.mark.parametrize(("state_backend", "when", "round_"), _CASES)
 def test_a_second_driver_fences_the_first_and_the_job_stays_exact(
-    spark: Any, tmp_path: Any, state_backend: str, when: str, round_: int
+    spark: Any, driver_a: Driver, tmp_path: Any, state_backend: str, when: str, round_: int
 ) -> None:
     batches = make_batches(5, 60, users=12, seed=17 + round_)
     write_batches(str(tmp_path / "in"), batches)
@@ -118,14 +182,13 @@ def test_a_second_driver_fences_the_first_and_the_job_stays_exact(
     }
     go = str(tmp_path / "go")
     epochs = os.path.join(checkpoint, "_epochs")
-    a: Driver | None = None
     b_error = ""
     try:
         if when == "inside":  # A's host waits inside batch 2 until B has taken the job over
-            a = Driver({**cfg, "go": go})
+            a = driver_a.run({**cfg, "go": go})
             a.wait_for(lambda: os.path.exists(marker))
         else:  # A waits after delivering batch 1, before Spark logs it and A plans batch 2
-            a = Driver({**cfg, "marker": None, "pause_after_batch": 1, "go": go})
+            a = driver_a.run({**cfg, "marker": None, "pause_after_batch": 1, "go": go})
             a.wait_for(lambda: "BATCH 1" in a.lines)
         assert len(os.listdir(epochs)) == 1, "B took the job over before it was told to"
         # B, the newer driver, starts its query (and so takes the job over) only now
@@ -139,23 +202,22 @@ def test_a_second_driver_fences_the_first_and_the_job_stays_exact(
             b.await_termination()
         except Exception as exc:  # Spark's commit log refused B: checked below
             b_error = str(exc)
-        rc_a = a.finish()
     finally:
-        if a is not None:
-            a.stop()
-    a_err = "".join(a.err)
+        with open(go, "w"):
+            pass  # a failure above must not leave A's query waiting
+    end_a = a.finish()
     if when == "inside":
         # A's batch 2 finished after B took over: its commit was refused (fenced), and B ran
         # batch 2 again and every later one
-        assert rc_a == 3, (a.lines, a_err[-3000:])
+        assert end_a == "FENCED", (a.lines, a.err[-3000:])
         fenced = next(ln for ln in a.lines if ln.startswith("FENCED"))
         assert "was fenced off" in fenced and "took over the job" in fenced, fenced
         assert not b_error, b_error[-3000:]
     else:
         # A is fenced when it plans batch 2, unless Spark's own commit log (shared by both
         # drivers) refused one of them first ("concurrent update"); either way it stops
-        assert rc_a != 0, a.lines
-        assert rc_a == 3 or "concurrent" in a_err.lower(), a_err[-3000:]
+        assert end_a != "DONE", a.lines
+        assert end_a == "FENCED" or "concurrent" in a.err.lower(), a.err[-3000:]
         if b_error:
             assert "concurrent" in b_error.lower(), b_error[-3000:]
             _take_over(spark, {**cfg, "delay": 0}).await_termination()
