@@ -110,6 +110,7 @@ __all__ = [
     "MINIMUM_CAPACITY",
     "MIN_TRANSFERRED_PER_INCREMENTAL_REHASH",
     "NOT_REHASHING",
+    "NO_HIT",
     "CopyOnWriteStateMap",
     "CopyOnWriteStateMapSnapshot",
     "PyStateMapEntry",
@@ -142,6 +143,8 @@ _NEVER = sys.maxsize
 _new = object.__new__
 #: no key is this object: the last-hit cache of an empty map, or after an invalidation
 _NO_HIT: Any = object()
+#: the last-hit key of a map that has no last hit (the compiled value state's rehash step sets it)
+NO_HIT = _NO_HIT
 
 
 class PyStateMapEntry:

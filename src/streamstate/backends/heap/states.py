@@ -29,6 +29,8 @@ from streamstate.api.state import (
 )
 from streamstate.backends.base import KeyContext, check_written_value, checked_list_elements
 from streamstate.backends.heap.copy_on_write import (
+    MIN_TRANSFERRED_PER_INCREMENTAL_REHASH,
+    NO_HIT,
     NOT_REHASHING,
     CopyOnWriteStateMap,
     PyStateMapEntry,
@@ -489,6 +491,8 @@ def _bind_compiled_value_state() -> type[HeapValueState] | None:
         KeyContext,
         StateMapEntry,
         NOT_REHASHING,
+        NO_HIT,
+        MIN_TRANSFERRED_PER_INCREMENTAL_REHASH,
         HeapValueState.value,
         HeapValueState.update,
         # an incremental backend's maps: a Spark query's state hosts run on them
