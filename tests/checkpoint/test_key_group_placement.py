@@ -218,3 +218,35 @@ def test_the_one_key_group_is_read_until_a_key_belongs_elsewhere(
     assert misplaced_key(placement_1(mine, "own"), "keyed-process") is None
     found = misplaced_key(placement_1([*mine[:3], stray], "stray"), "keyed-process")
     assert found == MisplacedKey(stray, ONE, assign_to_key_group(stray, MAX_P))
+
+
+def test_a_native_rocksdb_checkpoint_of_placement_1_is_read_and_accepted(tmp_path: Path) -> None:
+    """A RocksDB checkpoint (native snapshot files) of placement 1 whose keys are where they
+    belong: its key group is read through the snapshot's canonical view, and a runner restores
+    it."""
+    mine = [k for k in range(20_000) if assign_to_key_group(k, MAX_P) == ONE][:5]
+    storage = FileSystemCheckpointStorage(str(tmp_path / "job"), durable=False)
+    runner = LocalRunner(
+        CountWithTimer(),
+        key_selector=lambda r: r[0],
+        parallelism=2,
+        max_parallelism=MAX_P,
+        state_backend="rocksdb",
+        checkpoint_storage=storage,
+        timestamp_assigner=lambda r: r[1],
+    )
+    runner.run([(k, 0) for k in [*mine, *KEYS]], final_watermark=False)
+    checkpoint = runner.checkpoint()
+    runner.close()
+    kinds = {
+        f.kind for s in checkpoint.metadata.operators["keyed-process"].subtasks for f in s.keyed
+    }
+    assert not kinds & {"full", "delta"}  # native files, no canonical ones
+    _strip_placement(Path(checkpoint.storage.url.removeprefix("file://")) / checkpoint.directory)
+    legacy = storage.load(checkpoint.checkpoint_id)
+    assert placement_version(legacy.metadata.properties) == 1
+    assert misplaced_key(legacy, "keyed-process") is None
+    restored = _runner()
+    restored.restore(legacy)
+    assert len(restored.run([(mine[0], 5)], final_watermark=False)) == 1
+    restored.close()

@@ -20,6 +20,7 @@ the remedy: ``streamstate checkpoints regroup``
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any
 
 import msgspec
@@ -35,6 +36,8 @@ from streamstate.keygroups import (
 )
 
 __all__ = ["SAMPLE", "MisplacedKey", "check_placement", "misplaced_key"]
+
+log = logging.getLogger(__name__)
 
 #: the most keys of the one key group :func:`misplaced_key` reads
 SAMPLE = 64
@@ -64,6 +67,15 @@ def misplaced_key(checkpoint: CompletedCheckpoint, operator: str) -> MisplacedKe
     for sub in op.subtasks:
         if not sub.keyed or not KeyGroupRange(*sub.key_group_range).contains(one):
             continue
+        # once per such checkpoint: the job's next checkpoint records placement 2 (a native
+        # RocksDB snapshot is downloaded to be read, as a heap backend's restore of it would)
+        log.info(
+            "%s records no key group placement: reading the keys of key group %d of operator %r "
+            "to check that they belong there",
+            checkpoint.url,
+            one,
+            operator,
+        )
         restores = keyed_file_restore(checkpoint, list(sub.keyed), KeyGroupRange(one, one))
         try:
             found = _first_misplaced(restores, one, op.max_parallelism)
