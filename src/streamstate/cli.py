@@ -16,6 +16,9 @@ the file and key group of any corruption.
 (with ``--sink``) the parquet sink's later batches, so the restarted query re-runs the Spark
 micro-batch after chk-N's and every later one exactly once
 (:mod:`streamstate.spark.offline.rollback`).
+
+``streamstate checkpoints regroup <source> <target>``: a savepoint of ``source`` with every key
+in the key group this version gives it (the remedy a ``KeyGroupPlacementError`` names).
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ __all__ = ["app", "main"]
 
 app = typer.Typer(help="streamstate: Flink's state layer for PySpark.", no_args_is_help=True)
 checkpoints_app = typer.Typer(
-    help="Inspect, verify and roll back checkpoints.", no_args_is_help=True
+    help="Inspect, verify, roll back and regroup checkpoints.", no_args_is_help=True
 )
 app.add_typer(checkpoints_app, name="checkpoints")
 
@@ -403,6 +406,38 @@ def rollback_command(
     console.print(
         f"[green]rolled back to chk-{to}: restart the query to re-run micro-batch "
         f"{plan.spark_batch + 1}[/]"
+    )
+
+
+@checkpoints_app.command("regroup")
+@_one_line_paragraphs
+def regroup_command(
+    source: Annotated[
+        str, typer.Argument(help="a job directory (its latest checkpoint), a chk-N or savepoint")
+    ],
+    target: Annotated[str, typer.Argument(help="the new savepoint's directory")],
+    operator: Annotated[
+        str, typer.Option(help="the operator (keyed_process's operator_name)")
+    ] = "keyed-process",
+) -> None:
+    """Write a savepoint with every key in the key group this version gives it.
+
+    The remedy for a checkpoint that a Spark job with an INT, SMALLINT or TINYINT key column
+    wrote before key group placement 2 (every key in one key group; its restore is refused with
+    KeyGroupPlacementError). Start the job from the savepoint: initial_state=TARGET and a new
+    checkpoint directory."""
+    from streamstate.checkpoint.rewrite import regroup_savepoint
+
+    console = Console()
+    try:
+        done = regroup_savepoint(source, target, operator=operator)
+    except CheckpointError as exc:
+        console.print(f"[red]{escape(str(exc))}[/]")
+        raise typer.Exit(1) from None
+    console.print(
+        f"[green]savepoint {escape(str(done.url))}: operator {escape(operator)}'s keys in "
+        "their key groups; start the job with initial_state= it and a new checkpoint "
+        "directory[/]"
     )
 
 

@@ -14,6 +14,7 @@ __all__ = [
     "CorruptCheckpointError",
     "InvalidStateNameError",
     "KeyGroupOutOfRangeError",
+    "KeyGroupPlacementError",
     "MaxParallelismMismatchError",
     "NoCurrentKeyError",
     "OutputSchemaError",
@@ -116,6 +117,13 @@ class CorruptCheckpointError(CheckpointError):
 
 class MaxParallelismMismatchError(CheckpointError):
     """A checkpoint was taken with a different max parallelism (number of key groups)."""
+
+
+class KeyGroupPlacementError(CheckpointError):
+    """A checkpoint's keys are not in the key groups this job would look for them in (a Spark
+    job's integer key column of an older key group placement): restoring it would miss their
+    state. The message names the checkpoint, the key column and the remedy
+    (``streamstate checkpoints regroup``)."""
 
 
 class OutputSchemaError(StreamStateError, ValueError):

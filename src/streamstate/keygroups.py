@@ -28,6 +28,8 @@ from streamstate.errors import UnsupportedKeyTypeError
 
 __all__ = [
     "DEFAULT_LOWER_BOUND_MAX_PARALLELISM",
+    "PLACEMENT_PROPERTY",
+    "PLACEMENT_VERSION",
     "UPPER_BOUND_MAX_PARALLELISM",
     "KeyGroupRange",
     "assign_key_groups",
@@ -41,6 +43,7 @@ __all__ = [
     "java_hash",
     "java_hash_column",
     "murmur_hash",
+    "placement_version",
     "register_key_hash",
 ]
 
@@ -51,6 +54,28 @@ _M32 = 0xFFFFFFFF
 _INT_MIN = -(1 << 31)
 _INT64_MIN = -(1 << 63)
 _INT64_MAX = (1 << 63) - 1
+
+
+#: the checkpoint property (``CheckpointMetadata.properties``) that says how the key groups of
+#: the checkpoint's keys were computed
+PLACEMENT_PROPERTY = "key_group_placement"
+#: 2: as :func:`assign_to_key_group` computes them, on every path. 1 (checkpoints without the
+#: property): a Spark job's placement hashed a key column of Spark type INT, SMALLINT or TINYINT
+#: to 0, so every such key is in one key group (``assign_to_key_group(0, max_parallelism)``);
+#: every other key (and every key of a job that did not run on Spark) is where version 2 puts it
+PLACEMENT_VERSION = 2
+
+
+def placement_version(properties: dict[str, Any]) -> int:
+    """The key-group placement a checkpoint's ``properties`` record (1 if none: older files).
+
+    >>> placement_version({})
+    1
+    >>> placement_version({PLACEMENT_PROPERTY: PLACEMENT_VERSION})
+    2
+    """
+    value = properties.get(PLACEMENT_PROPERTY, 1)
+    return value if isinstance(value, int) and not isinstance(value, bool) else 1
 
 
 def _to_int32(u: int) -> int:

@@ -29,7 +29,11 @@ from streamstate.checkpoint.metadata import (
 )
 from streamstate.checkpoint.storage import CheckpointStorage, CompletedCheckpoint, Epoch, now_ms
 from streamstate.errors import CheckpointError, CheckpointFencedError
-from streamstate.keygroups import compute_key_group_range_for_operator_index
+from streamstate.keygroups import (
+    PLACEMENT_PROPERTY,
+    PLACEMENT_VERSION,
+    compute_key_group_range_for_operator_index,
+)
 
 __all__ = ["CheckpointCoordinator"]
 
@@ -118,6 +122,9 @@ class CheckpointCoordinator:
         kind = "checkpoint" if savepoint_directory is None else "savepoint"
         directory = savepoint_directory or self.storage.checkpoint_directory(checkpoint_id)
         properties = dict(properties or {})
+        # every writer computes key groups as assign_to_key_group does; a savepoint rewrite that
+        # carries an older checkpoint's key groups says so itself
+        properties.setdefault(PLACEMENT_PROPERTY, PLACEMENT_VERSION)
         if self.epoch is not None:
             properties.setdefault("run", self.epoch.run)
             properties.setdefault("epoch", self.epoch.number)

@@ -50,11 +50,17 @@ from streamstate.format.keyed_file import KeyedSnapshotWriter
 from streamstate.format.meta import TIMER_STATE_KIND, StateMetaInfo, StateMetaSnapshot
 from streamstate.format.restore import EncodedKeyGroup, RestoredSerializer, expand_namespaces
 from streamstate.format.snapshot import EncodedEntries
-from streamstate.keygroups import KeyGroupRange, assign_to_key_group
+from streamstate.keygroups import (
+    PLACEMENT_PROPERTY,
+    PLACEMENT_VERSION,
+    KeyGroupRange,
+    assign_to_key_group,
+    placement_version,
+)
 from streamstate.serializers import serializer_from_snapshot
 from streamstate.serializers.base import TypeSerializer
 
-__all__ = ["Rekey", "ReplacedState", "rewrite_savepoint"]
+__all__ = ["Rekey", "ReplacedState", "regroup_savepoint", "rewrite_savepoint"]
 
 _ENCODER = msgspec.msgpack.Encoder()
 _RAW_SECTION = msgspec.msgpack.Decoder(
@@ -147,6 +153,10 @@ def rewrite_savepoint(
     try:
         properties = {k: v for k, v in cp.metadata.properties.items() if k in _CARRIED_PROPERTIES}
         properties["rewritten_from"] = cp.url
+        # re-keyed entries are placed anew; carried ones keep the source's key groups
+        properties[PLACEMENT_PROPERTY] = (
+            PLACEMENT_VERSION if rekey is not None else placement_version(cp.metadata.properties)
+        )
         properties["created"] = time.time_ns() // 1_000_000
         return coordinator.commit(
             cp.checkpoint_id,
@@ -157,6 +167,36 @@ def rewrite_savepoint(
         )
     finally:
         coordinator.close()
+
+
+def regroup_savepoint(
+    source: CompletedCheckpoint | str,
+    target: str,
+    *,
+    operator: str = "keyed-process",
+    storage_options: dict[str, Any] | None = None,
+) -> CompletedCheckpoint:
+    """Write a savepoint at ``target`` that holds ``source``'s state with every key of
+    ``operator`` (its states and timers) in the key group ``assign_to_key_group`` gives it: key
+    group placement ``streamstate.keygroups.PLACEMENT_VERSION``.
+
+    The remedy for a checkpoint of placement 1, which a Spark job with a key column of type INT,
+    SMALLINT or TINYINT wrote with every key in one key group (a restore of it is refused:
+    :class:`~streamstate.errors.KeyGroupPlacementError`). Keys, namespaces and values keep their
+    bytes; only the key groups change. Any other checkpoint comes out with the same content.
+    """
+    cp = _completed(source, storage_options)
+    op = cp.metadata.operators.get(operator)
+    if op is None:
+        raise CheckpointError(
+            f"{cp.url} has no state of operator {operator!r} (it has: "
+            f"{sorted(cp.metadata.operators) or 'none'})"
+        )
+    _, key_snapshot = _checkpointed_states(cp, op)
+    same_keys = Rekey(serializer_from_snapshot(key_snapshot), lambda key: key)
+    return rewrite_savepoint(
+        cp, target, operator=operator, rekey=same_keys, storage_options=storage_options
+    )
 
 
 def _completed(source: CompletedCheckpoint | str, options: dict[str, Any] | None) -> Any:

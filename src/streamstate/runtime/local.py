@@ -481,12 +481,14 @@ class LocalRunner:
         ``checkpoint``: None (the latest complete checkpoint of the runner's storage), an id, a
         ``CompletedCheckpoint``, or the path/URL of a checkpoint or savepoint directory.
         """
+        from streamstate.checkpoint.placement import check_placement
         from streamstate.checkpoint.restore import operator_metadata
         from streamstate.checkpoint.storage import resolve_checkpoint
         from streamstate.serializers import serializer_from_snapshot
 
         cp = resolve_checkpoint(checkpoint, self.checkpoint_storage)
         op_meta = operator_metadata(cp, self.operator_name)
+        check_placement(cp, self.operator_name, "this runner")
         if op_meta.max_parallelism != self.max_parallelism:
             if self._explicit_max_parallelism:
                 raise MaxParallelismMismatchError(

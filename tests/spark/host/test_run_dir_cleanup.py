@@ -7,7 +7,12 @@ import fcntl
 import os
 from pathlib import Path
 
-from streamstate.spark.host.run_dir import clean_stale_host_files
+from streamstate.spark.host.run_dir import (
+    SWEEP_EVERY_S,
+    SWEPT_MARK,
+    clean_run_dir,
+    clean_stale_host_files,
+)
 from streamstate.spark.wire.hosts import host_paths
 
 NOW = 1_800_000_000.0
@@ -45,3 +50,22 @@ def test_only_the_files_of_hosts_that_exited_long_ago_go(tmp_path: Path) -> None
     (tmp_path / "secret").write_text("s")
     clean_stale_host_files(str(tmp_path), now=NOW + 30 * DAY)
     assert (tmp_path / "node-id").exists() and (tmp_path / "secret").exists()
+
+
+def test_a_node_is_swept_at_most_once_per_interval(tmp_path: Path) -> None:
+    """Every host start would read every file of the directory (a week of logs: thousands);
+    the first start in an interval sweeps, the others skip it."""
+    logs: list[str] = []
+    first = _host(tmp_path, "a" * 20, age=8 * DAY)
+    clean_run_dir(str(tmp_path), logs.append, now=NOW)
+    assert not os.path.exists(first["lock"]) and len(logs) == 1
+    later = _host(tmp_path, "b" * 20, age=8 * DAY)
+    clean_run_dir(str(tmp_path), logs.append, now=NOW + 60)
+    assert os.path.exists(later["lock"]) and len(logs) == 1  # swept a minute ago
+    clean_run_dir(str(tmp_path), logs.append, now=NOW + SWEEP_EVERY_S)
+    assert not os.path.exists(later["lock"]) and len(logs) == 2
+    # a mark from the future (a clock set back) does not stop the sweeps
+    future = _host(tmp_path, "c" * 20, age=8 * DAY)
+    os.utime(tmp_path / SWEPT_MARK, (NOW + DAY, NOW + DAY))
+    clean_run_dir(str(tmp_path), logs.append, now=NOW + SWEEP_EVERY_S + 1)
+    assert not os.path.exists(future["lock"])

@@ -1,5 +1,6 @@
 """A state host's files in its node's run directory: its lock, its Unix socket, and what hosts
-that exited long ago left behind (:func:`clean_stale_host_files`, run by every host start).
+that exited long ago left behind (:func:`clean_stale_host_files`, run by a host start at most every
+:data:`SWEEP_EVERY_S` seconds per node).
 
 A host (and the host zygote, :mod:`streamstate.spark.host.zygote`) holds the ``flock`` of its
 ``<id>.lock`` for its whole life (:func:`hold_lock`): a second host of the same id exits at
@@ -22,11 +23,14 @@ from streamstate.spark.wire.hosts import host_paths
 __all__ = [
     "KEEP_LOGS_S",
     "STALE_AFTER_S",
+    "SWEEP_EVERY_S",
+    "SWEPT_MARK",
     "SocketFile",
     "clean_run_dir",
     "clean_stale_host_files",
     "hold_lock",
     "listen_unix",
+    "sweep_due",
 ]
 
 
@@ -34,6 +38,10 @@ __all__ = [
 STALE_AFTER_S = 3600.0
 #: ... and its log once this old (it tells what happened to a run, for a while)
 KEEP_LOGS_S = 7 * 86400.0
+#: a node's run directory is swept at most this often (seconds), by the host starting then
+SWEEP_EVERY_S = 600.0
+#: the file whose time says when the run directory was last swept
+SWEPT_MARK = "swept"
 
 
 def clean_stale_host_files(
@@ -53,27 +61,27 @@ def clean_stale_host_files(
 
     now = time.time() if now is None else now
     removed: list[str] = []
+    # one listing with each file's time: a node keeps a week of logs, thousands of files, and a
+    # call per file and kind took seconds of a starting host's CPU
+    mtimes: dict[str, float] = {}
     try:
-        names = os.listdir(directory)
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                if entry.name.endswith((".lock", ".spawn", ".log")):
+                    with contextlib.suppress(OSError):
+                        mtimes[entry.name] = entry.stat(follow_symlinks=False).st_mtime
     except OSError:
         return removed
-    ids = {n.rsplit(".", 1)[0] for n in names if n.endswith((".lock", ".spawn", ".log"))}
+    ids = {n.rsplit(".", 1)[0] for n in mtimes}
     for hid in sorted(ids):
         paths = host_paths(hid, directory)
-        try:
-            newest = max(
-                os.stat(paths[k]).st_mtime
-                for k in ("lock", "spawn", "log")
-                if os.path.exists(paths[k])
-            )
-        except (OSError, ValueError):
-            continue
-        if now - newest < stale_after:
+        times = [mtimes[f"{hid}.{k}"] for k in ("lock", "spawn", "log") if f"{hid}.{k}" in mtimes]
+        if now - max(times) < stale_after:
             continue
         held = []
         try:
             for k in ("spawn", "lock"):
-                if not os.path.exists(paths[k]):
+                if f"{hid}.{k}" not in mtimes:
                     continue
                 f = open(paths[k], "a")  # noqa: SIM115 - closed below
                 try:
@@ -89,7 +97,7 @@ def clean_stale_host_files(
             if os.path.isdir(paths["local"]):
                 shutil.rmtree(paths["local"], ignore_errors=True)
                 removed.append(paths["local"])
-            if os.path.exists(paths["log"]) and now - newest >= keep_logs:
+            if f"{hid}.log" in mtimes and now - max(times) >= keep_logs:
                 os.unlink(paths["log"])
                 removed.append(paths["log"])
         except BlockingIOError:
@@ -137,11 +145,30 @@ def listen_unix(path: str, backlog: int) -> socket.socket:
     return listener
 
 
-def clean_run_dir(directory: str, log: Callable[[str], None]) -> None:
-    """What hosts that exited long ago left in this node's run directory goes (every host
-    start sweeps it: the directory does not grow with every query run); ``log`` says what."""
+def sweep_due(directory: str, now: float | None = None, every: float = SWEEP_EVERY_S) -> bool:
+    """Whether this host start sweeps the run directory: not if another did less than
+    ``every`` seconds ago (the time of the file :data:`SWEPT_MARK`, touched here when a sweep
+    is due). Two hosts starting at once may both sweep, which is harmless."""
+    now = time.time() if now is None else now
+    mark = os.path.join(directory, SWEPT_MARK)
+    with contextlib.suppress(OSError):
+        if 0 <= now - os.stat(mark).st_mtime < every:
+            return False
+    with contextlib.suppress(OSError):
+        with open(mark, "a"):
+            pass
+        os.utime(mark, (now, now))
+    return True
+
+
+def clean_run_dir(directory: str, log: Callable[[str], None], now: float | None = None) -> None:
+    """What hosts that exited long ago left in this node's run directory goes (a host start
+    sweeps it, at most every :data:`SWEEP_EVERY_S` seconds per node: the directory does not
+    grow with every query run, and starting hosts do not all read it); ``log`` says what."""
+    if not sweep_due(directory, now):
+        return
     try:
-        removed = clean_stale_host_files(directory)
+        removed = clean_stale_host_files(directory, now=now)
     except Exception as exc:  # never worth failing a host for
         log(f"cleaning {directory} failed: {exc!r}")
         return

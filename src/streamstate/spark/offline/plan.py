@@ -5,8 +5,10 @@ the checkpoints of the feed (each with the one before it); :meth:`ReadPlan.parti
 read like the job that wrote it: one partition per checkpointed subtask (its key-group range; its
 operator-state file), per checkpoint of a change feed. A filter on ``key`` narrows the read to the
 key groups that can hold the keys (:meth:`ReadPlan.partitions` ``keys``): a partition without any
-of them is dropped, the others read only those key groups. A change feed reads only the key groups
-whose files may differ between the two checkpoints, and drops the partitions without any.
+of them is dropped, the others read only those key groups (not for an int key of a checkpoint of
+key group placement 1, whose keys may all be in one key group: ``streamstate.keygroups``). A
+change feed reads only the key groups whose files may differ between the two checkpoints, and
+drops the partitions without any.
 
 Everything a task needs travels in its :class:`ReadPartition`, one typed message.
 """
@@ -22,7 +24,7 @@ import msgspec
 from streamstate.checkpoint.restore import operator_metadata
 from streamstate.checkpoint.storage import CheckpointStorage, CompletedCheckpoint, open_location
 from streamstate.errors import CheckpointError
-from streamstate.keygroups import assign_to_key_group
+from streamstate.keygroups import PLACEMENT_VERSION, assign_to_key_group, placement_version
 from streamstate.spark.offline.catalog import (
     CheckpointRef,
     KeyedStateRef,
@@ -79,18 +81,29 @@ class ReadPlan(msgspec.Struct, frozen=True):
             op = operator_metadata(cp, self.operator_state.operator)
             return [ReadPartition(subtask=i) for i in range(len(op.subtasks))]
         assert self.keyed is not None
+        keyed = self.keyed
         wanted = None
         if keys is not None:
-            max_p = self.keyed.max_parallelism
-            wanted = sorted({assign_to_key_group(k, max_p) for k in keys})
+            wanted = sorted({assign_to_key_group(k, keyed.max_parallelism) for k in keys})
+
+        def narrowed(*cps: CompletedCheckpoint | None) -> list[int] | None:
+            # int keys of key group placement 1 may all sit in one other key group: read all
+            if keyed.key_serializer.get("type") == "int64" and any(
+                placement_version(cp.metadata.properties) < PLACEMENT_VERSION
+                for cp in cps
+                if cp is not None
+            ):
+                return None
+            return wanted
+
         if not self.feed:
             cp = self.checkpoint.open()
-            return _keyed_partitions(cp, self.keyed.operator, wanted, None)
+            return _keyed_partitions(cp, keyed.operator, narrowed(cp), None)
         out = []
         for step in self.feed:
             cp = step.checkpoint.open()
             previous = None if step.previous is None else step.previous.open()
-            out += _keyed_partitions(cp, self.keyed.operator, wanted, step, previous)
+            out += _keyed_partitions(cp, keyed.operator, narrowed(cp, previous), step, previous)
         return out
 
 

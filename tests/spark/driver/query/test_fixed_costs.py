@@ -111,17 +111,24 @@ def test_integer_key_groups_in_one_select_equal_the_runtimes(spark: Any) -> None
 
 
 @pytest.mark.spark
+@pytest.mark.parametrize(
+    ("dtype", "bits"), [("long", 64), ("int", 32), ("smallint", 16), ("tinyint", 8)]
+)
 def test_integer_key_groups_use_sparks_murmur_and_fall_back_to_sql_steps(
-    spark: Any, monkeypatch: Any
+    spark: Any, monkeypatch: Any, dtype: str, bits: int
 ) -> None:
+    """Every integer column is hashed as a long (``Long.hashCode``), as the runtime hashes a
+    Python int: a narrower column's values too (key group placement 2)."""
     from streamstate.keygroups import assign_key_groups_for_columns
     from streamstate.spark.driver.plan import placement
 
     def analyzed(df: Any) -> str:
         return str(df._jdf.queryExecution().analyzed().toString())
 
-    ks = [0, 1, -1, 2**31, -(2**31), 2**63 - 1, -(2**63), *range(-300, 300, 11)]
-    df = spark.createDataFrame([(k,) for k in ks], "k long")
+    low, high = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+    ks = [0, 1, -1, 2**31, -(2**31), 2**31 - 1, 2**63 - 1, -(2**63), 127, -128, 32767]
+    ks = [k for k in [*ks, *range(-300, 300, 11)] if low <= k <= high]
+    df = spark.createDataFrame([(k,) for k in ks], f"k {dtype}")
     expected = list(assign_key_groups_for_columns([pa.array(ks, pa.int64())], 128))
     placed = placement.with_key_group(df, ["k"], 128)
     # Spark's Murmur3 through reflect: one short projection, not 13 chained steps
@@ -133,7 +140,7 @@ def test_integer_key_groups_use_sparks_murmur_and_fall_back_to_sql_steps(
     # place() of a classic DataFrame: Spark's Murmur3Hash expression (seed 0), code-generated
     # and deterministic, no reflect; the same key groups, partition i holds subtask i's rows,
     # a null key has none
-    nulls = spark.createDataFrame([(k,) for k in ks] + [(None,)], "k long")
+    nulls = spark.createDataFrame([(k,) for k in ks] + [(None,)], f"k {dtype}")
     placed = placement.place(nulls, ["k"], 3, 128)
     plan = analyzed(placed)
     assert "hash(" in plan and "reflect" not in plan and placement.MURMUR3_CLASS not in plan

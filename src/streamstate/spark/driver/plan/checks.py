@@ -10,6 +10,9 @@ raises the error the executor would have raised, naming the column or the state:
   key type of the checkpoint the job restores (a
   :class:`~streamstate.errors.StateMigrationException` naming both types: keys decide key
   groups, so the key type never migrates);
+* a checkpoint whose keys are not where this job looks for them
+  (:class:`~streamstate.errors.KeyGroupPlacementError`, :mod:`streamstate.checkpoint.placement`:
+  an integer key that a Spark job before key group placement 2 put in one key group);
 * every output and side-output column (an ``OutputSchemaError`` for a type Spark cannot pass
   through Arrow, e.g. an interval);
 * the function's states: a copy of the function is opened once on the driver, on an empty heap
@@ -37,6 +40,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from streamstate.checkpoint.placement import check_placement
 from streamstate.errors import OutputSchemaError, StreamStateError
 from streamstate.runtime.undeclared import merge_counts, warn_undeclared_states
 
@@ -78,6 +82,9 @@ def check_before_first_job(options: Any, restored: Any = None) -> None:
         check_output_schema(struct, f"side output {tag!r}")
     input_schema, _ = options.arrow_schemas()
     key_serializer = key_serializer_for(input_schema, options.key_columns)
+    if restored is not None:
+        columns = ", ".join(repr(c) for c in options.key_columns)
+        check_placement(restored, options.operator_name, f"this job (key {columns})")
     declared, key_snapshot = _restored_declarations(options, restored)
     if key_snapshot is not None:
         columns = ", ".join(repr(c) for c in options.key_columns)

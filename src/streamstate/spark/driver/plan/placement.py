@@ -9,21 +9,22 @@ Two ways to compute ``_kg``, both exact and vectorized:
 
 * a single integer or string key: Spark SQL, no Python round trip. A string's Java hash
   (``String.hashCode``, Flink's for a ``String`` key) is ``java.util.Objects.hashCode`` called
-  through ``reflect``; an integer's (``Long.hashCode``) is two SQL operations. Flink's
-  ``MathUtils.murmurHash(code)`` is exactly ``Murmur3_x86_32.hashInt(code, 0)`` of Spark's own
-  ``spark-unsafe`` (the same mix, the same finalization with length 4), which is what Spark's
-  own ``Murmur3Hash`` expression computes for one INT with seed 0. SQL names that expression
-  ``hash`` and fixes its seed at 42, so a classic session builds it with seed 0 in the JVM
-  (:func:`key_group_column_classic`): code-generated and deterministic, where ``reflect`` is
-  interpreted per row (a boxed call, its result as a string parsed back) and makes the shuffle
-  nondeterministic; at 100k rows it halves the time of the placement's stage. The Column is
-  built once per JVM (:mod:`~streamstate.spark.driver.jvm_columns`), so a classic DataFrame is
-  placed in 2 calls into the JVM. A Spark Connect client cannot build a JVM expression: it calls
-  ``hashInt`` through ``reflect`` (:func:`key_group_sql_reflect`), one short expression in one
-  projection, as does a classic session where the expression cannot be built. If ``reflect``
-  cannot find the class (a Spark without it), the pure-SQL steps (:func:`key_group_sql_steps`)
-  are used, which Spark analyzes in 0.2-0.4 s of driver time per micro-batch (the analyzer
-  resolving 13 chained lateral aliases):
+  through ``reflect``; an integer's (``Long.hashCode`` of the value as a BIGINT, whatever the
+  column's width) is two SQL operations. Flink's ``MathUtils.murmurHash(code)`` is exactly
+  ``Murmur3_x86_32.hashInt(code, 0)`` of Spark's own ``spark-unsafe`` (the same mix, the same
+  finalization with length 4), which is what Spark's own ``Murmur3Hash`` expression computes for
+  one INT with seed 0. SQL names that expression ``hash`` and fixes its seed at 42, so a classic
+  session builds it with seed 0 in the JVM (:func:`key_group_column_classic`): code-generated and
+  deterministic, where ``reflect`` is interpreted per row (a boxed call, its result as a string
+  parsed back) and makes the shuffle nondeterministic; at 100k rows it halves the time of the
+  placement's stage. The Column is built once per JVM
+  (:mod:`~streamstate.spark.driver.jvm_columns`), so a classic DataFrame is placed in 2 calls into
+  the JVM. A Spark Connect client cannot build a JVM expression: it calls ``hashInt`` through
+  ``reflect`` (:func:`key_group_sql_reflect`), one short expression in one projection, as does a
+  classic session where the expression cannot be built. If ``reflect`` cannot find the class (a
+  Spark without it), the pure-SQL steps (:func:`key_group_sql_steps`) are used, which Spark
+  analyzes in 0.2-0.4 s of driver time per micro-batch (the analyzer resolving 13 chained lateral
+  aliases):
   Every intermediate value is an unsigned 32-bit number held in a BIGINT and every 32x32-bit
   multiplication is split into 16-bit halves, so nothing overflows even with
   ``spark.sql.ansi.enabled=true``. Each step is its own lateral column alias: reusing a Column
@@ -79,13 +80,16 @@ def key_group_sql_steps(column: str, max_parallelism: int) -> list[str]:
 
     >>> steps = key_group_sql_steps("k", 128)
     >>> steps[0]
-    '((`k` ^ shiftrightunsigned(`k`, 32)) & 4294967295)'
+    '((CAST(`k` AS BIGINT) ^ shiftrightunsigned(CAST(`k` AS BIGINT), 32)) & 4294967295)'
     >>> steps[-1]
     'CAST(_h % 128 AS INT)'
     """
-    k = f"`{column}`"
+    # Long.hashCode of the value as a 64-bit integer, whatever the column's width: the Python
+    # runtime hashes every int as a long (SPEC §3). Without the cast, a shift of an INT,
+    # SMALLINT or TINYINT by 32 is a shift by 0 (Java masks the distance), the hash is 0 and
+    # every key lands in one key group (key group placement 1: streamstate.checkpoint.placement)
+    k = f"CAST(`{column}` AS BIGINT)"
     return [
-        # Long.hashCode on the value as a 64-bit integer
         f"(({k} ^ shiftrightunsigned({k}, 32)) & {_M32})",
         _mul32("_h", 0xCC9E2D51),
         _rotl32("_h", 15),
