@@ -747,7 +747,11 @@ class CopyOnWriteStateMap(StateMap):
     def _add_entry(
         self, tab: Table, index: int, key: Any, namespace: Any, state: Any
     ) -> StateMapEntry:
-        """Insert a new entry at the head of ``tab[index]`` (head insertion never copies)."""
+        """Insert a new entry at the head of ``tab[index]`` (head insertion never copies).
+
+        The compiled value state (``_value_state.c``, ``insert_entry``) makes the same insert
+        when neither branch below is taken: a change here is a change there too.
+        """
         if key is None or namespace is None:
             raise _none_error(key, namespace)
         if self._shared:
@@ -912,7 +916,12 @@ class CopyOnWriteStateMap(StateMap):
         self._spare_mark = size + max(1, inserts_left // (chunks_left + 1))
 
     def _incremental_rehash(self) -> None:
-        """Move at least ``MIN_TRANSFERRED_PER_INCREMENTAL_REHASH`` entries, whole buckets only."""
+        """Move at least ``MIN_TRANSFERRED_PER_INCREMENTAL_REHASH`` entries, whole buckets only.
+
+        The compiled value state (``_value_state.c``, ``rehash_step``) takes the same step when
+        the map is not shared with a snapshot and the step does not finish: a change here is a
+        change there too.
+        """
         self._hit_key = _NO_HIT
         self._hit = None
         if self._shared:
