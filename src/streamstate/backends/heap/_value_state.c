@@ -87,6 +87,10 @@ enum { PLAIN_MAP, TRACKING_MAP, READ_TRACKING_MAP };
 
 #define SLOT(obj, offset) (*(PyObject **)((char *)(obj) + (offset)))
 
+/* The helpers of the per-call path are forced inline (Py_ALWAYS_INLINE): called from both
+   methods, the compiler would otherwise keep them as calls, a few ns on every value() and
+   update() of a key the map holds. */
+
 /* the fallback: the Python method called as it would have been */
 static PyObject *
 call_fallback(FastMethod *m, PyObject *const *args, size_t nargs)
@@ -160,7 +164,7 @@ small_int(PyObject *obj, int *ok)
 }
 
 /* a < b for two ints (versions); -1 on anything that is not a machine-sized int */
-static int
+static inline Py_ALWAYS_INLINE int
 version_less(PyObject *a, PyObject *b)
 {
     int ok_a, ok_b;
@@ -183,7 +187,7 @@ version_less(PyObject *a, PyObject *b)
 /* The current key's map, key and namespace, or 0 when the fast path does not apply; *tracking
    says whether the map records changes (PLAIN_MAP, TRACKING_MAP, READ_TRACKING_MAP),
    *rehashing whether an incremental rehash is in progress. */
-static int
+static inline Py_ALWAYS_INLINE int
 locate(FastMethod *m, PyObject *self, PyObject **map, PyObject **key, PyObject **ns,
        int *tracking, int *rehashing)
 {
@@ -256,7 +260,7 @@ swap_slot(PyObject *obj, Py_ssize_t offset, PyObject *value)
 }
 
 /* the value of an int slot that fits a Py_ssize_t; 0 when it holds anything else */
-static int
+static inline Py_ALWAYS_INLINE int
 ssize_slot(PyObject *obj, Py_ssize_t offset, Py_ssize_t *out)
 {
     PyObject *v = SLOT(obj, offset);
@@ -281,7 +285,7 @@ ssize_slot(PyObject *obj, Py_ssize_t offset, Py_ssize_t *out)
 
 /* the hash of a namespace: the last one's is kept (the void namespace is a msgspec Struct whose
    hash is computed anew on every call; a namespace's hash never changes: it is a dict key) */
-static int
+static inline Py_ALWAYS_INLINE int
 namespace_hash(FastMethod *m, PyObject *ns, Py_hash_t *out)
 {
     if (ns != m->last_ns) {
@@ -298,7 +302,7 @@ namespace_hash(FastMethod *m, PyObject *ns, Py_hash_t *out)
 }
 
 /* hash((key, ns)), the map's hash */
-static int
+static inline Py_ALWAYS_INLINE int
 map_hash(FastMethod *m, PyObject *key, PyObject *ns, Py_hash_t *out)
 {
     Py_hash_t hk = PyObject_Hash(key);
@@ -462,7 +466,7 @@ done:
 /* The table and bucket of hash h: the primary table's unless a rehash has moved that bucket
    (CopyOnWriteStateMap._select_active_table, after its step). 0 when the map does not look
    as expected. */
-static int
+static inline Py_ALWAYS_INLINE int
 select_bucket(FastMethod *m, PyObject *map, Py_hash_t h, int rehashing, PyObject **tab,
               Py_ssize_t *index)
 {
@@ -501,7 +505,7 @@ select_bucket(FastMethod *m, PyObject *map, Py_hash_t h, int rehashing, PyObject
 /* The entry of (key, ns) in bucket `index` of `tab` into *found (a new reference), or NULL:
    0, or 1 when the chain holds an object that is not a compiled entry (the fallback), or -1 on
    an error (a key's __eq__). */
-static int
+static inline Py_ALWAYS_INLINE int
 find_entry(FastMethod *m, PyObject *tab, Py_ssize_t index, PyObject *key, PyObject *ns,
            PyObject **found)
 {
@@ -619,7 +623,7 @@ record_change(FastMethod *m, PyObject *map, PyObject *key, PyObject *state)
 }
 
 /* the map's last hit: the entry found for these very key and namespace objects */
-static void
+static inline Py_ALWAYS_INLINE void
 remember_hit(FastMethod *m, PyObject *map, PyObject *entry, PyObject *key, PyObject *ns)
 {
     set_slot(map, m->m_hit, entry);
@@ -715,7 +719,7 @@ write_entry(Entry *entry, PyObject *value, PyObject *version)
 
 /* update(v) through the map's last hit (get's entry for these very key and namespace objects,
    no rehash running): 1 = written, 0 = take the fallback, -1 = error */
-static int
+static inline Py_ALWAYS_INLINE int
 update_hit(FastMethod *m, PyObject *map, PyObject *key, PyObject *value, int tracking)
 {
     PyObject *hit = SLOT(map, m->m_hit);
