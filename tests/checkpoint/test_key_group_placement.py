@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from typer.testing import CliRunner
 
@@ -250,3 +251,25 @@ def test_a_native_rocksdb_checkpoint_of_placement_1_is_read_and_accepted(tmp_pat
     restored.restore(legacy)
     assert len(restored.run([(mine[0], 5)], final_watermark=False)) == 1
     restored.close()
+
+
+def test_a_rewrite_keeps_the_older_placement_of_another_operators_keys(
+    legacy: tuple[Any, Path], tmp_path: Path
+) -> None:
+    """Re-keying one operator places its keys anew; another operator's keyed state is carried
+    with its key groups, so the savepoint keeps the source's placement."""
+    _, old = legacy
+    path = old / "_metadata"
+    meta = decode_metadata(path.read_bytes(), str(path))
+    op = meta.operators["keyed-process"]
+    meta.operators["other"] = msgspec.structs.replace(
+        op,
+        name="other",
+        subtasks=[msgspec.structs.replace(s, operator="other") for s in op.subtasks],
+    )
+    path.write_bytes(encode_metadata(meta))
+    new = regroup_savepoint(str(old), str(tmp_path / "new"))
+    assert placement_version(new.metadata.properties) == 1
+    assert misplaced_key(new, "keyed-process") is None
+    found = misplaced_key(new, "other")
+    assert found is not None and found.stored == ONE

@@ -153,9 +153,15 @@ def rewrite_savepoint(
     try:
         properties = {k: v for k, v in cp.metadata.properties.items() if k in _CARRIED_PROPERTIES}
         properties["rewritten_from"] = cp.url
-        # re-keyed entries are placed anew; carried ones keep the source's key groups
+        # re-keyed entries are placed anew; carried ones keep the source's key groups (another
+        # operator's keyed state too)
+        others_keyed = any(
+            s.keyed for name, m in operators.items() if name != operator for s in m.subtasks
+        )
         properties[PLACEMENT_PROPERTY] = (
-            PLACEMENT_VERSION if rekey is not None else placement_version(cp.metadata.properties)
+            PLACEMENT_VERSION
+            if rekey is not None and not others_keyed
+            else placement_version(cp.metadata.properties)
         )
         properties["created"] = time.time_ns() // 1_000_000
         return coordinator.commit(
