@@ -613,3 +613,69 @@ def test_compaction_of_the_change_records_under_the_compiled_path() -> None:
     assert results[0] == results[1]
     n = 1 + sum(i % 10 for i in range(12000) if i % 3 == 0 and i % 20)
     assert results[0][0][:2] == (0, n)
+
+
+@needs_compiled
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    sizes=st.lists(st.integers(200, 450), min_size=2, max_size=4),
+    snapshot_during=st.integers(0, 3),
+    again=st.lists(st.integers(0, 2000), max_size=30),
+)
+def test_new_keys_through_doublings_restore_the_same_on_both_paths(
+    sizes: list[int], snapshot_during: int, again: list[int]
+) -> None:
+    """Batches of first touches in two key groups, so that each map grows through several
+    doublings and incremental rehashes (the compiled value state inserts and moves entries
+    itself), with keys seen before read and written in between and a full snapshot held open
+    during one batch (its maps shared: the first write copies the arrays, later inserts go on
+    under it). An incremental checkpoint after each batch, restored into a fresh runner: the
+    same outputs and the same state on both paths."""
+
+    def run(compiled: bool) -> list[Any]:
+        seen: list[Any] = []
+        with record_path(compiled), tempfile.TemporaryDirectory() as tmp:
+            runner = LocalRunner(
+                Registers(),
+                key_selector=lambda r: r[0],
+                key_type=int,
+                max_parallelism=2,
+                incremental_checkpoints=IncrementalPolicy(max_delta_ratio=1e9),
+                checkpoint_storage=tmp,
+            )
+            try:
+                runner.run([(0, "add", 1)])
+                runner.checkpoint()  # the full snapshot the deltas build on
+                first = 1
+                for i, n in enumerate(sizes):
+                    fresh = [
+                        (k, "add" if k % 3 else "append", k % 7) for k in range(first, first + n)
+                    ]
+                    first += n
+                    old = [(k % first, "add" if k % 2 else "append", 1) for k in again]
+                    snapshot = None
+                    if i == snapshot_during:
+                        snapshot = runner.subtasks[0].keyed_backend.snapshot(i + 100)
+                    seen.append(runner.run(fresh + old))
+                    if snapshot is not None:
+                        snapshot.release()
+                    runner.checkpoint()
+                backend = runner.subtasks[0].keyed_backend
+                maps = backend.state_table("n").maps[:-1]
+                seen.append([(m.capacity, m.is_rehashing, m.rehash_index) for m in maps])
+                restored = LocalRunner(
+                    Registers(), key_selector=lambda r: r[0], key_type=int, max_parallelism=2
+                )
+                try:
+                    restored.restore(runner.checkpoint_storage.latest_checkpoint())
+                    seen.append(restored.run([(k, "read", 0) for k in range(first)]))
+                finally:
+                    restored.close()
+            finally:
+                runner.close()
+        return seen
+
+    compiled = run(True)
+    assert compiled == run(False)
+    grown = [capacity >= 256 or rehashing for capacity, rehashing, _ in compiled[-2]]
+    assert all(grown), "the maps did not grow through doublings"
