@@ -540,6 +540,31 @@ find_entry(FastMethod *m, PyObject *tab, Py_ssize_t index, PyObject *key, PyObje
     return 0;
 }
 
+/* get's and put's lookup: while a rehash runs its step first (rehash_step), then the entry of
+   (key, ns) in the bucket of hash h. 1 = looked up (*tab and *found, if not NULL, are new
+   references), 0 = take the fallback, -1 = error. */
+static inline Py_ALWAYS_INLINE int
+lookup(FastMethod *m, PyObject *map, Py_hash_t h, int rehashing, PyObject *key, PyObject *ns,
+       PyObject **tab, Py_ssize_t *index, PyObject **found)
+{
+    *tab = NULL;
+    *found = NULL;
+    if (rehashing) {
+        int stepped = rehash_step(m, map);
+        if (stepped <= 0) {
+            return stepped;
+        }
+    }
+    PyObject *t;
+    if (!select_bucket(m, map, h, rehashing, &t, index)) {
+        return 0;
+    }
+    Py_INCREF(t);
+    *tab = t;
+    int rc = find_entry(m, t, *index, key, ns, found);
+    return rc == 0 ? 1 : rc < 0 ? -1 : 0;
+}
+
 /* CopyOnWriteStateMap._add_entry's plain case (can_insert holds): a new entry at the head of
    tab[index], in the map's current version, the namespace object canonicalised as
    _add_entry does, the modification count and the size of tab's side incremented. 1, or 0 when
@@ -651,22 +676,13 @@ fast_value(FastMethod *m, PyObject *self, PyObject **out)
     /* the walk may run a key's __eq__: hold what it looks at */
     Py_INCREF(key);
     Py_INCREF(ns);
-    PyObject *e = NULL, *tab = NULL;
+    PyObject *e, *tab;
     Py_ssize_t index;
-    int result = 0;
-    if (rehashing && (result = rehash_step(m, map)) <= 0) {
+    int result = lookup(m, map, h, rehashing, key, ns, &tab, &index, &e);
+    if (result <= 0) {
         goto done;
     }
     result = 0;
-    if (!select_bucket(m, map, h, rehashing, &tab, &index)) {
-        goto done;
-    }
-    Py_INCREF(tab);
-    int rc = find_entry(m, tab, index, key, ns, &e);
-    if (rc != 0) {
-        result = rc < 0 ? -1 : 0;
-        goto done;
-    }
     if (e != NULL) {
         Entry *entry = (Entry *)e;
         PyObject *required = SLOT(map, m->m_required);
@@ -779,22 +795,13 @@ fast_update(FastMethod *m, PyObject *self, PyObject *value)
     }
     Py_INCREF(key);
     Py_INCREF(ns);
-    PyObject *e = NULL, *tab = NULL, *mod_count = NULL;
+    PyObject *e, *tab, *mod_count = NULL;
     Py_ssize_t index;
-    int result = 0;
-    if (rehashing && (result = rehash_step(m, map)) <= 0) {
+    int result = lookup(m, map, h, rehashing, key, ns, &tab, &index, &e);
+    if (result <= 0) {
         goto done;
     }
     result = 0;
-    if (!select_bucket(m, map, h, rehashing, &tab, &index)) {
-        goto done;
-    }
-    Py_INCREF(tab);
-    int rc = find_entry(m, tab, index, key, ns, &e);
-    if (rc != 0) {
-        result = rc < 0 ? -1 : 0;
-        goto done;
-    }
     PyObject *required = SLOT(map, m->m_required);
     mod_count = SLOT(map, m->m_mod_count);
     if (required == NULL || mod_count == NULL) {
