@@ -5,8 +5,8 @@ the checkpoints of the feed (each with the one before it); :meth:`ReadPlan.parti
 read like the job that wrote it: one partition per checkpointed subtask (its key-group range; its
 operator-state file), per checkpoint of a change feed. A filter on ``key`` narrows the read to the
 key groups that can hold the keys (:meth:`ReadPlan.partitions` ``keys``): a partition without any
-of them is dropped, the others read only those key groups (not for an int key of a checkpoint of
-key group placement 1, whose keys may all be in one key group: ``streamstate.keygroups``). A
+of them is dropped, the others read only those key groups (not when a Spark job of key group
+placement 1 put all its int keys in one key group: ``streamstate.checkpoint.placement``). A
 change feed reads only the key groups whose files may differ between the two checkpoints, and
 drops the partitions without any.
 
@@ -21,10 +21,11 @@ from typing import Any
 
 import msgspec
 
+from streamstate.checkpoint.placement import misplaced_key
 from streamstate.checkpoint.restore import operator_metadata
 from streamstate.checkpoint.storage import CheckpointStorage, CompletedCheckpoint, open_location
 from streamstate.errors import CheckpointError
-from streamstate.keygroups import PLACEMENT_VERSION, assign_to_key_group, placement_version
+from streamstate.keygroups import assign_to_key_group
 from streamstate.spark.offline.catalog import (
     CheckpointRef,
     KeyedStateRef,
@@ -86,14 +87,19 @@ class ReadPlan(msgspec.Struct, frozen=True):
         if keys is not None:
             wanted = sorted({assign_to_key_group(k, keyed.max_parallelism) for k in keys})
 
+        misplaced: dict[str, bool] = {}
+
         def narrowed(*cps: CompletedCheckpoint | None) -> list[int] | None:
-            # int keys of key group placement 1 may all sit in one other key group: read all
-            if keyed.key_serializer.get("type") == "int64" and any(
-                placement_version(cp.metadata.properties) < PLACEMENT_VERSION
-                for cp in cps
-                if cp is not None
-            ):
-                return None
+            # int keys that a Spark job of key group placement 1 put all in one key group:
+            # read every key group (misplaced_key reads at most a few keys of one, once)
+            for cp in cps:
+                if cp is None or wanted is None:
+                    continue
+                url = str(cp.url)
+                if url not in misplaced:
+                    misplaced[url] = misplaced_key(cp, keyed.operator) is not None
+                if misplaced[url]:
+                    return None
             return wanted
 
         if not self.feed:
