@@ -1106,3 +1106,19 @@ def test_put_after_get_still_advances_the_rehash() -> None:
     assert m.rehash_index > after_get
     assert m.get(key, NS) == 7
     check_structure(m)
+
+
+def test_a_key_is_found_by_identity_as_a_dict_finds_it() -> None:
+    """A key object that is not equal to itself (a float NaN) is found by identity, as a dict
+    (and the compiled value state) finds it: every access of it reaches its one entry."""
+    nan = float("nan")
+    m = CopyOnWriteStateMap()
+    m.put(nan, "ns", 1)
+    assert m.get(nan, "ns") == 1 and m.contains(nan, "ns")
+    m.put(nan, "ns", 2)
+    assert len(m) == 1 and m.get(nan, "ns") == 2
+    assert m.put_and_get_old(nan, "ns", 3) == 2
+    m.transform(nan, "ns", 4, lambda old, value: old + value)
+    assert m.get(nan, "ns") == 7
+    m.remove(nan, "ns")
+    assert len(m) == 0 and m.get(nan, "ns") is None

@@ -387,7 +387,9 @@ class CopyOnWriteStateMap(StateMap):
             index = h & (len(tab) - 1)
         e = tab[index]
         while e is not None:
-            if e.key == key and (e.namespace is namespace or e.namespace == namespace):
+            if (e.key is key or e.key == key) and (
+                e.namespace is namespace or e.namespace == namespace
+            ):
                 if e.state_version < self._required:
                     return self._get_shared(tab, index, e)
                 self._hit = e
@@ -413,7 +415,9 @@ class CopyOnWriteStateMap(StateMap):
             tab = self._select_active_table(h)
             e = tab[h & (len(tab) - 1)]
         while e is not None:
-            if e.key == key and (e.namespace is namespace or e.namespace == namespace):
+            if (e.key is key or e.key == key) and (
+                e.namespace is namespace or e.namespace == namespace
+            ):
                 return True
             e = e.next
         if key is None or namespace is None:
@@ -447,7 +451,9 @@ class CopyOnWriteStateMap(StateMap):
             index = h & (len(tab) - 1)
         e = tab[index]
         while e is not None:
-            if e.key == key and (e.namespace is namespace or e.namespace == namespace):
+            if (e.key is key or e.key == key) and (
+                e.namespace is namespace or e.namespace == namespace
+            ):
                 if e.entry_version < self._required:
                     e = self._copy_chain_until(tab, index, e)
                 e.state = state
@@ -737,7 +743,9 @@ class CopyOnWriteStateMap(StateMap):
             index = h & (len(tab) - 1)
         e = tab[index]
         while e is not None:
-            if e.key == key and (e.namespace is namespace or e.namespace == namespace):
+            if (e.key is key or e.key == key) and (
+                e.namespace is namespace or e.namespace == namespace
+            ):
                 if e.entry_version < self._required:
                     e = self._copy_chain_until(tab, index, e)
                 return e
@@ -798,7 +806,9 @@ class CopyOnWriteStateMap(StateMap):
         e = tab[index]
         prev = None
         while e is not None:
-            if e.key == key and (e.namespace is namespace or e.namespace == namespace):
+            if (e.key is key or e.key == key) and (
+                e.namespace is namespace or e.namespace == namespace
+            ):
                 in_primary = tab is self._primary  # before an unshare replaces the tables
                 if prev is None:
                     if self._shared:
