@@ -31,13 +31,29 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
             item.add_marker(pytest.mark.spark)
 
 
+def _process_state() -> str:
+    """This process's standard descriptors, its number of open descriptors and its directory."""
+    parts = []
+    for fd in (0, 1, 2):
+        try:
+            parts.append(f"fd {fd} -> {os.readlink(f'/proc/self/fd/{fd}')}")
+        except OSError as exc:
+            parts.append(f"fd {fd}: {exc.strerror}")
+    try:
+        parts.append(f"{len(os.listdir('/proc/self/fd'))} open descriptors")
+        parts.append(f"cwd {os.getcwd()}")
+    except OSError as exc:
+        parts.append(f"cwd: {exc.strerror}")
+    return "; ".join(parts)
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     pyspark_sql = pytest.importorskip("pyspark.sql")
     builder = pyspark_sql.SparkSession.builder
     for key, value in spark_java_conf().items():
         builder = builder.config(key, value)
-    session = (
+    builder = (
         builder.master("local[2,3]")
         .appName("streamstate-tests")
         .config("spark.ui.enabled", "false")
@@ -46,8 +62,14 @@ def spark() -> Iterator[Any]:
         .config("spark.default.parallelism", "2")
         .config("spark.sql.streaming.minBatchesToRetain", "3")
         .config("spark.driver.memory", "1g")
-        .getOrCreate()
     )
+    try:
+        session = builder.getOrCreate()
+    except Exception as exc:
+        # seen once in a full run: the JVM exited without a word in one pytest worker, and the
+        # Spark Connect client of the same worker reported a bad file descriptor; say what this
+        # process's descriptors and directory were, for the next time
+        raise RuntimeError(f"the local Spark session did not start: {_process_state()}") from exc
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
