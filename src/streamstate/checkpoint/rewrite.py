@@ -37,7 +37,7 @@ import msgspec
 
 from streamstate.checkpoint.coordinator import CheckpointCoordinator
 from streamstate.checkpoint.metadata import OperatorMetadata, StateFileHandle, SubtaskStateHandle
-from streamstate.checkpoint.restore import keyed_file_restore
+from streamstate.checkpoint.restore import keyed_file_restore, operator_metadata
 from streamstate.checkpoint.storage import (
     CompletedCheckpoint,
     FileSystemCheckpointStorage,
@@ -132,12 +132,7 @@ def rewrite_savepoint(
     state that is not there, a name used twice, or two keys the mapping sends to one.
     """
     cp = _completed(source, storage_options)
-    op = cp.metadata.operators.get(operator)
-    if op is None:
-        raise CheckpointError(
-            f"{cp.url} has no state of operator {operator!r} (it has: "
-            f"{sorted(cp.metadata.operators) or 'none'})"
-        )
+    op = operator_metadata(cp, operator)
     storage, directory = _target(target, storage_options)
     plan = _Plan.of(cp, op, dict(replace or {}), dict(rename or {}), set(drop), rekey)
     operators: dict[str, OperatorMetadata] = {}
@@ -192,13 +187,9 @@ def regroup_savepoint(
     bytes; only the key groups change. Any other checkpoint comes out with the same content.
     """
     cp = _completed(source, storage_options)
-    op = cp.metadata.operators.get(operator)
-    if op is None:
-        raise CheckpointError(
-            f"{cp.url} has no state of operator {operator!r} (it has: "
-            f"{sorted(cp.metadata.operators) or 'none'})"
-        )
-    _, key_snapshot = _checkpointed_states(cp, op)
+    op = operator_metadata(cp, operator)
+    # the metadata names the key type; only a checkpoint older than that reads a file's header
+    key_snapshot = op.key_serializer or _checkpointed_states(cp, op)[1]
     same_keys = Rekey(serializer_from_snapshot(key_snapshot), lambda key: key)
     return rewrite_savepoint(
         cp, target, operator=operator, rekey=same_keys, storage_options=storage_options

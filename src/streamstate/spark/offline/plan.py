@@ -87,18 +87,17 @@ class ReadPlan(msgspec.Struct, frozen=True):
         if keys is not None:
             wanted = sorted({assign_to_key_group(k, keyed.max_parallelism) for k in keys})
 
-        misplaced: dict[str, bool] = {}
+        misplaced: dict[str, bool] = {}  # per checkpoint: a feed names each one twice
 
         def narrowed(*cps: CompletedCheckpoint | None) -> list[int] | None:
             # int keys that a Spark job of key group placement 1 put all in one key group:
-            # read every key group (misplaced_key reads at most a few keys of one, once)
-            for cp in cps:
-                if cp is None or wanted is None:
-                    continue
-                url = str(cp.url)
-                if url not in misplaced:
-                    misplaced[url] = misplaced_key(cp, keyed.operator) is not None
-                if misplaced[url]:
+            # read every key group (misplaced_key reads at most a few keys of one)
+            if wanted is None:
+                return None
+            for cp in filter(None, cps):
+                if cp.url not in misplaced:
+                    misplaced[cp.url] = misplaced_key(cp, keyed.operator) is not None
+                if misplaced[cp.url]:
                     return None
             return wanted
 

@@ -82,12 +82,11 @@ def check_before_first_job(options: Any, restored: Any = None) -> None:
         check_output_schema(struct, f"side output {tag!r}")
     input_schema, _ = options.arrow_schemas()
     key_serializer = key_serializer_for(input_schema, options.key_columns)
+    columns = ", ".join(repr(c) for c in options.key_columns)
     if restored is not None:
-        columns = ", ".join(repr(c) for c in options.key_columns)
         check_placement(restored, options.operator_name, f"this job (key {columns})")
     declared, key_snapshot = _restored_declarations(options, restored)
     if key_snapshot is not None:
-        columns = ", ".join(repr(c) for c in options.key_columns)
         check_key_type(
             key_snapshot,
             key_serializer,
