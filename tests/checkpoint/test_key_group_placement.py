@@ -15,21 +15,18 @@ import pytest
 from typer.testing import CliRunner
 
 from streamstate import KeyedProcessFunction, KeyGroupPlacementError, ValueStateDescriptor
-from streamstate.checkpoint import rewrite as rewrite_module
 from streamstate.checkpoint.metadata import decode_metadata, encode_metadata
 from streamstate.checkpoint.placement import SAMPLE, MisplacedKey, check_placement, misplaced_key
-from streamstate.checkpoint.rewrite import Rekey, regroup_savepoint, rewrite_savepoint
+from streamstate.checkpoint.rewrite import regroup_savepoint, rewrite_savepoint
 from streamstate.checkpoint.storage import FileSystemCheckpointStorage, open_location
 from streamstate.cli import app
 from streamstate.keygroups import (
-    PLACEMENT_PROPERTY,
     PLACEMENT_VERSION,
     assign_to_key_group,
     placement_version,
 )
 from streamstate.runtime.local import LocalRunner
-from streamstate.serializers import Int64Serializer
-from support.checkpoint import runner_content
+from support.checkpoint import placement_1_savepoint, runner_content, strip_key_group_placement
 
 MAX_P = 128
 #: where placement 1 put every key of a 32-bit integer column (its hash was 0)
@@ -68,15 +65,8 @@ def _records(start: int, rounds: int) -> list[tuple[int, int]]:
     return [(k, start + i) for i in range(rounds) for k in KEYS]
 
 
-def _strip_placement(directory: Path) -> None:
-    path = directory / "_metadata"
-    meta = decode_metadata(path.read_bytes(), str(path))
-    meta.properties.pop(PLACEMENT_PROPERTY)
-    path.write_bytes(encode_metadata(meta))
-
-
 @pytest.fixture
-def legacy(tmp_path: Path, monkeypatch: Any) -> tuple[Any, Path]:
+def legacy(tmp_path: Path) -> tuple[Any, Path]:
     """A checkpoint of placement 1 as a Spark job with an INT key column wrote it (every key and
     timer in key group ``ONE``), and the runner's checkpoint it holds the content of."""
     storage = FileSystemCheckpointStorage(str(tmp_path / "job"), durable=False)
@@ -85,12 +75,7 @@ def legacy(tmp_path: Path, monkeypatch: Any) -> tuple[Any, Path]:
     checkpoint = runner.checkpoint()
     runner.close()
     assert placement_version(checkpoint.metadata.properties) == PLACEMENT_VERSION
-    monkeypatch.setattr(rewrite_module, "assign_to_key_group", lambda key, max_p: ONE)
-    rewrite_savepoint(
-        checkpoint, str(tmp_path / "legacy"), rekey=Rekey(Int64Serializer(), lambda k: k)
-    )
-    monkeypatch.undo()
-    _strip_placement(tmp_path / "legacy")
+    placement_1_savepoint(checkpoint, tmp_path / "legacy")
     return checkpoint, tmp_path / "legacy"
 
 
@@ -177,7 +162,7 @@ def test_a_restore_of_misplaced_keys_is_refused_naming_a_key_and_the_remedy(
     assert misplaced_key(new, "keyed-process") is None
     assert misplaced_key(checkpoint, "keyed-process") is None
     rewrite_savepoint(checkpoint, str(tmp_path / "placed"))
-    _strip_placement(tmp_path / "placed")
+    strip_key_group_placement(tmp_path / "placed")
     placed = _load(tmp_path / "placed")
     assert placement_version(placed.metadata.properties) == 1
     assert misplaced_key(placed, "keyed-process") is None
@@ -188,9 +173,7 @@ def test_a_restore_of_misplaced_keys_is_refused_naming_a_key_and_the_remedy(
     assert misplaced_key(cp, "another") is None
 
 
-def test_the_one_key_group_is_read_until_a_key_belongs_elsewhere(
-    tmp_path: Path, monkeypatch: Any
-) -> None:
+def test_the_one_key_group_is_read_until_a_key_belongs_elsewhere(tmp_path: Path) -> None:
     """A placement-1 checkpoint whose one key group holds many keys that belong there (more
     than ``SAMPLE``) is accepted; a few of them and a key that belongs elsewhere are refused."""
     mine = [k for k in range(20_000) if assign_to_key_group(k, MAX_P) == ONE][: SAMPLE + 5]
@@ -204,16 +187,7 @@ def test_the_one_key_group_is_read_until_a_key_belongs_elsewhere(
         checkpoint = runner.checkpoint()
         runner.close()
         # the stray key joins the one key group, as placement 1 put every INT key there
-        monkeypatch.setattr(
-            rewrite_module,
-            "assign_to_key_group",
-            lambda key, max_p: ONE if key == stray else assign_to_key_group(key, max_p),
-        )
-        rewrite_savepoint(
-            checkpoint, str(tmp_path / f"{name}-sp"), rekey=Rekey(Int64Serializer(), int)
-        )
-        monkeypatch.undo()
-        _strip_placement(tmp_path / f"{name}-sp")
+        placement_1_savepoint(checkpoint, tmp_path / f"{name}-sp", lambda key: key == stray)
         return _load(tmp_path / f"{name}-sp")
 
     assert misplaced_key(placement_1(mine, "own"), "keyed-process") is None
@@ -243,7 +217,7 @@ def test_a_native_rocksdb_checkpoint_of_placement_1_is_read_and_accepted(tmp_pat
         f.kind for s in checkpoint.metadata.operators["keyed-process"].subtasks for f in s.keyed
     }
     assert not kinds & {"full", "delta"}  # native files, no canonical ones
-    _strip_placement(Path(checkpoint.storage.url.removeprefix("file://")) / checkpoint.directory)
+    strip_key_group_placement(tmp_path / "job" / "job")  # the job directory: its latest
     legacy = storage.load(checkpoint.checkpoint_id)
     assert placement_version(legacy.metadata.properties) == 1
     assert misplaced_key(legacy, "keyed-process") is None

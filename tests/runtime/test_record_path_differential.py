@@ -16,6 +16,7 @@ the behavioural suites run on the reference alone.
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Iterable
 from enum import IntEnum
 from typing import Any
 
@@ -522,6 +523,29 @@ class Registers(KeyedProcessFunction):
         yield value[0], self.n.value(), self.items.value()
 
 
+def _incremental_registers(tmp: str, **options: Any) -> LocalRunner:
+    """A runner of :class:`Registers` on an incremental heap backend whose checkpoints after
+    the first full snapshot are deltas (the change records are what they hold)."""
+    return LocalRunner(
+        Registers(),
+        key_selector=lambda r: r[0],
+        key_type=int,
+        incremental_checkpoints=IncrementalPolicy(max_delta_ratio=1e9),
+        checkpoint_storage=tmp,
+        **options,
+    )
+
+
+def _read_back(runner: LocalRunner, keys: Iterable[int], **options: Any) -> list[Any]:
+    """``runner``'s latest checkpoint restored into a fresh runner: a read of ``keys``."""
+    restored = LocalRunner(Registers(), key_selector=lambda r: r[0], key_type=int, **options)
+    try:
+        restored.restore(runner.checkpoint_storage.latest_checkpoint())
+        return restored.run([(k, "read", 0) for k in keys])
+    finally:
+        restored.close()
+
+
 @needs_compiled
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
@@ -547,14 +571,7 @@ def test_incremental_checkpoints_record_the_compiled_writes(batches: list[list[A
     def run(compiled: bool) -> list[Any]:
         seen: list[Any] = []
         with record_path(compiled), tempfile.TemporaryDirectory() as tmp:
-            runner = LocalRunner(
-                Registers(),
-                key_selector=lambda r: r[0],
-                parallelism=2,
-                key_type=int,
-                incremental_checkpoints=IncrementalPolicy(max_delta_ratio=1e9),
-                checkpoint_storage=tmp,
-            )
+            runner = _incremental_registers(tmp, parallelism=2)
             try:
                 # a full snapshot of every key first: the checkpoints after it are deltas
                 seen.append(runner.run([(k, op, 1) for k in range(41) for op in ("add", "append")]))
@@ -562,13 +579,7 @@ def test_incremental_checkpoints_record_the_compiled_writes(batches: list[list[A
                 for batch in batches:
                     seen.append(runner.run(batch))
                     runner.checkpoint()
-                    restored = LocalRunner(Registers(), key_selector=lambda r: r[0], key_type=int)
-                    try:
-                        restored.restore(runner.checkpoint_storage.latest_checkpoint())
-                        dump = [(k, "read", 0) for k in range(41)]
-                        seen.append(restored.run(dump))
-                    finally:
-                        restored.close()
+                    seen.append(_read_back(runner, range(41)))
             finally:
                 runner.close()
         return seen
@@ -587,27 +598,15 @@ def test_compaction_of_the_change_records_under_the_compiled_path() -> None:
     results = []
     for compiled in (True, False):
         with record_path(compiled), tempfile.TemporaryDirectory() as tmp:
-            runner = LocalRunner(
-                Registers(),
-                key_selector=lambda r: r[0],
-                key_type=int,
-                # deltas only: a full snapshot would need no record
-                incremental_checkpoints=IncrementalPolicy(max_delta_ratio=1e9),
-                checkpoint_storage=tmp,
-            )
+            runner = _incremental_registers(tmp)  # deltas: a full snapshot would need no record
             try:
                 for b in batches:
                     runner.run(b)
                     runner.checkpoint()
-                restored = LocalRunner(Registers(), key_selector=lambda r: r[0], key_type=int)
-                try:
-                    restored.restore(runner.checkpoint_storage.latest_checkpoint())
-                    results.append(restored.run([(k, "read", 0) for k in range(3000)]))
-                    latest = runner.checkpoint_storage.latest_checkpoint().metadata
-                    (subtask,) = latest.operators[runner.operator_name].subtasks
-                    assert len(subtask.keyed) > 1, "the chain holds no delta: records untested"
-                finally:
-                    restored.close()
+                results.append(_read_back(runner, range(3000)))
+                latest = runner.checkpoint_storage.latest_checkpoint().metadata
+                (subtask,) = latest.operators[runner.operator_name].subtasks
+                assert len(subtask.keyed) > 1, "the chain holds no delta: records untested"
             finally:
                 runner.close()
     assert results[0] == results[1]
@@ -635,14 +634,7 @@ def test_new_keys_through_doublings_restore_the_same_on_both_paths(
     def run(compiled: bool) -> list[Any]:
         seen: list[Any] = []
         with record_path(compiled), tempfile.TemporaryDirectory() as tmp:
-            runner = LocalRunner(
-                Registers(),
-                key_selector=lambda r: r[0],
-                key_type=int,
-                max_parallelism=2,
-                incremental_checkpoints=IncrementalPolicy(max_delta_ratio=1e9),
-                checkpoint_storage=tmp,
-            )
+            runner = _incremental_registers(tmp, max_parallelism=2)
             try:
                 runner.run([(0, "add", 1)])
                 runner.checkpoint()  # the full snapshot the deltas build on
@@ -663,14 +655,7 @@ def test_new_keys_through_doublings_restore_the_same_on_both_paths(
                 backend = runner.subtasks[0].keyed_backend
                 maps = backend.state_table("n").maps[:-1]
                 seen.append([(m.capacity, m.is_rehashing, m.rehash_index) for m in maps])
-                restored = LocalRunner(
-                    Registers(), key_selector=lambda r: r[0], key_type=int, max_parallelism=2
-                )
-                try:
-                    restored.restore(runner.checkpoint_storage.latest_checkpoint())
-                    seen.append(restored.run([(k, "read", 0) for k in range(first)]))
-                finally:
-                    restored.close()
+                seen.append(_read_back(runner, range(first), max_parallelism=2))
             finally:
                 runner.close()
         return seen

@@ -158,3 +158,39 @@ def sigkill_when(script: Path, args: list[str], marker: Path, what: str) -> None
     finally:
         proc.wait(timeout=30)
     assert proc.returncode == -signal.SIGKILL
+
+
+def strip_key_group_placement(path: str | Path) -> None:
+    """Remove the key group placement a checkpoint records, as a writer before placement 2 left
+    it. ``path``: a checkpoint or savepoint directory, or a job directory (its latest)."""
+    from streamstate.checkpoint.metadata import decode_metadata, encode_metadata
+    from streamstate.checkpoint.storage import FileSystemCheckpointStorage
+    from streamstate.keygroups import PLACEMENT_PROPERTY
+
+    metadata = Path(path) / "_metadata"
+    if not metadata.exists():
+        latest = FileSystemCheckpointStorage(str(path), "").load()
+        metadata = Path(path) / latest.directory / "_metadata"
+    meta = decode_metadata(metadata.read_bytes(), str(metadata))
+    meta.properties.pop(PLACEMENT_PROPERTY)
+    metadata.write_bytes(encode_metadata(meta))
+
+
+def placement_1_savepoint(
+    checkpoint: Any, target: str | Path, misplaced: Any = lambda key: True
+) -> None:
+    """A savepoint of ``checkpoint`` (int keys) as a Spark job of key group placement 1 with an
+    INT key column wrote it: the keys for which ``misplaced`` holds (every one by default) in
+    key group ``assign_to_key_group(0, max_parallelism)``, the others in their own, and no
+    placement recorded."""
+    from unittest import mock
+
+    from streamstate.checkpoint import rewrite
+    from streamstate.checkpoint.rewrite import Rekey, rewrite_savepoint
+
+    def placed(key: Any, max_parallelism: int) -> int:
+        return assign_to_key_group(0 if misplaced(key) else key, max_parallelism)
+
+    with mock.patch.object(rewrite, "assign_to_key_group", placed):
+        rewrite_savepoint(checkpoint, str(target), rekey=Rekey(Int64Serializer(), int))
+    strip_key_group_placement(target)

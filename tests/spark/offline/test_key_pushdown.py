@@ -18,6 +18,7 @@ from streamstate import KeyedProcessFunction, LocalRunner, ValueStateDescriptor
 from streamstate.checkpoint.storage import FileSystemCheckpointStorage
 from streamstate.errors import CorruptCheckpointError
 from streamstate.keygroups import assign_to_key_group
+from support.checkpoint import placement_1_savepoint, strip_key_group_placement
 
 MAX_P = 128
 USERS = [f"user-{i}" for i in range(200)]
@@ -136,29 +137,10 @@ def test_rocksdb_scans_only_the_key_groups_of_the_keys(
     assert set(scanned) == set(range(MAX_P))
 
 
-def _strip_placement(job: str) -> None:
-    """What a writer before key group placement 2 left: no placement property."""
-    from streamstate.checkpoint.metadata import decode_metadata, encode_metadata
-    from streamstate.keygroups import PLACEMENT_PROPERTY
-
-    path = Path(job) / "_metadata"  # a savepoint's, else the job's latest checkpoint's
-    if not path.exists():
-        path = Path(job) / FileSystemCheckpointStorage(job, "").load().directory / "_metadata"
-    meta = decode_metadata(path.read_bytes(), str(path))
-    meta.properties.pop(PLACEMENT_PROPERTY)
-    path.write_bytes(encode_metadata(meta))
-
-
-def test_int_keys_of_an_older_placement_narrow_the_read_unless_misplaced(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_int_keys_of_an_older_placement_narrow_the_read_unless_misplaced(tmp_path: Path) -> None:
     """A checkpoint without a key group placement narrows a filter on an int key when its keys
     are where they belong; one whose int keys a Spark job put all in one key group (placement 1
     of an INT column) is read whole, and the key is found."""
-    from streamstate.checkpoint import rewrite as rewrite_module
-    from streamstate.checkpoint.rewrite import Rekey, rewrite_savepoint
-    from streamstate.serializers import Int64Serializer
-
     runner = LocalRunner(
         Count(),
         key_selector=lambda r: r,
@@ -170,16 +152,12 @@ def test_int_keys_of_an_older_placement_narrow_the_read_unless_misplaced(
     checkpoint = runner.checkpoint()
     runner.close()
     job = str(tmp_path / "job")
-    _strip_placement(job)
+    strip_key_group_placement(job)
     reader = state_reader(job, state="n")
     list(reader.pushFilters([EqualTo(("key",), 7)]))
     assert len(reader.partitions()) == 1  # placed right: narrowed
-    one = assign_to_key_group(0, MAX_P)
-    monkeypatch.setattr(rewrite_module, "assign_to_key_group", lambda key, max_p: one)
-    rewrite_savepoint(checkpoint, str(tmp_path / "legacy"), rekey=Rekey(Int64Serializer(), int))
-    monkeypatch.undo()
     legacy = str(tmp_path / "legacy")
-    _strip_placement(legacy)
+    placement_1_savepoint(checkpoint, legacy)
     reader = state_reader(legacy, state="n")
     list(reader.pushFilters([EqualTo(("key",), 7)]))
     assert len(reader.partitions()) == 4  # every key in one key group: the whole read

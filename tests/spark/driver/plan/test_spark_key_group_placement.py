@@ -16,15 +16,14 @@ import pyarrow.parquet as pq
 import pytest
 
 from streamstate import KeyGroupPlacementError
-from streamstate.checkpoint.metadata import decode_metadata, encode_metadata
 from streamstate.checkpoint.rewrite import regroup_savepoint
 from streamstate.keygroups import (
-    PLACEMENT_PROPERTY,
     PLACEMENT_VERSION,
     assign_to_key_group,
     placement_version,
 )
 from streamstate.spark import FileSink, keyed_process, read_state
+from support.checkpoint import strip_key_group_placement
 from support.spark_functions import Count
 
 pytestmark = pytest.mark.spark
@@ -34,14 +33,6 @@ KEYS = [0, 1, -1, 5, -5, 127, -128, 77, -100, 3]
 
 def _records(rounds: int, offset: int = 0) -> list[tuple[int, int]]:
     return [(k, offset + i) for i in range(rounds) for k in KEYS]
-
-
-def _strip_placement(directory: Path) -> None:
-    """What a writer before placement 2 left: no placement property."""
-    path = directory / "_metadata"
-    meta = decode_metadata(path.read_bytes(), str(path))
-    meta.properties.pop(PLACEMENT_PROPERTY)
-    path.write_bytes(encode_metadata(meta))
 
 
 def test_an_int_keyed_checkpoint_of_the_older_placement_is_refused_then_regrouped(
@@ -82,7 +73,7 @@ def test_an_int_keyed_checkpoint_of_the_older_placement_is_refused_then_regroupe
     ).collect()
     monkeypatch.undo()
     assert sorted((r.k, r.n) for r in out if r.n == 3) == sorted((k, 3) for k in KEYS)
-    _strip_placement(old)
+    strip_key_group_placement(old)
     # the data source does not narrow a key filter to the key's group here: the key is found
     for k in (5, -100):
         got = (
